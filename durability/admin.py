@@ -1,0 +1,93 @@
+"""Read-mostly admin: the ledger changes only through the state machine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.http import HttpRequest
+
+from durability.models import (
+    ApiKey,
+    Attempt,
+    AuditEntry,
+    Case,
+    Effect,
+    Membership,
+    Project,
+    Receipt,
+    Resolution,
+)
+
+
+class ReadOnly(admin.ModelAdmin):  # type: ignore[type-arg]
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class MembershipInline(admin.TabularInline):  # type: ignore[type-arg]
+    model = Membership
+    extra = 0
+
+
+@admin.register(Project)
+class ProjectAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = ["name", "created"]
+    readonly_fields = ["audit_seq", "audit_head"]
+    inlines = [MembershipInline]
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = ["prefix", "name", "project", "created", "last_used_at", "revoked_at"]
+    readonly_fields = ["project", "prefix", "digest", "created", "last_used_at"]
+    fields = ["project", "name", "prefix", "digest", "created", "last_used_at", "revoked_at"]
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # keys are issued by `manage.py createapikey`, which shows the key once
+
+
+@admin.register(Effect)
+class EffectAdmin(ReadOnly):
+    list_display = ["key", "project", "kind", "target", "state", "late", "attempt_count", "created"]
+    list_filter = ["state", "replay", "late"]
+    search_fields = ["key"]
+    list_select_related = ["project"]
+
+
+@admin.register(Attempt)
+class AttemptAdmin(ReadOnly):
+    list_display = ["effect", "number", "started", "deadline", "worker"]
+    list_select_related = ["effect"]
+
+
+@admin.register(Receipt)
+class ReceiptAdmin(ReadOnly):
+    list_display = ["key", "system", "external_id", "strength", "late", "received"]
+    list_filter = ["strength", "late"]
+    search_fields = ["key", "external_id"]
+
+
+@admin.register(Case)
+class CaseAdmin(ReadOnly):
+    list_display = ["id", "reason", "severity", "effect", "opened", "closed"]
+    list_filter = ["reason", "severity"]
+    list_select_related = ["effect"]
+
+
+@admin.register(Resolution)
+class ResolutionAdmin(ReadOnly):
+    list_display = ["case", "action", "actor", "created"]
+
+
+@admin.register(AuditEntry)
+class AuditEntryAdmin(ReadOnly):
+    list_display = ["project", "seq", "at", "actor", "action", "from_state", "to_state"]
+    list_filter = ["action"]
+    list_select_related = ["project"]

@@ -1,0 +1,428 @@
+"""The effect ledger: projects and their keys, effects, attempts, receipts, cases, audit."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from datetime import datetime, timedelta
+from typing import Any, TypedDict
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.urls import reverse
+from django.utils import timezone
+
+API_KEY_PREFIX = "tb_"
+# Refresh ApiKey.last_used_at at most this often, so authentication stays one read.
+LAST_USED_RESOLUTION = timedelta(seconds=60)
+
+
+class Project(models.Model):
+    name = models.CharField(max_length=100, unique=True)
+    created = models.DateTimeField(default=timezone.now)
+    # Head of the project's audit hash chain; its row lock orders the appends.
+    audit_seq = models.PositiveBigIntegerField(default=0, editable=False)
+    audit_head = models.CharField(max_length=64, default="0" * 64, editable=False)
+    members = models.ManyToManyField(
+        settings.AUTH_USER_MODEL, through="Membership", related_name="projects"
+    )
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Membership(models.Model):
+    project = models.ForeignKey(Project, models.CASCADE)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, models.CASCADE)
+    created = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["project", "user"], name="membership_uniq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.project}"
+
+
+def _digest(raw_key: str) -> str:
+    return hashlib.sha256(raw_key.encode()).hexdigest()
+
+
+class ApiKey(models.Model):
+    project = models.ForeignKey(Project, models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=100, blank=True)
+    # The first characters of the key, shown to people so they can tell keys apart.
+    prefix = models.CharField(max_length=16)
+    digest = models.CharField(max_length=64, unique=True)
+    created = models.DateTimeField(default=timezone.now)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.project})"
+
+    @classmethod
+    def issue(cls, project: Project, name: str = "") -> tuple[ApiKey, str]:
+        """Create a key; the raw key is returned once and never stored."""
+        raw = API_KEY_PREFIX + secrets.token_urlsafe(32)  # 256 bits
+        key = cls.objects.create(project=project, name=name, prefix=raw[:11], digest=_digest(raw))
+        return key, raw
+
+    @classmethod
+    def authenticate(cls, raw: str) -> ApiKey | None:
+        """The live key matching `raw`, with its project, or None."""
+        if not raw.startswith(API_KEY_PREFIX) or len(raw) > 200:
+            return None
+        digest = _digest(raw)
+        key = cls.objects.select_related("project").filter(digest=digest).first()
+        if key is None or key.revoked_at is not None:
+            return None
+        if not hmac.compare_digest(key.digest, digest):
+            return None
+        key.touch()
+        return key
+
+    def touch(self) -> None:
+        now = timezone.now()
+        if self.last_used_at is None or now - self.last_used_at > LAST_USED_RESOLUTION:
+            ApiKey.objects.filter(pk=self.pk).update(last_used_at=now)
+            self.last_used_at = now
+
+    def revoke(self) -> None:
+        ApiKey.objects.filter(pk=self.pk, revoked_at=None).update(revoked_at=timezone.now())
+
+
+class State(models.TextChoices):
+    AWAITING_APPROVAL = "awaiting_approval"
+    DENIED = "denied"
+    PENDING = "pending"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    NOT_HAPPENED = "not_happened"
+    COMPENSATED = "compensated"
+    ABANDONED = "abandoned"
+
+
+class Replay(models.TextChoices):
+    NEVER = "never", "never (irreversible; only a person may release it)"
+    SAFE = "safe", "safe (read-only; repeat freely)"
+    IDEMPOTENT = "idempotent", "idempotent (the provider dedupes on our key)"
+    RECONCILE = "reconcile", "reconcile (ask the provider before a retry)"
+
+
+class Decision(models.TextChoices):
+    PROCEED = "proceed"
+    COMPLETED = "completed"
+    WAIT = "wait"
+    DENIED = "denied"
+    CONFLICT = "conflict"
+
+
+class EffectDict(TypedDict):
+    id: int
+    key: str
+    kind: str
+    target: str
+    state: str
+    late: bool
+    replay: str
+    fingerprint: str
+    attempt: int
+    deadline: str | None
+    created: str
+    updated: str
+    url: str
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None
+
+
+class Effect(models.Model):
+    project = models.ForeignKey(Project, models.CASCADE, related_name="effects")
+    key = models.CharField(max_length=255)
+    kind = models.CharField(max_length=100)
+    target = models.CharField(max_length=255)
+    fingerprint = models.CharField(max_length=128)
+    request = models.JSONField(null=True, blank=True)
+    replay = models.CharField(max_length=16, choices=Replay.choices, default=Replay.NEVER)
+    state = models.CharField(max_length=20, choices=State.choices, default=State.PENDING)
+    # A receipt arrived after the effect had been given up on (timed out or failed).
+    late = models.BooleanField(default=False)
+    timeout_s = models.PositiveIntegerField(null=True, blank=True)
+    deadline = models.DateTimeField(null=True, blank=True)
+    authority = models.JSONField(null=True, blank=True)
+    run_id = models.CharField(max_length=255, blank=True)
+    tool_call_id = models.CharField(max_length=255, blank=True)
+    trace_id = models.CharField(max_length=32, blank=True)
+    span_id = models.CharField(max_length=16, blank=True)
+    attempt_count = models.PositiveIntegerField(default=0)
+    created = models.DateTimeField(default=timezone.now)
+    updated = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["project", "key"], name="effect_project_key_uniq"),
+            models.CheckConstraint(condition=Q(state__in=State.values), name="effect_state_valid"),
+            models.CheckConstraint(
+                condition=Q(replay__in=Replay.values), name="effect_replay_valid"
+            ),
+        ]
+        indexes = [
+            # The deadline sweep: pending effects whose deadline has passed.
+            models.Index(
+                fields=["deadline"],
+                name="effect_sweep_pending_idx",
+                condition=Q(state="pending", deadline__isnull=False),
+            ),
+            # The effects page: one project's effects, newest first, keyset on id.
+            models.Index(fields=["project", "-id"], name="effect_project_recent_idx"),
+            # The effects page filtered by state.
+            models.Index(fields=["project", "state", "-id"], name="effect_project_state_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return self.key
+
+    def get_absolute_url(self) -> str:
+        return reverse("effect", args=[self.pk])
+
+    def to_dict(self) -> EffectDict:
+        return {
+            "id": self.pk,
+            "key": self.key,
+            "kind": self.kind,
+            "target": self.target,
+            "state": self.state,
+            "late": self.late,
+            "replay": self.replay,
+            "fingerprint": self.fingerprint,
+            "attempt": self.attempt_count,
+            "deadline": _iso(self.deadline),
+            "created": self.created.isoformat(),
+            "updated": self.updated.isoformat(),
+            "url": settings.SITE_URL + self.get_absolute_url(),
+        }
+
+
+class Attempt(models.Model):
+    effect = models.ForeignKey(Effect, models.CASCADE, related_name="attempts")
+    number = models.PositiveIntegerField()
+    started = models.DateTimeField(default=timezone.now)
+    deadline = models.DateTimeField(null=True, blank=True)
+    # Workflow version, model, code version, tools, memory digest, policy version, extras.
+    context = models.JSONField(default=dict, blank=True)
+    run_id = models.CharField(max_length=255, blank=True)
+    worker = models.CharField(max_length=255, blank=True)
+    trace_id = models.CharField(max_length=32, blank=True)
+    span_id = models.CharField(max_length=16, blank=True)
+
+    class Meta:
+        ordering = ["number"]
+        constraints = [
+            models.UniqueConstraint(fields=["effect", "number"], name="attempt_effect_number_uniq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.effect} #{self.number}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "number": self.number,
+            "started": self.started.isoformat(),
+            "deadline": _iso(self.deadline),
+            "context": self.context,
+            "run_id": self.run_id,
+            "worker": self.worker,
+            "trace_id": self.trace_id,
+            "span_id": self.span_id,
+        }
+
+
+class Strength(models.TextChoices):
+    AGENT_REPORTED = "agent_reported"
+    PROVIDER_CONFIRMED = "provider_confirmed"
+    OPERATOR_ATTESTED = "operator_attested"
+
+
+class Receipt(models.Model):
+    project = models.ForeignKey(Project, models.CASCADE, related_name="receipts")
+    # Null for an orphan receipt: evidence for a key no intent has named (yet).
+    effect = models.ForeignKey(
+        Effect, models.CASCADE, null=True, blank=True, related_name="receipts"
+    )
+    key = models.CharField(max_length=255)
+    system = models.CharField(max_length=100)
+    external_id = models.CharField(max_length=255)
+    observed_at = models.DateTimeField(null=True, blank=True)
+    data = models.JSONField(null=True, blank=True)
+    strength = models.CharField(
+        max_length=20, choices=Strength.choices, default=Strength.AGENT_REPORTED
+    )
+    attempt = models.PositiveIntegerField(null=True, blank=True)
+    trace_id = models.CharField(max_length=32, blank=True)
+    span_id = models.CharField(max_length=16, blank=True)
+    late = models.BooleanField(default=False)
+    received = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["received", "id"]
+        constraints = [
+            # The same receipt sent twice is one receipt.
+            models.UniqueConstraint(
+                fields=["project", "key", "system", "external_id"], name="receipt_identity_uniq"
+            ),
+            models.CheckConstraint(
+                condition=Q(strength__in=Strength.values), name="receipt_strength_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.system}:{self.external_id}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.pk,
+            "key": self.key,
+            "system": self.system,
+            "external_id": self.external_id,
+            "observed_at": _iso(self.observed_at),
+            "data": self.data,
+            "strength": self.strength,
+            "attempt": self.attempt,
+            "trace_id": self.trace_id,
+            "span_id": self.span_id,
+            "late": self.late,
+            "received": self.received.isoformat(),
+        }
+
+
+class Reason(models.TextChoices):
+    UNCERTAIN = "uncertain"
+    LATE_SUCCESS = "late_success"
+    DUPLICATE_EFFECT = "duplicate_effect"
+    KEY_REUSE_CONFLICT = "key_reuse_conflict"
+    ORPHAN_RECEIPT = "orphan_receipt"
+    VERSION_DRIFT = "version_drift"
+    APPROVAL_REQUIRED = "approval_required"
+    AUTHORITY_DENIED = "authority_denied"
+    UNAUTHORIZED_EFFECT = "unauthorized_effect"
+    AUTHORITY_EXCEEDED = "authority_exceeded"
+
+
+class Severity(models.IntegerChoices):
+    LOW = 1, "low"
+    MEDIUM = 2, "medium"
+    HIGH = 3, "high"
+    CRITICAL = 4, "critical"
+
+
+class Case(models.Model):
+    project = models.ForeignKey(Project, models.CASCADE, related_name="cases")
+    effect = models.ForeignKey(Effect, models.CASCADE, null=True, blank=True, related_name="cases")
+    receipt = models.ForeignKey(
+        Receipt, models.SET_NULL, null=True, blank=True, related_name="cases"
+    )
+    reason = models.CharField(max_length=32, choices=Reason.choices)
+    severity = models.PositiveSmallIntegerField(choices=Severity.choices)
+    # One sentence a person can read: why the case was opened.
+    summary = models.TextField()
+    detail = models.JSONField(default=dict, blank=True)
+    opened = models.DateTimeField(default=timezone.now)
+    closed = models.DateTimeField(null=True, blank=True)
+    assignee = models.ForeignKey(
+        settings.AUTH_USER_MODEL, models.SET_NULL, null=True, blank=True, related_name="cases"
+    )
+    # Bumped by every change, for compare-and-swap between operators.
+    version = models.PositiveIntegerField(default=1)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["effect", "reason"],
+                condition=Q(closed__isnull=True),
+                name="case_one_open_per_effect_reason",
+            ),
+        ]
+        indexes = [
+            # The queue: a project's open cases, oldest first.
+            models.Index(
+                fields=["project", "opened", "id"],
+                name="case_queue_open_idx",
+                condition=Q(closed__isnull=True),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.reason} #{self.pk}"
+
+    @property
+    def is_open(self) -> bool:
+        return self.closed is None
+
+    def get_absolute_url(self) -> str:
+        if self.effect_id:
+            return reverse("effect", args=[self.effect_id]) + f"#case-{self.pk}"
+        return reverse("effects")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.pk,
+            "reason": self.reason,
+            "severity": self.get_severity_display(),
+            "summary": self.summary,
+            "opened": self.opened.isoformat(),
+            "closed": _iso(self.closed),
+            "url": settings.SITE_URL + self.get_absolute_url(),
+        }
+
+
+class Resolution(models.Model):
+    """How a case was closed. Immutable."""
+
+    case = models.OneToOneField(Case, models.CASCADE, related_name="resolution")
+    actor = models.CharField(max_length=150)
+    action = models.CharField(max_length=32)
+    note = models.TextField(blank=True)
+    created = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"{self.action} by {self.actor}"
+
+
+class AuditEntry(models.Model):
+    """Append-only and hash-chained per project: each entry hashes the one before it."""
+
+    project = models.ForeignKey(Project, models.PROTECT, related_name="audit_entries")
+    seq = models.PositiveBigIntegerField()
+    at = models.DateTimeField(default=timezone.now)
+    actor = models.CharField(max_length=150)
+    action = models.CharField(max_length=32)
+    effect = models.ForeignKey(
+        Effect, models.DO_NOTHING, null=True, blank=True, db_constraint=False, related_name="+"
+    )
+    case = models.ForeignKey(
+        Case, models.DO_NOTHING, null=True, blank=True, db_constraint=False, related_name="+"
+    )
+    from_state = models.CharField(max_length=20, blank=True)
+    to_state = models.CharField(max_length=20, blank=True)
+    data = models.JSONField(default=dict, blank=True)
+    prev_hash = models.CharField(max_length=64)
+    hash = models.CharField(max_length=64)
+
+    class Meta:
+        ordering = ["project", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["project", "seq"], name="audit_project_seq_uniq"),
+        ]
+        verbose_name_plural = "audit entries"
+
+    def __str__(self) -> str:
+        return f"{self.project} #{self.seq} {self.action}"

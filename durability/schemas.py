@@ -1,0 +1,201 @@
+"""Validation schemas of the ingest API; the OpenAPI document is generated from them."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+)
+
+HexTraceId = Annotated[
+    str, StringConstraints(pattern=r"^[0-9a-f]{32}$"), Field(description="32 lowercase hex digits")
+]
+HexSpanId = Annotated[
+    str, StringConstraints(pattern=r"^[0-9a-f]{16}$"), Field(description="16 lowercase hex digits")
+]
+Key = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=255),
+    Field(description="The effect's stable idempotency key, unique per project."),
+]
+Name = Annotated[str, StringConstraints(min_length=1, max_length=100, strip_whitespace=True)]
+Text = Annotated[str, StringConstraints(max_length=255)]
+ReplayPolicy = Literal["never", "safe", "idempotent", "reconcile"]
+DecisionName = Literal["proceed", "completed", "wait", "denied", "conflict"]
+
+
+def _not_all_zero(value: str) -> str:
+    if set(value) == {"0"}:
+        raise ValueError("an all-zero id is invalid")
+    return value
+
+
+TraceId = Annotated[HexTraceId, AfterValidator(_not_all_zero)]
+SpanId = Annotated[HexSpanId, AfterValidator(_not_all_zero)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class Context(BaseModel):
+    """What the agent ran under; free extra keys are kept."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    workflow: Text | None = None
+    workflow_version: Text | None = None
+    model: Text | None = None
+    code_version: Text | None = None
+    tools: dict[str, str] | list[str] | None = None
+    memory_digest: Text | None = None
+    policy_version: Text | None = None
+
+
+class IntentIn(Strict):
+    key: Key
+    kind: Name
+    target: Annotated[str, StringConstraints(min_length=1, max_length=255)]
+    request: Any = Field(default=None, description="The effect's arguments, fingerprinted.")
+    fingerprint: Annotated[str, StringConstraints(min_length=1, max_length=128)] | None = Field(
+        default=None, description="The client's own request fingerprint; else SHA-256 of request."
+    )
+    replay: ReplayPolicy = "never"
+    timeout_s: Annotated[int, Field(gt=0, le=7 * 24 * 3600)] | None = Field(
+        default=None, description="Seconds before a pending attempt is given up as timed out."
+    )
+    run_id: Text | None = None
+    tool_call_id: Text | None = None
+    trace_id: TraceId | None = None
+    span_id: SpanId | None = None
+    worker: Text | None = Field(
+        default=None,
+        description="Identity of the process making the attempt. A pending effect asked for "
+        "again by the same worker is the same attempt (a retried request); by another worker "
+        "of the same run, it is an interrupted attempt.",
+    )
+    context: Context | None = None
+    authority: dict[str, Any] | None = None
+
+
+class ReceiptIn(Strict):
+    key: Key
+    system: Name
+    external_id: Annotated[str, StringConstraints(min_length=1, max_length=255)]
+    observed_at: datetime | None = Field(
+        default=None, description="The external system's own timestamp (ISO 8601)."
+    )
+    data: Any = None
+    attempt: Annotated[int, Field(gt=0)] | None = None
+    trace_id: TraceId | None = None
+    span_id: SpanId | None = None
+
+
+class FailureIn(Strict):
+    key: Key
+    error: Annotated[str, StringConstraints(min_length=1, max_length=4000)]
+    definitive: bool = Field(
+        default=False,
+        description="True when the provider said nothing happened (state failed); false when "
+        "the outcome is unknown (state timed_out).",
+    )
+
+
+class TimeoutIn(Strict):
+    key: Key
+    reason: Annotated[str, StringConstraints(min_length=1, max_length=4000)]
+
+
+class EffectOut(BaseModel):
+    id: int
+    key: str
+    kind: str
+    target: str
+    state: str
+    late: bool
+    replay: ReplayPolicy
+    fingerprint: str
+    attempt: int
+    deadline: str | None
+    created: str
+    updated: str
+    url: str
+
+
+class CaseOut(BaseModel):
+    id: int
+    reason: str
+    severity: Literal["low", "medium", "high", "critical"]
+    summary: str
+    opened: str
+    closed: str | None
+    url: str
+
+
+class ReceiptOut(BaseModel):
+    id: int
+    key: str
+    system: str
+    external_id: str
+    observed_at: str | None
+    data: Any
+    strength: Literal["agent_reported", "provider_confirmed", "operator_attested"]
+    attempt: int | None
+    trace_id: str
+    span_id: str
+    late: bool
+    received: str
+
+
+class AttemptOut(BaseModel):
+    number: int
+    started: str
+    deadline: str | None
+    context: dict[str, Any]
+    run_id: str
+    worker: str
+    trace_id: str
+    span_id: str
+
+
+class DecisionOut(BaseModel):
+    decision: DecisionName
+    effect: EffectOut
+    receipt: ReceiptOut | None
+    case: CaseOut | None
+    reason: str
+
+
+class ReceiptResultOut(BaseModel):
+    receipt: ReceiptOut
+    effect: EffectOut | None
+    case: CaseOut | None
+    created: bool
+
+
+class EffectResultOut(BaseModel):
+    effect: EffectOut
+    case: CaseOut | None
+    changed: bool
+
+
+class EffectDetailOut(BaseModel):
+    effect: EffectOut
+    request: Any
+    authority: dict[str, Any] | None
+    attempts: list[AttemptOut]
+    receipts: list[ReceiptOut]
+    cases: list[CaseOut]
+    decision: DecisionName
+    reason: str
+
+
+class ErrorOut(BaseModel):
+    error: str
+    fields: dict[str, str] | None = None

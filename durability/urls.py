@@ -1,0 +1,27 @@
+from __future__ import annotations
+
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import path
+
+from durability import api, views
+
+api_v1 = [
+    path("api/v1/intents", api.intents, name="api-intents"),
+    path("api/v1/receipts", api.receipts, name="api-receipts"),
+    path("api/v1/failures", api.failures, name="api-failures"),
+    path("api/v1/timeouts", api.timeouts, name="api-timeouts"),
+    path("api/v1/effects", api.effects, name="api-effects"),
+    path("api/v1/effects/<int:effect_id>", api.effect_detail, name="api-effect"),
+    path("api/v1/openapi.json", api.openapi, name="api-openapi"),
+]
+
+urlpatterns = [
+    *api_v1,
+    path("", views.index, name="index"),
+    path("effects/", views.effects, name="effects"),
+    path("effects/<int:effect_id>/", views.effect, name="effect"),
+    path("login/", auth_views.LoginView.as_view(), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("admin/", admin.site.urls),
+]

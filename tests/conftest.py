@@ -1,0 +1,89 @@
+"""Shared fixtures: a project with an API key, named personas, and a JSON API client."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+
+from durability.models import ApiKey, Membership, Project
+
+
+@dataclass
+class Api:
+    """A test client that speaks JSON to /api/v1/ with one project's key."""
+
+    client: Client
+    key: str
+
+    def post(self, path: str, body: Any, **headers: str) -> Any:
+        data = body if isinstance(body, (bytes, str)) else json.dumps(body)
+        return self.client.post(
+            f"/api/v1/{path}",
+            data=data,
+            content_type="application/json",
+            headers={"Authorization": f"Bearer {self.key}", **headers},
+        )
+
+    def get(self, path: str, **params: str) -> Any:
+        return self.client.get(
+            f"/api/v1/{path}", params, headers={"Authorization": f"Bearer {self.key}"}
+        )
+
+    def intent(self, key: str = "k1", **fields: Any) -> Any:
+        body = {"key": key, "kind": "payment", "target": "stripe", "request": {"amount": 1}}
+        body.update(fields)
+        return self.post("intents", body)
+
+    def receipt(self, key: str = "k1", external_id: str = "ext-1", **fields: Any) -> Any:
+        return self.post(
+            "receipts", {"key": key, "system": "stripe", "external_id": external_id, **fields}
+        )
+
+    def timeout(self, key: str = "k1", reason: str = "no answer") -> Any:
+        return self.post("timeouts", {"key": key, "reason": reason})
+
+    def failure(self, key: str = "k1", error: str = "boom", definitive: bool = False) -> Any:
+        return self.post("failures", {"key": key, "error": error, "definitive": definitive})
+
+
+@pytest.fixture
+def project(db: None) -> Project:
+    return Project.objects.create(name="alpha")
+
+
+@pytest.fixture
+def api_key(project: Project) -> str:
+    _, raw = ApiKey.issue(project)
+    return raw
+
+
+@pytest.fixture
+def api(client: Client, api_key: str) -> Api:
+    return Api(client, api_key)
+
+
+@pytest.fixture
+def other_api(client: Client, db: None) -> Api:
+    """A second project's key: a stranger to `project`."""
+    other = Project.objects.create(name="beta")
+    _, raw = ApiKey.issue(other)
+    return Api(client, raw)
+
+
+@pytest.fixture
+def alice(project: Project) -> User:
+    """An operator, member of `project`."""
+    user = User.objects.create_user("alice", password="password")
+    Membership.objects.create(project=project, user=user)
+    return user
+
+
+@pytest.fixture
+def mallory(db: None) -> User:
+    """A logged-in stranger with no membership in `project`."""
+    return User.objects.create_user("mallory", password="password")
