@@ -145,4 +145,4 @@ LOGGING = {
 }
 
 # Static files are served from the finders until `collectstatic` has filled STATIC_ROOT.
-warnings.filterwarnings("ignore", message="No directory at", module="whitenoise.base")
+warnings.filterwarnings("ignore", message="No directory at", category=UserWarning)
