@@ -174,7 +174,8 @@ def _case_open(
     return case
 
 
-def _case_close(case: Case, action: str, note: str, trail: Trail) -> None:
+def case_close(case: Case, action: str, note: str, trail: Trail) -> None:
+    """Close a case with its (immutable) resolution, in the caller's transaction and trail."""
     case.closed = timezone.now()
     case.version += 1
     case.save(update_fields=["closed", "version"])
@@ -296,7 +297,7 @@ def _attempt_begin(effect: Effect, intent: IntentIn) -> Attempt:
     )
 
 
-def _context_drift(previous: Attempt, current: Attempt) -> dict[str, list[Any]]:
+def context_drift(previous: Attempt, current: Attempt) -> dict[str, list[Any]]:
     keys = set(previous.context) | set(current.context)
     return {
         k: [previous.context.get(k), current.context.get(k)]
@@ -315,8 +316,8 @@ def _retry(effect: Effect, intent: IntentIn, trail: Trail) -> Outcome:
     attempt.save()
     uncertain = _open_case(effect, Reason.UNCERTAIN)
     if uncertain is not None:
-        _case_close(uncertain, "retried", f"replay policy '{effect.replay}' allows a retry", trail)
-    if previous is not None and (drift := _context_drift(previous, attempt)):
+        case_close(uncertain, "retried", f"replay policy '{effect.replay}' allows a retry", trail)
+    if previous is not None and (drift := context_drift(previous, attempt)):
         _case_open(
             effect,
             Reason.VERSION_DRIFT,
@@ -552,7 +553,7 @@ def _settle(effect: Effect, row: Receipt, trail: Trail) -> Case | None:
         _apply(effect, Event.RECEIPT, trail, receipt=row.pk, late=True)
         uncertain = _open_case(effect, Reason.UNCERTAIN)
         if uncertain is not None:
-            _case_close(uncertain, "auto_resolved", "a receipt arrived after the timeout", trail)
+            case_close(uncertain, "auto_resolved", "a receipt arrived after the timeout", trail)
         return _case_open(
             effect,
             Reason.LATE_SUCCESS,
@@ -755,6 +756,6 @@ def effect_settle(
         if not terminal:
             settled = settled.filter(reason=Reason.UNCERTAIN)
         for case in settled:
-            _case_close(case, event.value, note, trail)
+            case_close(case, event.value, note, trail)
         trail.append()
     return EffectOutcome(effect, None, changed=True)

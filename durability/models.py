@@ -31,23 +31,34 @@ class Project(models.Model):
 
     class Meta:
         ordering = ["name"]
+        permissions = [("manage_project", "Can manage the project's keys, settings and members")]
 
     def __str__(self) -> str:
         return self.name
 
 
+class Role(models.TextChoices):
+    """A member's role in one project; each is the Django group holding its permissions."""
+
+    VIEWER = "viewer", "viewer (read)"
+    OPERATOR = "operator", "operator (resolve, assign, comment)"
+    ADMIN = "admin", "admin (keys, settings, members)"
+
+
 class Membership(models.Model):
     project = models.ForeignKey(Project, models.CASCADE)
     user = models.ForeignKey(settings.AUTH_USER_MODEL, models.CASCADE)
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.VIEWER)
     created = models.DateTimeField(default=timezone.now)
 
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["project", "user"], name="membership_uniq"),
+            models.CheckConstraint(condition=Q(role__in=Role.values), name="membership_role_valid"),
         ]
 
     def __str__(self) -> str:
-        return f"{self.user} in {self.project}"
+        return f"{self.user} in {self.project} ({self.role})"
 
 
 def _digest(raw_key: str) -> str:
@@ -358,6 +369,24 @@ class Case(models.Model):
                 name="case_queue_open_idx",
                 condition=Q(closed__isnull=True),
             ),
+            # The queue sorted by severity (keyset on severity, opened, id).
+            models.Index(
+                fields=["project", "-severity", "opened", "id"],
+                name="case_queue_severity_idx",
+                condition=Q(closed__isnull=True),
+            ),
+            # The queue filtered by reason, and its counts per reason.
+            models.Index(
+                fields=["project", "reason", "opened", "id"],
+                name="case_queue_reason_idx",
+                condition=Q(closed__isnull=True),
+            ),
+        ]
+        # Granted to the roles' groups (durability.roles); checked per project membership.
+        permissions = [
+            ("resolve_case", "Can settle and acknowledge cases"),
+            ("assign_case", "Can assign cases"),
+            ("comment_case", "Can comment on cases"),
         ]
 
     def __str__(self) -> str:
@@ -397,6 +426,50 @@ class Resolution(models.Model):
         return f"{self.action} by {self.actor}"
 
 
+class Comment(models.Model):
+    """An operator's note on a case. Immutable, like the rest of the story."""
+
+    case = models.ForeignKey(Case, models.CASCADE, related_name="comments")
+    actor = models.CharField(max_length=150)
+    body = models.TextField()
+    created = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["created", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.actor} on {self.case}"
+
+
+class BulkVerb(models.TextChoices):
+    ASSIGN = "assign", "assign"
+    NOT_HAPPENED = "not_happened", "resolve as did not happen"
+    ACKNOWLEDGE = "acknowledge", "acknowledge"
+
+
+class BulkAction(models.Model):
+    """One action over many cases; its counters are the progress a person watches."""
+
+    project = models.ForeignKey(Project, models.CASCADE, related_name="bulk_actions")
+    actor = models.CharField(max_length=150)
+    verb = models.CharField(max_length=16, choices=BulkVerb.choices)
+    note = models.TextField(blank=True)
+    assignee = models.ForeignKey(
+        settings.AUTH_USER_MODEL, models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    # The cases the preview counted, fixed when the action was confirmed.
+    case_ids = models.JSONField(default=list)
+    total = models.PositiveIntegerField()
+    done = models.PositiveIntegerField(default=0)
+    # Cases already closed, changed or not eligible when their turn came.
+    skipped = models.PositiveIntegerField(default=0)
+    created = models.DateTimeField(default=timezone.now)
+    finished = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.verb} × {self.total} by {self.actor}"
+
+
 class AuditEntry(models.Model):
     """Append-only and hash-chained per project: each entry hashes the one before it."""
 
@@ -421,6 +494,12 @@ class AuditEntry(models.Model):
         ordering = ["project", "seq"]
         constraints = [
             models.UniqueConstraint(fields=["project", "seq"], name="audit_project_seq_uniq"),
+        ]
+        indexes = [
+            # The audit log page filtered by user, newest first (keyset on seq).
+            models.Index(fields=["project", "actor", "-seq"], name="audit_project_actor_idx"),
+            # The audit log page filtered by action, newest first.
+            models.Index(fields=["project", "action", "-seq"], name="audit_project_action_idx"),
         ]
         verbose_name_plural = "audit entries"
 

@@ -10,7 +10,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from durability.models import ApiKey, Membership, Project
+from durability.models import ApiKey, Membership, Project, Role
 
 
 @dataclass
@@ -79,7 +79,7 @@ def other_api(client: Client, db: None) -> Api:
 def alice(project: Project) -> User:
     """An operator, member of `project`."""
     user = User.objects.create_user("alice", password="password")
-    Membership.objects.create(project=project, user=user)
+    Membership.objects.create(project=project, user=user, role=Role.OPERATOR)
     return user
 
 

@@ -10,7 +10,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from durability import machine
-from durability.models import ApiKey, Effect, Membership, Project
+from durability.models import ApiKey, Effect, Membership, Project, Role
 from durability.schemas import FailureIn, IntentIn, ReceiptIn, TimeoutIn
 
 ACTOR = "system:demo"
@@ -30,7 +30,7 @@ class Command(BaseCommand):
             user, _ = get_user_model().objects.get_or_create(username=options["username"])
             user.set_password(password)
             user.save()
-            Membership.objects.create(project=project, user=user)
+            Membership.objects.create(project=project, user=user, role=Role.ADMIN)
             _, raw_key = ApiKey.issue(project, name="demo")
         self._seed(project)
         counts = {

@@ -1,0 +1,112 @@
+"""Who may do what: the roles are Django groups, and a membership gives a user one per project.
+
+A user's rights in a project are the permissions of the group named by their
+membership's role there; their global groups play no part, so being an admin of
+one project grants nothing in another.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from django.apps.registry import Apps
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, Permission
+
+from durability.models import Membership, Project, Role
+
+
+class Perm(StrEnum):
+    """The permission codenames the desk checks (all in the durability app)."""
+
+    VIEW = "view_case"
+    RESOLVE = "resolve_case"
+    ASSIGN = "assign_case"
+    COMMENT = "comment_case"
+    MANAGE = "manage_project"
+
+
+# (model, codename) pairs granted to each role's group; each role includes the one before.
+_VIEWER = [
+    ("effect", "view_effect"),
+    ("case", Perm.VIEW.value),
+    ("auditentry", "view_auditentry"),
+]
+_OPERATOR = [
+    *_VIEWER,
+    ("case", Perm.RESOLVE.value),
+    ("case", Perm.ASSIGN.value),
+    ("case", Perm.COMMENT.value),
+]
+ROLE_PERMISSIONS: dict[str, list[tuple[str, str]]] = {
+    Role.VIEWER: _VIEWER,
+    Role.OPERATOR: _OPERATOR,
+    Role.ADMIN: [*_OPERATOR, ("project", Perm.MANAGE.value)],
+}
+
+
+def groups_sync(apps: Apps, **signal_kwargs: Any) -> None:
+    """Create the roles' groups and give each exactly its permissions.
+
+    Runs from the data migration and after every migrate or flush (post_migrate),
+    because Django creates permissions only after migrating and a test flush empties
+    the groups table.
+    """
+    group_model = apps.get_model("auth", "Group")
+    permission_model = apps.get_model("auth", "Permission")
+    content_type_model = apps.get_model("contenttypes", "ContentType")
+    for role, grants in ROLE_PERMISSIONS.items():
+        group, _ = group_model.objects.get_or_create(name=role)
+        permissions = []
+        for model, codename in grants:
+            content_type, _ = content_type_model.objects.get_or_create(
+                app_label="durability", model=model
+            )
+            permission, _ = permission_model.objects.get_or_create(
+                content_type=content_type,
+                codename=codename,
+                defaults={"name": codename.replace("_", " ").capitalize()},
+            )
+            permissions.append(permission)
+        group.permissions.set(permissions)
+
+
+@dataclass(frozen=True)
+class Access:
+    """A user's role and permissions in one project."""
+
+    project: Project
+    role: str
+    permissions: frozenset[str]
+
+    def can(self, perm: Perm) -> bool:
+        return perm.value in self.permissions
+
+
+def access_of(user: AbstractBaseUser | AnonymousUser, project_id: int) -> Access | None:
+    """The user's access to a project, or None for a stranger to it. Two queries."""
+    if not user.is_authenticated:
+        return None
+    membership = (
+        Membership.objects.select_related("project")
+        .filter(user_id=user.pk, project_id=project_id)
+        .first()
+    )
+    if membership is None:
+        return None
+    codenames = Permission.objects.filter(
+        group__name=membership.role, content_type__app_label="durability"
+    ).values_list("codename", flat=True)
+    return Access(membership.project, membership.role, frozenset(codenames))
+
+
+def projects_of(user: AbstractBaseUser | AnonymousUser) -> list[Membership]:
+    """The user's memberships with their projects, by project name."""
+    if not user.is_authenticated:
+        return []
+    return list(
+        Membership.objects.select_related("project")
+        .filter(user_id=user.pk)
+        .order_by("project__name")
+    )
