@@ -1,0 +1,112 @@
+"""Helpers for the ledger specifications: effects driven into a state, and row counts."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connection
+from django.utils import timezone
+
+from durability import machine
+from durability.models import AuditEntry, Effect, Project, State
+from durability.schemas import FailureIn, IntentIn, ReceiptIn, TimeoutIn
+
+ACTOR = "test:agent"
+OPERATOR = "user:operator"
+
+
+def intent(project: Project, key: str = "k1", **fields: Any) -> machine.Outcome:
+    body: dict[str, Any] = {"key": key, "kind": "payment", "target": "stripe"}
+    body.setdefault("request", {"amount": 1})
+    body.update(fields)
+    return machine.intent_record(project=project, actor=ACTOR, intent=IntentIn(**body))
+
+
+def receipt(
+    project: Project, key: str = "k1", external_id: str = "ext-1"
+) -> machine.ReceiptOutcome:
+    return machine.receipt_record(
+        project=project,
+        actor=ACTOR,
+        receipt=ReceiptIn(key=key, system="stripe", external_id=external_id),
+    )
+
+
+def failure(project: Project, key: str = "k1", *, definitive: bool) -> machine.EffectOutcome:
+    return machine.failure_record(
+        project=project,
+        actor=ACTOR,
+        failure=FailureIn(key=key, error="HTTP 502", definitive=definitive),
+    )
+
+
+def timeout(project: Project, key: str = "k1") -> machine.EffectOutcome:
+    return machine.timeout_record(
+        project=project, actor=ACTOR, timeout=TimeoutIn(key=key, reason="no answer in 30s")
+    )
+
+
+def settle(
+    project: Project, key: str, event: machine.Event, *, evidence: str = ""
+) -> machine.EffectOutcome:
+    effect = Effect.objects.get(project=project, key=key)
+    return machine.effect_settle(
+        project=project,
+        effect_id=effect.pk,
+        actor=OPERATOR,
+        event=event,
+        note="checked the provider's dashboard",
+        evidence=ReceiptIn(key=key, system="stripe", external_id=evidence) if evidence else None,
+    )
+
+
+# Grants and approvals come with a later issue; until then no service puts an effect
+# into these states, so the specifications create such rows directly.
+UNREACHABLE_YET = frozenset({State.AWAITING_APPROVAL, State.DENIED})
+
+
+def effect_in(project: Project, state: State, key: str = "k1", **fields: Any) -> Effect:
+    """An effect brought into `state` through the services, the way an agent and operator would."""
+    if state in UNREACHABLE_YET:
+        return Effect.objects.create(
+            project=project, key=key, kind="payment", target="stripe", fingerprint="f", state=state
+        )
+    intent(project, key, **fields)
+    if state == State.SUCCEEDED:
+        receipt(project, key)
+    elif state == State.FAILED:
+        failure(project, key, definitive=True)
+    elif state in (State.TIMED_OUT, State.NOT_HAPPENED, State.ABANDONED):
+        timeout(project, key)
+        if state == State.NOT_HAPPENED:
+            settle(project, key, machine.Event.ATTEST_NOT_HAPPENED)
+        elif state == State.ABANDONED:
+            settle(project, key, machine.Event.ABANDON)
+    elif state == State.COMPENSATED:
+        receipt(project, key)
+        settle(project, key, machine.Event.COMPENSATE)
+    effect = Effect.objects.get(project=project, key=key)
+    assert effect.state == state
+    return effect
+
+
+def row_counts() -> dict[str, int]:
+    """The number of rows of every table in the database."""
+    with connection.cursor() as cursor:
+        tables = connection.introspection.table_names(cursor)
+        cursor.execute(
+            " UNION ALL ".join(
+                f"SELECT %s, count(*) FROM {connection.ops.quote_name(t)}" for t in tables
+            ),
+            tables,
+        )
+        return dict(cursor.fetchall())
+
+
+def audit_of(effect: Effect) -> list[AuditEntry]:
+    return list(AuditEntry.objects.filter(effect_id=effect.pk).order_by("seq"))
+
+
+def later(seconds: float) -> datetime:
+    return timezone.now() + timedelta(seconds=seconds)
