@@ -22,7 +22,7 @@ LAST_USED_RESOLUTION = timedelta(seconds=60)
 class Project(models.Model):
     name = models.CharField(max_length=100, unique=True)
     created = models.DateTimeField(default=timezone.now)
-    # Head of the project's audit hash chain; its row lock orders the appends.
+    # Head of the hash chain of the project's audit entries that name no effect.
     audit_seq = models.PositiveBigIntegerField(default=0, editable=False)
     audit_head = models.CharField(max_length=64, default="0" * 64, editable=False)
     members = models.ManyToManyField(
@@ -177,6 +177,9 @@ class Effect(models.Model):
     attempt_count = models.PositiveIntegerField(default=0)
     created = models.DateTimeField(default=timezone.now)
     updated = models.DateTimeField(default=timezone.now)
+    # Head of the effect's audit hash chain, moved under the effect's row lock.
+    audit_seq = models.PositiveIntegerField(default=0, editable=False)
+    audit_head = models.CharField(max_length=64, default="0" * 64, editable=False)
 
     class Meta:
         constraints = [
@@ -471,7 +474,12 @@ class BulkAction(models.Model):
 
 
 class AuditEntry(models.Model):
-    """Append-only and hash-chained per project: each entry hashes the one before it."""
+    """Append-only and hash-chained: each entry hashes the one before it in its chain.
+
+    Entries about an effect chain per effect (appended under the effect's row lock, which
+    every state change holds anyway, so projects do not serialise on one chain head);
+    entries about no effect chain per project.
+    """
 
     project = models.ForeignKey(Project, models.PROTECT, related_name="audit_entries")
     seq = models.PositiveBigIntegerField()
@@ -491,17 +499,28 @@ class AuditEntry(models.Model):
     hash = models.CharField(max_length=64)
 
     class Meta:
-        ordering = ["project", "seq"]
+        ordering = ["id"]
         constraints = [
-            models.UniqueConstraint(fields=["project", "seq"], name="audit_project_seq_uniq"),
+            models.UniqueConstraint(
+                fields=["effect", "seq"],
+                condition=Q(effect__isnull=False),
+                name="audit_effect_seq_uniq",
+            ),
+            models.UniqueConstraint(
+                fields=["project", "seq"],
+                condition=Q(effect__isnull=True),
+                name="audit_project_seq_uniq",
+            ),
         ]
         indexes = [
-            # The audit log page filtered by user, newest first (keyset on seq).
-            models.Index(fields=["project", "actor", "-seq"], name="audit_project_actor_idx"),
+            # The audit log page: newest first, keyset on id (seq counts within one chain).
+            models.Index(fields=["project", "-id"], name="audit_project_recent_idx"),
+            # The audit log page filtered by user, newest first.
+            models.Index(fields=["project", "actor", "-id"], name="audit_project_actor_idx"),
             # The audit log page filtered by action, newest first.
-            models.Index(fields=["project", "action", "-seq"], name="audit_project_action_idx"),
+            models.Index(fields=["project", "action", "-id"], name="audit_project_action_idx"),
         ]
         verbose_name_plural = "audit entries"
 
     def __str__(self) -> str:
-        return f"{self.project} #{self.seq} {self.action}"
+        return f"{self.project} #{self.pk} {self.action}"

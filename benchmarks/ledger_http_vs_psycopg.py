@@ -1,0 +1,277 @@
+"""Intent + receipt pairs through HTTP (a real gunicorn server on loopback) against the same
+writes through raw psycopg, in one run on one PostgreSQL database.
+
+    .venv/bin/python benchmarks/ledger_http_vs_psycopg.py [--pairs 4000] [--clients 8]
+
+Prints effects/s for both paths, their ratio and the p50/p99 latency of POST /intents.
+It creates (and drops at the start) the database named by --db.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import http.client
+import json
+import multiprocessing as mp
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+ROOT = Path(__file__).resolve().parent.parent
+PG = "postgres://root@127.0.0.1:5432"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _manage(env: dict[str, str], *args: str) -> str:
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+
+
+def _http_worker(port: int, key: str, prefix: str, count: int, out: mp.Queue[list[float]]) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    latencies = []
+    for i in range(count):
+        effect_key = f"{prefix}:{i}"
+        body = json.dumps(
+            {
+                "key": effect_key,
+                "kind": "payment",
+                "target": "stripe",
+                "request": {"order": i, "amount": 1250},
+                "timeout_s": 300,
+                "context": {"workflow": "bench", "workflow_version": "1"},
+            }
+        )
+        start = time.perf_counter()
+        conn.request("POST", "/api/v1/intents", body, headers)
+        response = conn.getresponse()
+        response.read()
+        latencies.append(time.perf_counter() - start)
+        assert response.status == 201, response.status
+        conn.request(
+            "POST",
+            "/api/v1/receipts",
+            json.dumps({"key": effect_key, "system": "stripe", "external_id": f"re_{prefix}_{i}"}),
+            headers,
+        )
+        response = conn.getresponse()
+        response.read()
+        assert response.status == 201, response.status
+    out.put(latencies)
+
+
+def _one(cur: psycopg.Cursor[Any]) -> tuple[Any, ...]:
+    row: tuple[Any, ...] | None = cur.fetchone()
+    assert row is not None
+    return row
+
+
+def _audit(
+    cur: psycopg.Cursor[Any],
+    project_id: int,
+    action: str,
+    effect_id: int,
+    from_state: str,
+    to_state: str,
+) -> None:
+    """The same chained audit append the server does: read the effect's chain head, insert,
+    move the head."""
+    cur.execute(
+        "SELECT audit_seq, audit_head FROM durability_effect WHERE id = %s FOR NO KEY UPDATE",
+        (effect_id,),
+    )
+    seq, prev = _one(cur)
+    seq += 1
+    digest = hashlib.sha256(f"{prev}{seq}{action}{effect_id}".encode()).hexdigest()
+    cur.execute(
+        "INSERT INTO durability_auditentry (project_id, seq, at, actor, action, effect_id, "
+        "case_id, from_state, to_state, data, prev_hash, hash) "
+        "VALUES (%s, %s, now(), 'bench', %s, %s, NULL, %s, %s, '{}', %s, %s)",
+        (project_id, seq, action, effect_id, from_state, to_state, prev, digest),
+    )
+    cur.execute(
+        "UPDATE durability_effect SET audit_seq = %s, audit_head = %s WHERE id = %s",
+        (seq, digest, effect_id),
+    )
+
+
+def _raw_worker(
+    dsn: str, project_id: int, prefix: str, count: int, out: mp.Queue[list[float]]
+) -> None:
+    with psycopg.connect(dsn) as conn:
+        for i in range(count):
+            key = f"{prefix}:{i}"
+            request = json.dumps({"order": i, "amount": 1250})
+            fingerprint = hashlib.sha256(request.encode()).hexdigest()
+            with conn.transaction(), conn.cursor() as cur:
+                cur.execute(
+                    "SELECT id FROM durability_effect WHERE project_id = %s AND key = %s "
+                    "FOR UPDATE",
+                    (project_id, key),
+                )
+                cur.execute(
+                    "INSERT INTO durability_effect (project_id, key, kind, target, fingerprint, "
+                    "request, replay, state, late, timeout_s, deadline, authority, run_id, "
+                    "tool_call_id, trace_id, span_id, attempt_count, created, updated, audit_seq, "
+                    "audit_head) VALUES (%s, %s, 'payment', 'stripe', %s, %s, 'never', 'pending', "
+                    "false, 300, now() + interval '300 seconds', NULL, '', '', '', '', 1, now(), "
+                    "now(), 0, repeat('0', 64)) "
+                    "RETURNING id",
+                    (project_id, key, fingerprint, request),
+                )
+                (effect_id,) = _one(cur)
+                cur.execute(
+                    "INSERT INTO durability_attempt (effect_id, number, started, deadline, "
+                    "context, run_id, worker, trace_id, span_id) VALUES (%s, 1, now(), "
+                    "now() + interval '300 seconds', %s, '', '', '', '')",
+                    (effect_id, json.dumps({"workflow": "bench", "workflow_version": "1"})),
+                )
+                cur.execute(
+                    "SELECT id FROM durability_receipt WHERE project_id = %s AND key = %s "
+                    "AND effect_id IS NULL",
+                    (project_id, key),
+                )
+                _audit(cur, project_id, "intent", effect_id, "", "pending")
+            with conn.transaction(), conn.cursor() as cur:
+                cur.execute(
+                    "SELECT id, state FROM durability_effect WHERE project_id = %s AND key = %s "
+                    "FOR UPDATE",
+                    (project_id, key),
+                )
+                effect_id, _ = _one(cur)
+                cur.execute(
+                    "SELECT id FROM durability_receipt WHERE project_id = %s AND key = %s AND "
+                    "system = 'stripe' AND external_id = %s",
+                    (project_id, key, f"re_{key}"),
+                )
+                cur.execute(
+                    "INSERT INTO durability_receipt (project_id, effect_id, key, system, "
+                    "external_id, observed_at, data, strength, attempt, trace_id, span_id, late, "
+                    "received) VALUES (%s, %s, %s, 'stripe', %s, NULL, 'null', 'agent_reported', "
+                    "NULL, '', '', false, now())",
+                    (project_id, effect_id, key, f"re_{key}"),
+                )
+                cur.execute(
+                    "UPDATE durability_effect SET state = 'succeeded', updated = now() "
+                    "WHERE id = %s",
+                    (effect_id,),
+                )
+                _audit(cur, project_id, "receipt", effect_id, "pending", "succeeded")
+    out.put([])
+
+
+def _run(
+    target: Callable[..., None], args_of: Callable[[int], tuple[object, ...]], clients: int
+) -> tuple[float, list[float]]:
+    out: mp.Queue[list[float]] = mp.Queue()
+    procs = [mp.Process(target=target, args=(*args_of(c), out)) for c in range(clients)]
+    start = time.perf_counter()
+    for p in procs:
+        p.start()
+    latencies = []
+    for _ in procs:
+        latencies.extend(out.get())
+    for p in procs:
+        p.join()
+        assert p.exitcode == 0, "a benchmark worker failed"
+    return time.perf_counter() - start, latencies
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--pairs", type=int, default=4000, help="intent+receipt pairs per path")
+    parser.add_argument("--clients", type=int, default=8, help="concurrent client processes")
+    parser.add_argument("--workers", type=int, default=4, help="gunicorn worker processes")
+    parser.add_argument("--db", default="tb_bench_ledger")
+    options = parser.parse_args()
+
+    with psycopg.connect(f"{PG}/postgres", autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{options.db}"')
+        admin.execute(f'CREATE DATABASE "{options.db}"')
+    dsn = f"{PG}/{options.db}"
+    env = {**os.environ, "DATABASE_URL": dsn, "DEBUG": "0", "LOG_LEVEL": "ERROR"}
+    env.pop("REDIS_URL", None)
+    _manage(env, "migrate", "--verbosity", "0")
+    key = _manage(env, "createapikey", "bench-http").strip().splitlines()[-1]
+    _manage(env, "createapikey", "bench-raw")
+    with psycopg.connect(dsn) as conn:
+        (raw_project,) = _one(
+            conn.execute("SELECT id FROM durability_project WHERE name = 'bench-raw'")
+        )
+
+    per_client = options.pairs // options.clients
+    pairs = per_client * options.clients
+
+    port = _free_port()
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "durability.wsgi",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--workers",
+            str(options.workers),
+            "--log-level",
+            "warning",
+        ],
+        cwd=ROOT,
+        env=env,
+    )
+    try:
+        for _ in range(100):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        # Warm up each worker's imports and connections.
+        _run(_http_worker, lambda c: (port, key, f"warm{c}", 20), options.workers)
+        http_time, latencies = _run(
+            _http_worker, lambda c: (port, key, f"h{c}", per_client), options.clients
+        )
+    finally:
+        server.terminate()
+        server.wait()
+    raw_time, _ = _run(
+        _raw_worker, lambda c: (dsn, raw_project, f"r{c}", per_client), options.clients
+    )
+
+    http_rate, raw_rate = pairs / http_time, pairs / raw_time
+    latencies.sort()
+    p50 = statistics.median(latencies) * 1000
+    p99 = latencies[int(len(latencies) * 0.99) - 1] * 1000
+    print(
+        f"pairs per path: {pairs}, client processes: {options.clients}, "
+        f"gunicorn workers: {options.workers}, cores: {os.cpu_count()}"
+    )
+    print(f"HTTP (intent + receipt):  {http_rate:8.0f} effects/s")
+    print(f"raw psycopg, same writes: {raw_rate:8.0f} effects/s")
+    print(f"ratio HTTP / raw:         {http_rate / raw_rate:8.2f}")
+    print(f"POST /api/v1/intents latency: p50 {p50:.2f} ms, p99 {p99:.2f} ms")
+
+
+if __name__ == "__main__":
+    main()
