@@ -347,7 +347,9 @@ def _resume(effect: Effect, intent: IntentIn, trail: Trail) -> Outcome:
             effect,
             f"Attempt {current.number} was already granted to this worker; carry on with it.",
         )
-    if intent.run_id and current.run_id == intent.run_id and intent.worker != current.worker:
+    # Both workers named (and so different): without identities a resent request and a
+    # resumed process look alike, and the attempt is left to its receipt or deadline.
+    if intent.run_id and current.run_id == intent.run_id and intent.worker and current.worker:
         # The same run came back in another process: the attempt was interrupted
         # somewhere between the intent and the receipt, and nobody knows where.
         _apply(effect, Event.INTERRUPTION, trail, attempt=current.number)
@@ -461,6 +463,13 @@ def _adopt_orphans(effect: Effect, trail: Trail, outcome: Outcome) -> None:
         return
     Receipt.objects.filter(pk__in=[r.pk for r in orphans]).update(effect=effect)
     _apply(effect, Event.RECEIPT, trail, receipt=orphans[0].pk, adopted=len(orphans))
+    # Their cases asked which effect the receipts belong to: this one. Closed before
+    # they are attached, as an effect has at most one open case per reason.
+    cases = Case.objects.filter(receipt__in=orphans, reason=Reason.ORPHAN_RECEIPT)
+    for case in cases.filter(closed=None):
+        case.effect = effect
+        case_close(case, "auto_resolved", "the intent for this key arrived", trail)
+    cases.update(effect=effect)
     outcome.decision = Decision.COMPLETED
     outcome.receipt = orphans[0]
     outcome.reason = (
