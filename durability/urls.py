@@ -5,6 +5,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from durability import api, views
+from durability.reconcilers import views as probe_views
 
 api_v1 = [
     path("api/v1/intents", api.intents, name="api-intents"),
@@ -21,6 +22,8 @@ urlpatterns = [
     path("", views.index, name="index"),
     path("effects/", views.effects, name="effects"),
     path("effects/<int:effect_id>/", views.effect, name="effect"),
+    path("effects/<int:effect_id>/probes/", probe_views.probes, name="effect-probes"),
+    path("effects/<int:effect_id>/probe/", probe_views.probe_now, name="effect-probe"),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
