@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from django.apps import apps as global_apps
 from django.apps.registry import Apps
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, Permission
 
@@ -21,6 +22,7 @@ class Perm(StrEnum):
     """The permission codenames the desk checks (all in the durability app)."""
 
     VIEW = "view_case"
+    VIEW_AUDIT = "view_auditentry"
     RESOLVE = "resolve_case"
     ASSIGN = "assign_case"
     COMMENT = "comment_case"
@@ -31,7 +33,7 @@ class Perm(StrEnum):
 _VIEWER = [
     ("effect", "view_effect"),
     ("case", Perm.VIEW.value),
-    ("auditentry", "view_auditentry"),
+    ("auditentry", Perm.VIEW_AUDIT.value),
 ]
 _OPERATOR = [
     *_VIEWER,
@@ -46,7 +48,7 @@ ROLE_PERMISSIONS: dict[str, list[tuple[str, str]]] = {
 }
 
 
-def groups_sync(apps: Apps, **signal_kwargs: Any) -> None:
+def groups_sync(apps: Apps = global_apps, **signal_kwargs: Any) -> None:
     """Create the roles' groups and give each exactly its permissions.
 
     Runs from the data migration and after every migrate or flush (post_migrate),
@@ -93,8 +95,11 @@ def access_of(user: AbstractBaseUser | AnonymousUser, project_id: int) -> Access
         .filter(user_id=user.pk, project_id=project_id)
         .first()
     )
-    if membership is None:
-        return None
+    return access_from(membership) if membership else None
+
+
+def access_from(membership: Membership) -> Access:
+    """The access a membership (with its project loaded) gives: its role's permissions."""
     codenames = Permission.objects.filter(
         group__name=membership.role, content_type__app_label="durability"
     ).values_list("codename", flat=True)

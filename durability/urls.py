@@ -4,8 +4,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from durability import api, views
-from durability.reconcilers import views as probe_views
+from durability import api, desk, views
 
 api_v1 = [
     path("api/v1/intents", api.intents, name="api-intents"),
@@ -22,8 +21,17 @@ urlpatterns = [
     path("", views.index, name="index"),
     path("effects/", views.effects, name="effects"),
     path("effects/<int:effect_id>/", views.effect, name="effect"),
-    path("effects/<int:effect_id>/probes/", probe_views.probes, name="effect-probes"),
-    path("effects/<int:effect_id>/probe/", probe_views.probe_now, name="effect-probe"),
+    path("queue/", desk.queue, name="queue"),
+    path("queue/pulse/", desk.queue_pulse, name="queue-pulse"),
+    path("queue/bulk/preview/", desk.bulk_preview, name="bulk-preview"),
+    path("queue/bulk/", desk.bulk_start, name="bulk-start"),
+    path("queue/bulk/<int:bulk_id>/", desk.bulk_progress, name="bulk-progress"),
+    path("cases/<int:case_id>/", desk.case, name="case"),
+    path("cases/<int:case_id>/resolve/", desk.case_resolve, name="case-resolve"),
+    path("cases/<int:case_id>/assign/", desk.case_assign, name="case-assign"),
+    path("cases/<int:case_id>/comment/", desk.case_comment, name="case-comment"),
+    path("audit/", desk.audit, name="audit"),
+    path("projects/switch/", desk.project_switch, name="project-switch"),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),

@@ -28,7 +28,7 @@ def _effects_of(request: AuthedRequest) -> QuerySet[Effect]:
 
 @login_required
 def index(request: AuthedRequest) -> HttpResponse:
-    return redirect("effects")
+    return redirect("queue")
 
 
 @login_required

@@ -51,6 +51,12 @@ class Api:
         return self.post("failures", {"key": key, "error": error, "definitive": definitive})
 
 
+@pytest.fixture(autouse=True)
+def _fast_password_hashing(settings: Any) -> None:
+    """Test users have throwaway passwords: hash them cheaply (the default takes ~1s)."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 @pytest.fixture
 def project(db: None) -> Project:
     return Project.objects.create(name="alpha")
@@ -87,3 +93,29 @@ def alice(project: Project) -> User:
 def mallory(db: None) -> User:
     """A logged-in stranger with no membership in `project`."""
     return User.objects.create_user("mallory", password="password")
+
+
+@pytest.fixture
+def viewer(project: Project) -> User:
+    """A member of `project` who may only read."""
+    user = User.objects.create_user("victor")
+    Membership.objects.create(project=project, user=user, role=Role.VIEWER)
+    return user
+
+
+@pytest.fixture
+def admin(project: Project) -> User:
+    """An admin of `project`."""
+    user = User.objects.create_user("ada")
+    Membership.objects.create(project=project, user=user, role=Role.ADMIN)
+    return user
+
+
+@pytest.fixture
+def outsider(db: None) -> User:
+    """An admin of another project: a stranger to `project` with a project of their own."""
+    user = User.objects.create_user("olga")
+    Membership.objects.create(
+        project=Project.objects.create(name="gamma"), user=user, role=Role.ADMIN
+    )
+    return user

@@ -27,8 +27,8 @@ def test_each_role_is_a_group_with_its_permissions(db):
 @pytest.mark.parametrize(
     ("role", "allowed"),
     [
-        (Role.VIEWER, {Perm.VIEW}),
-        (Role.OPERATOR, {Perm.VIEW, Perm.RESOLVE, Perm.ASSIGN, Perm.COMMENT}),
+        (Role.VIEWER, {Perm.VIEW, Perm.VIEW_AUDIT}),
+        (Role.OPERATOR, {Perm.VIEW, Perm.VIEW_AUDIT, Perm.RESOLVE, Perm.ASSIGN, Perm.COMMENT}),
         (Role.ADMIN, set(Perm)),
     ],
 )

@@ -1,0 +1,359 @@
+"""The desk's services: what an operator does to a case.
+
+Each service is one transaction. Changes two operators may race on (resolving,
+acknowledging, assigning) are a compare-and-swap on `Case.version`: the caller passes
+the version it showed the operator, a conditional UPDATE bumps it, and of two
+concurrent changes exactly one wins; the other gets `CaseChanged`. An effect's state
+still changes only through the state machine (`machine.effect_settle`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+
+from django.contrib.auth.models import User
+from django.db import transaction
+from django.db.models import F, QuerySet
+from django.utils import timezone
+from django.utils.timesince import timesince
+
+from durability import machine
+from durability.audit import Trail
+from durability.models import (
+    AuditEntry,
+    BulkAction,
+    BulkVerb,
+    Case,
+    Comment,
+    Effect,
+    Membership,
+    Project,
+    Reason,
+    Role,
+    State,
+)
+from durability.schemas import ReceiptIn
+
+
+class Verdict(StrEnum):
+    """An operator's answer to "did it happen?", and what was done about it."""
+
+    HAPPENED = "happened"
+    NOT_HAPPENED = "not_happened"
+    COMPENSATED = "compensated"
+    ABANDONED = "abandoned"
+
+
+VERDICT_EVENTS = {
+    Verdict.HAPPENED: machine.Event.ATTEST_HAPPENED,
+    Verdict.NOT_HAPPENED: machine.Event.ATTEST_NOT_HAPPENED,
+    Verdict.COMPENSATED: machine.Event.COMPENSATE,
+    Verdict.ABANDONED: machine.Event.ABANDON,
+}
+# Cases whose effect is already in the right state: a person closes them once handled.
+# An uncertain case needs a verdict, and an approval a decision, instead.
+ACKNOWLEDGEABLE = frozenset(Reason) - {Reason.UNCERTAIN, Reason.APPROVAL_REQUIRED}
+# Roles a case may be assigned to: people who can act on it.
+ASSIGNABLE_ROLES = (Role.OPERATOR, Role.ADMIN)
+ACKNOWLEDGED = "acknowledged"
+
+
+class CaseChanged(Exception):
+    """The case changed since the operator saw it (or closed): their change was not made."""
+
+    def __init__(self, case: Case) -> None:
+        self.case = case
+        last = AuditEntry.objects.filter(case=case).order_by("-id").first()
+        if not case.is_open:
+            resolution = getattr(case, "resolution", None)
+            what = (
+                f"it was closed ({resolution.action}) by {resolution.actor}"
+                if resolution
+                else "it was closed"
+            )
+            when = case.closed
+        elif last is not None:
+            what, when = f"{last.actor} made a change ({last.action.replace('_', ' ')})", last.at
+        else:
+            what, when = "someone else changed it", None
+        ago = f" {timesince(when)} ago" if when else ""
+        super().__init__(
+            f"Case #{case.pk} changed while you were looking at it: {what}{ago}. "
+            "Your action was not applied; review the case as it is now."
+        )
+
+
+class NotApplicable(Exception):
+    """The action does not fit this case (its reason or its effect's state)."""
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What an operator attests: where the effect is recorded, and how they know."""
+
+    system: str
+    external_id: str
+    link: str = ""
+    note: str = ""
+
+
+def verdicts_for(case: Case) -> list[Verdict]:
+    """The verdicts the state machine allows for the case's effect as it is now."""
+    if case.effect is None or not case.is_open:
+        return []
+    state = State(case.effect.state)
+    return [v for v in Verdict if machine.can(state, VERDICT_EVENTS[v])]
+
+
+def can_acknowledge(case: Case) -> bool:
+    return case.is_open and case.reason in ACKNOWLEDGEABLE
+
+
+def _claim(*, project: Project, case_id: int, version: int) -> Case:
+    """Take the case for one change, or raise `CaseChanged`.
+
+    Locks the case's effect first, then the case (the state machine's order), so a
+    receipt arriving at the same moment cannot deadlock with the operator.
+    """
+    effect_id = (
+        Case.objects.filter(project=project, pk=case_id).values_list("effect_id", flat=True).get()
+    )
+    if effect_id is not None:
+        list(Effect.objects.select_for_update().filter(pk=effect_id).values_list("pk"))
+    won = Case.objects.filter(pk=case_id, version=version, closed=None).update(
+        version=F("version") + 1
+    )
+    case = Case.objects.select_related("effect", "assignee").get(pk=case_id)
+    if not won:
+        raise CaseChanged(case)
+    return case
+
+
+def _evidence_receipt(effect: Effect, evidence: Evidence) -> ReceiptIn:
+    data = {k: v for k, v in (("link", evidence.link), ("note", evidence.note)) if v}
+    return ReceiptIn(
+        key=effect.key,
+        system=evidence.system,
+        external_id=evidence.external_id,
+        data=data or None,
+    )
+
+
+def case_resolve(
+    *,
+    project: Project,
+    case_id: int,
+    version: int,
+    actor: str,
+    verdict: Verdict,
+    note: str,
+    evidence: Evidence | None = None,
+) -> Case:
+    """Settle the case's effect with a verdict and close the case.
+
+    `happened` needs evidence, stored as an `operator_attested` receipt. The state
+    machine also closes the effect's other cases that the verdict settles.
+    """
+    event = VERDICT_EVENTS[verdict]
+    if verdict == Verdict.HAPPENED and evidence is None:
+        raise NotApplicable("Saying it happened needs evidence: a system and an external id.")
+    with transaction.atomic():
+        case = _claim(project=project, case_id=case_id, version=version)
+        if case.effect is None or verdict not in verdicts_for(case):
+            state = case.effect.state if case.effect else "no effect"
+            raise NotApplicable(
+                f"'{verdict.value}' does not apply to a case whose effect is {state}."
+            )
+        receipt = _evidence_receipt(case.effect, evidence) if evidence else None
+        machine.effect_settle(
+            project=project,
+            effect_id=case.effect.pk,
+            actor=actor,
+            event=event,
+            note=note,
+            evidence=receipt,
+        )
+        case.refresh_from_db()
+        if case.is_open:
+            # A verdict given on a case the machine does not close by itself (a version
+            # drift, say) still answers that case.
+            trail = Trail(project.pk, actor)
+            machine.case_close(case, event.value, note, trail)
+            trail.append()
+    return case
+
+
+def case_acknowledge(
+    *, project: Project, case_id: int, version: int, actor: str, note: str
+) -> Case:
+    """Close a case whose effect is already in the right state, without changing it."""
+    with transaction.atomic():
+        case = _claim(project=project, case_id=case_id, version=version)
+        if case.reason not in ACKNOWLEDGEABLE:
+            raise NotApplicable(
+                f"A case of reason {case.reason} needs a verdict, not an acknowledgement."
+            )
+        trail = Trail(project.pk, actor)
+        machine.case_close(case, ACKNOWLEDGED, note, trail)
+        trail.append()
+    return case
+
+
+def assignable_members(project: Project) -> QuerySet[User]:
+    """The project's members who may act on a case, by username."""
+    return User.objects.filter(
+        membership__project=project, membership__role__in=ASSIGNABLE_ROLES
+    ).order_by("username")
+
+
+def case_assign(
+    *, project: Project, case_id: int, version: int, actor: str, assignee: User | None
+) -> Case:
+    """Give the case to a member who can act on it, or to nobody."""
+    if (
+        assignee is not None
+        and not Membership.objects.filter(
+            project=project, user=assignee, role__in=ASSIGNABLE_ROLES
+        ).exists()
+    ):
+        raise NotApplicable(f"{assignee.get_username()} cannot act on this project's cases.")
+    with transaction.atomic():
+        case = _claim(project=project, case_id=case_id, version=version)
+        was = case.assignee.get_username() if case.assignee else None
+        case.assignee = assignee
+        case.save(update_fields=["assignee"])
+        trail = Trail(project.pk, actor)
+        trail.add(
+            "case_assigned",
+            effect=case.effect,
+            case=case,
+            assignee=assignee.get_username() if assignee else None,
+            was=was,
+        )
+        trail.append()
+    return case
+
+
+def case_comment(*, project: Project, case_id: int, actor: str, body: str) -> Comment:
+    """Add a comment to a case, open or closed. Comments never race: no version check."""
+    with transaction.atomic():
+        case = Case.objects.select_related("effect").get(project=project, pk=case_id)
+        comment = Comment.objects.create(case=case, actor=actor, body=body)
+        trail = Trail(project.pk, actor)
+        trail.add("case_commented", effect=case.effect, case=case, comment=comment.pk)
+        trail.append()
+    return comment
+
+
+# -- many cases at once ------------------------------------------------------------------
+
+# Per bulk transaction: short enough that progress moves and locks stay brief.
+BULK_CHUNK = 50
+
+
+def bulk_eligible(cases: QuerySet[Case], verb: BulkVerb) -> QuerySet[Case]:
+    """The open cases among `cases` that `verb` can act on."""
+    cases = cases.filter(closed=None)
+    if verb == BulkVerb.NOT_HAPPENED:
+        return cases.filter(effect__state=State.TIMED_OUT)
+    if verb == BulkVerb.ACKNOWLEDGE:
+        return cases.filter(reason__in=ACKNOWLEDGEABLE)
+    return cases
+
+
+def bulk_start(
+    *,
+    project: Project,
+    actor: str,
+    verb: BulkVerb,
+    case_ids: Iterable[int],
+    note: str,
+    assignee: User | None = None,
+) -> BulkAction:
+    """Record a bulk action over these cases; `bulk_run` then carries it out."""
+    ids = list(case_ids)
+    with transaction.atomic():
+        bulk = BulkAction.objects.create(
+            project=project,
+            actor=actor,
+            verb=verb,
+            note=note,
+            assignee=assignee,
+            case_ids=ids,
+            total=len(ids),
+        )
+        trail = Trail(project.pk, actor)
+        trail.add(
+            "bulk_started",
+            bulk=bulk.pk,
+            verb=verb.value,
+            total=len(ids),
+            note=note,
+            assignee=assignee.get_username() if assignee else None,
+        )
+        trail.append()
+    return bulk
+
+
+def _bulk_one(bulk: BulkAction, case: Case) -> bool:
+    """Apply the bulk action to one case at its current version; False if it was skipped."""
+    project = bulk.project
+    try:
+        with transaction.atomic():
+            if bulk.verb == BulkVerb.ASSIGN:
+                case_assign(
+                    project=project,
+                    case_id=case.pk,
+                    version=case.version,
+                    actor=bulk.actor,
+                    assignee=bulk.assignee,
+                )
+            elif bulk.verb == BulkVerb.NOT_HAPPENED:
+                case_resolve(
+                    project=project,
+                    case_id=case.pk,
+                    version=case.version,
+                    actor=bulk.actor,
+                    verdict=Verdict.NOT_HAPPENED,
+                    note=bulk.note,
+                )
+            else:
+                case_acknowledge(
+                    project=project,
+                    case_id=case.pk,
+                    version=case.version,
+                    actor=bulk.actor,
+                    note=bulk.note,
+                )
+    except (CaseChanged, NotApplicable, machine.IllegalTransition):
+        return False
+    return True
+
+
+def bulk_run(*, bulk_id: int) -> BulkAction:
+    """Carry out a bulk action from where it stopped; a no-op once finished.
+
+    Each chunk holds the bulk row's lock, so two runs of one action (a job delivered
+    twice) take turns and never act on a case twice.
+    """
+    while True:
+        with transaction.atomic():
+            bulk = BulkAction.objects.select_for_update().select_related("project").get(pk=bulk_id)
+            position = bulk.done + bulk.skipped
+            if position >= bulk.total:
+                if bulk.finished is None:
+                    bulk.finished = timezone.now()
+                    bulk.save(update_fields=["finished"])
+                return bulk
+            chunk = bulk.case_ids[position : position + BULK_CHUNK]
+            found = Case.objects.filter(project=bulk.project, pk__in=chunk, closed=None)
+            cases = {c.pk: c for c in found}
+            for case_id in chunk:
+                case = cases.get(case_id)
+                if case is not None and _bulk_one(bulk, case):
+                    bulk.done += 1
+                else:
+                    bulk.skipped += 1
+            bulk.save(update_fields=["done", "skipped"])

@@ -1,0 +1,507 @@
+"""The reconciliation desk's pages: the queue, a case, bulk actions, the audit log.
+
+Every view needs a login; every action is checked against the user's role in the
+case's project (durability.roles) and carried out by a service (durability.cases),
+which writes the audit entry with the user as actor `user:<username>`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.contrib.auth.models import User
+from django.core.exceptions import PermissionDenied
+from django.db.models import Max
+from django.http import Http404, HttpResponse, HttpResponseBase
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_GET, require_POST
+
+from durability import cases, jobs, machine
+from durability.forms import (
+    ACKNOWLEDGE,
+    RESOLVE_CHOICES,
+    AssignForm,
+    AuditFilter,
+    BulkForm,
+    CommentForm,
+    ResolveForm,
+)
+from durability.models import AuditEntry, BulkAction, BulkVerb, Case, Membership, Reason
+from durability.queue import (
+    QueueFilter,
+    QueueQuery,
+    counts_by_reason,
+    open_cases,
+    page_of,
+    rows_of,
+)
+from durability.roles import Access, Perm, access_from, access_of, projects_of
+from durability.story import story_of
+from durability.views import AuthedRequest
+
+SESSION_PROJECT = "tallybook_project"
+AUDIT_PAGE_SIZE = 100
+# Audit actions that change what a queue row shows.
+PULSE_ACTIONS = ("case_opened", "case_closed", "case_assigned")
+
+
+def actor_of(request: AuthedRequest) -> str:
+    return f"user:{request.user.get_username()}"
+
+
+def current_membership(request: AuthedRequest) -> tuple[Membership | None, list[Membership]]:
+    """The project the user works in (remembered in the session), and all of theirs."""
+    memberships = projects_of(request.user)
+    wanted = request.session.get(SESSION_PROJECT)
+    current = next((m for m in memberships if m.project_id == wanted), None)
+    return current or (memberships[0] if memberships else None), memberships
+
+
+def _current_access(request: AuthedRequest, perm: Perm) -> Access | None:
+    """The user's access to their current project, if they have one and it allows `perm`."""
+    membership, _ = current_membership(request)
+    if membership is None:
+        return None
+    access = access_from(membership)
+    if not access.can(perm):
+        raise PermissionDenied(f"Your role in {access.project} does not allow this.")
+    return access
+
+
+def _require(access: Access, perm: Perm) -> None:
+    if not access.can(perm):
+        raise PermissionDenied(
+            f"Your role in {access.project} ({access.role}) does not allow this action."
+        )
+
+
+def _no_project(request: AuthedRequest) -> HttpResponse:
+    return render(request, "durability/no_project.html")
+
+
+@login_required
+@require_POST
+def project_switch(request: AuthedRequest) -> HttpResponse:
+    """Make another of the user's projects the current one."""
+    project_id = request.POST.get("project", "")
+    if not project_id.isdigit() or access_of(request.user, int(project_id)) is None:
+        raise Http404("No such project among yours")
+    request.session[SESSION_PROJECT] = int(project_id)
+    target = request.POST.get("next", "")
+    if not url_has_allowed_host_and_scheme(target, {request.get_host()}, request.is_secure()):
+        target = reverse("queue")
+    return redirect(target)
+
+
+# -- the queue ---------------------------------------------------------------------------
+
+
+def _latest_audit_id(access: Access) -> int:
+    return AuditEntry.objects.filter(project=access.project).aggregate(m=Max("id"))["m"] or 0
+
+
+@login_required
+@require_GET
+def queue(request: AuthedRequest) -> HttpResponse:
+    """Open cases, filtered from the URL, keyset-paginated; htmx fetches further pages."""
+    access = _current_access(request, Perm.VIEW)
+    if access is None:
+        return _no_project(request)
+    query = QueueQuery.from_params(request.GET)
+    rows, next_after = page_of(open_cases(access.project, query, request.user), query)
+    context: dict[str, Any] = {
+        "access": access,
+        "query": query,
+        "rows": rows,
+        "next_after": next_after,
+    }
+    if request.htmx and "after" in query.values:
+        return render(request, "durability/queue.html#rows", context)
+    counts = counts_by_reason(open_cases(access.project, query, request.user, reason=False))
+    reason = query.values.get("reason")
+    context |= {
+        "tabs": _reason_tabs(query, counts),
+        "total": counts[reason] if reason else sum(counts.values()),
+        "since": _latest_audit_id(access),
+        "form": QueueFilter(initial=query.values),
+        "reasons": Reason.choices,
+        "members": cases.assignable_members(access.project),
+        "bulk_verbs": BulkVerb.choices,
+    }
+    return render(request, "durability/queue.html", context)
+
+
+def _reason_tabs(query: QueueQuery, counts: dict[str, int]) -> list[dict[str, Any]]:
+    """Links to the queue filtered by each reason that has open cases, with their counts."""
+    current = query.values.get("reason")
+    tabs = [
+        {
+            "label": "all",
+            "count": sum(counts.values()),
+            "current": not current,
+            "qs": query.query_string(reason=None),
+        }
+    ]
+    tabs += [
+        {
+            "label": reason,
+            "count": n,
+            "current": reason == current,
+            "qs": query.query_string(reason=reason),
+        }
+        for reason, n in counts.items()
+        if n or reason == current
+    ]
+    return tabs
+
+
+def _count(value: str) -> int:
+    return int(value) if value.isdigit() else 0
+
+
+@login_required
+@require_GET
+def queue_pulse(request: AuthedRequest) -> HttpResponse:
+    """What changed since the page loaded: rows closed or reassigned elsewhere, new cases."""
+    access = _current_access(request, Perm.VIEW)
+    if access is None:
+        return HttpResponse(status=204)
+    query = QueueQuery.from_params(request.GET)
+    since, fresh = (_count(request.GET.get(name, "")) for name in ("since", "new"))
+    latest = _latest_audit_id(access)
+    changes = list(
+        AuditEntry.objects.filter(
+            project=access.project, id__gt=since, id__lte=latest, action__in=PULSE_ACTIONS
+        ).values_list("action", "case_id")
+    )
+    fresh += sum(1 for action, _ in changes if action == "case_opened")
+    changed = sorted(
+        {case_id for action, case_id in changes if action != "case_opened" and case_id}
+    )
+    counts = counts_by_reason(open_cases(access.project, query, request.user, reason=False))
+    context = {
+        "access": access,
+        "query": query,
+        "since": latest,
+        "fresh": fresh,
+        "changed": rows_of(access.project, changed),
+        "tabs": _reason_tabs(query, counts),
+    }
+    return render(request, "durability/_queue_pulse.html", context)
+
+
+# -- bulk actions --------------------------------------------------------------------------
+
+
+def _bulk_scope(request: AuthedRequest, access: Access, form: BulkForm) -> tuple[int, list[int]]:
+    """How many cases the bulk form names, and the ids of those its verb can act on."""
+    query = QueueQuery.from_params(request.POST if request.method == "POST" else request.GET)
+    named = open_cases(access.project, query, request.user)
+    if form.cleaned_data["scope"] == "selected":
+        named = Case.objects.filter(project=access.project, pk__in=form.cleaned_data["case"])
+    eligible = cases.bulk_eligible(named, BulkVerb(form.cleaned_data["verb"]))
+    ids = list(eligible.order_by("opened", "id").values_list("id", flat=True))
+    return named.count(), ids
+
+
+def _member(access: Access, request: AuthedRequest, name: str) -> User | None:
+    """The member "me" or a username stands for, if they may act on the project's cases."""
+    if name == "me":
+        return request.user
+    return cases.assignable_members(access.project).filter(username=name).first()
+
+
+BULK_PERMS = {
+    BulkVerb.ASSIGN: Perm.ASSIGN,
+    BulkVerb.NOT_HAPPENED: Perm.RESOLVE,
+    BulkVerb.ACKNOWLEDGE: Perm.RESOLVE,
+}
+
+
+@login_required
+@require_GET
+def bulk_preview(request: AuthedRequest) -> HttpResponse:
+    """How many cases a bulk action would touch, before anything is done."""
+    access = _current_access(request, Perm.VIEW)
+    if access is None:
+        return _no_project(request)
+    form = BulkForm(request.GET)
+    context: dict[str, Any] = {"form": form, "access": access}
+    if form.is_valid():
+        verb = BulkVerb(form.cleaned_data["verb"])
+        named, ids = _bulk_scope(request, access, form)
+        context |= {
+            "verb": verb,
+            "named": named,
+            "eligible": len(ids),
+            "left_alone": named - len(ids),
+            "allowed": access.can(BULK_PERMS[verb]),
+            "background": len(ids) > settings.TALLYBOOK_BULK_INLINE,
+        }
+    return render(request, "durability/_bulk_preview.html", context)
+
+
+@login_required
+@require_POST
+def bulk_start(request: AuthedRequest) -> HttpResponse:
+    """Confirm a bulk action: small ones run now, large ones as a job watched by progress."""
+    access = _current_access(request, Perm.VIEW)
+    if access is None:
+        return _no_project(request)
+    form = BulkForm(request.POST)
+    if not form.is_valid():
+        return render(request, "durability/_bulk_preview.html", {"form": form}, status=400)
+    verb = BulkVerb(form.cleaned_data["verb"])
+    _require(access, BULK_PERMS[verb])
+    assignee = None
+    if verb == BulkVerb.ASSIGN:
+        assignee = _member(access, request, form.cleaned_data["assign_to"])
+        if assignee is None:
+            form.add_error("assign_to", "Not a member who can act on this project's cases.")
+            return render(request, "durability/_bulk_preview.html", {"form": form}, status=400)
+    _, ids = _bulk_scope(request, access, form)
+    bulk = cases.bulk_start(
+        project=access.project,
+        actor=actor_of(request),
+        verb=verb,
+        case_ids=ids,
+        note=form.cleaned_data["note"],
+        assignee=assignee,
+    )
+    if bulk.total <= settings.TALLYBOOK_BULK_INLINE:
+        bulk = cases.bulk_run(bulk_id=bulk.pk)
+    else:
+        jobs.enqueue(jobs.cases_bulk, bulk.pk)
+    return render(request, "durability/_bulk_progress.html", {"bulk": bulk})
+
+
+@login_required
+@require_GET
+def bulk_progress(request: AuthedRequest, bulk_id: int) -> HttpResponse:
+    bulk = BulkAction.objects.filter(pk=bulk_id, project__members=request.user).first()
+    if bulk is None:
+        raise Http404("No such bulk action in your projects")
+    return render(request, "durability/_bulk_progress.html", {"bulk": bulk})
+
+
+# -- a case ------------------------------------------------------------------------------
+
+
+def _case_and_access(request: AuthedRequest, case_id: int) -> tuple[Case, Access]:
+    """The case, if it is in one of the user's projects, and the user's access there."""
+    case = (
+        Case.objects.select_related("effect", "project", "assignee", "receipt")
+        .filter(pk=case_id)
+        .first()
+    )
+    access = access_of(request.user, case.project_id) if case else None
+    if case is None or access is None:
+        raise Http404("No such case in your projects")
+    return case, access
+
+
+def _case_page(
+    request: AuthedRequest,
+    case: Case,
+    access: Access,
+    *,
+    status: int = 200,
+    problem: str = "",
+    **forms: Any,
+) -> HttpResponse:
+    effect = case.effect
+    context = {
+        "case": case,
+        "effect": effect,
+        "access": access,
+        "story": story_of(case),
+        "outcome": machine.decide(effect) if effect else None,
+        "verdict_options": _verdict_options(case),
+        "attest": cases.Verdict.HAPPENED in cases.verdicts_for(case),
+        "members": cases.assignable_members(access.project),
+        "siblings": (
+            effect.cases.filter(closed=None).exclude(pk=case.pk).order_by("opened")
+            if effect
+            else []
+        ),
+        "problem": problem,
+        "resolve_form": forms.get("resolve_form") or ResolveForm(initial={"version": case.version}),
+        "comment_form": forms.get("comment_form") or CommentForm(),
+    }
+    return render(request, "durability/case.html", context, status=status)
+
+
+# The key that picks each verdict on the case page (static/durability/desk.js).
+VERDICT_KEYS = {
+    cases.Verdict.HAPPENED: "h",
+    cases.Verdict.NOT_HAPPENED: "n",
+    cases.Verdict.COMPENSATED: "c",
+    cases.Verdict.ABANDONED: "b",
+    ACKNOWLEDGE: "e",
+}
+
+
+def _verdict_options(case: Case) -> list[tuple[str, str, str]]:
+    """(value, label, key) of each verdict the case allows now, acknowledging last."""
+    allowed = {v.value for v in cases.verdicts_for(case)}
+    if cases.can_acknowledge(case):
+        allowed.add(ACKNOWLEDGE)
+    return [
+        (value, str(label), VERDICT_KEYS[value])
+        for value, label in RESOLVE_CHOICES
+        if value in allowed
+    ]
+
+
+@login_required
+@require_GET
+def case(request: AuthedRequest, case_id: int) -> HttpResponse:
+    found, access = _case_and_access(request, case_id)
+    return _case_page(request, found, access)
+
+
+@login_required
+@require_POST
+def case_resolve(request: AuthedRequest, case_id: int) -> HttpResponseBase:
+    """A verdict (happened, did not happen, compensated, abandoned) or an acknowledgement."""
+    found, access = _case_and_access(request, case_id)
+    _require(access, Perm.RESOLVE)
+    form = ResolveForm(request.POST)
+    if not form.is_valid():
+        return _case_page(request, found, access, status=400, resolve_form=form)
+    data = form.cleaned_data
+    try:
+        if data["verdict"] == ACKNOWLEDGE:
+            cases.case_acknowledge(
+                project=access.project,
+                case_id=found.pk,
+                version=data["version"],
+                actor=actor_of(request),
+                note=data["note"],
+            )
+        else:
+            cases.case_resolve(
+                project=access.project,
+                case_id=found.pk,
+                version=data["version"],
+                actor=actor_of(request),
+                verdict=cases.Verdict(data["verdict"]),
+                note=data["note"],
+                evidence=form.evidence(),
+            )
+    except (cases.CaseChanged, cases.NotApplicable, machine.IllegalTransition) as exc:
+        found.refresh_from_db()
+        return _case_page(request, found, access, status=409, problem=str(exc))
+    choice = dict(form.fields["verdict"].choices)[data["verdict"]]  # type: ignore[attr-defined]
+    messages.success(request, f"Case #{found.pk} closed: {str(choice).lower()}.")
+    return redirect("case", found.pk)
+
+
+@login_required
+@require_POST
+def case_assign(request: AuthedRequest, case_id: int) -> HttpResponseBase:
+    """Assign a case (from its page, or from a queue row over htmx)."""
+    found, access = _case_and_access(request, case_id)
+    _require(access, Perm.ASSIGN)
+    form = AssignForm(request.POST)
+    problem = ""
+    if not form.is_valid():
+        problem = "The assignment was incomplete; reload the page."
+    else:
+        name = form.cleaned_data["assignee"]
+        assignee = _member(access, request, name) if name else None
+        try:
+            if name and assignee is None:
+                raise cases.NotApplicable(f"{name} cannot act on this project's cases.")
+            cases.case_assign(
+                project=access.project,
+                case_id=found.pk,
+                version=form.cleaned_data["version"],
+                actor=actor_of(request),
+                assignee=assignee,
+            )
+        except (cases.CaseChanged, cases.NotApplicable) as exc:
+            problem = str(exc)
+    if request.htmx:
+        # The queue row, changed or not, with the problem shown in it.
+        row = rows_of(access.project, [found.pk])[0]
+        return render(
+            request,
+            "durability/_queue_row.html",
+            {"case": row, "access": access, "problem": problem},
+        )
+    if problem:
+        found.refresh_from_db()
+        return _case_page(request, found, access, status=409, problem=problem)
+    messages.success(request, f"Case #{found.pk} assigned.")
+    return redirect("case", found.pk)
+
+
+@login_required
+@require_POST
+def case_comment(request: AuthedRequest, case_id: int) -> HttpResponseBase:
+    found, access = _case_and_access(request, case_id)
+    _require(access, Perm.COMMENT)
+    form = CommentForm(request.POST)
+    if not form.is_valid():
+        return _case_page(request, found, access, status=400, comment_form=form)
+    cases.case_comment(
+        project=access.project,
+        case_id=found.pk,
+        actor=actor_of(request),
+        body=form.cleaned_data["body"],
+    )
+    messages.success(request, "Comment added.")
+    return redirect(reverse("case", args=[found.pk]) + "#comment")
+
+
+# -- the audit log -----------------------------------------------------------------------
+
+
+@login_required
+@require_GET
+def audit(request: AuthedRequest) -> HttpResponse:
+    """The current project's audit entries, newest first, filtered; keyset on id."""
+    access = _current_access(request, Perm.VIEW_AUDIT)
+    if access is None:
+        return _no_project(request)
+    form = AuditFilter(request.GET)
+    form.is_valid()
+    f = {k: v for k, v in form.cleaned_data.items() if v not in ("", None)}
+    qs = AuditEntry.objects.filter(project=access.project).order_by("-id")
+    if "actor" in f:
+        qs = qs.filter(actor=f["actor"])
+    if "effect" in f:
+        qs = qs.filter(effect_id=f["effect"])
+    if "action" in f:
+        qs = qs.filter(action=f["action"])
+    if "since" in f:
+        qs = qs.filter(at__gte=f["since"])
+    if "until" in f:
+        qs = qs.filter(at__lt=f["until"])
+    if "before" in f:
+        qs = qs.filter(id__lt=f["before"])
+    page = list(qs[: AUDIT_PAGE_SIZE + 1])
+    more = len(page) > AUDIT_PAGE_SIZE
+    page = page[:AUDIT_PAGE_SIZE]
+    params = request.GET.copy()
+    params.pop("before", None)
+    if more:
+        params["before"] = str(page[-1].pk)
+    context = {
+        "access": access,
+        "form": form,
+        "entries": page,
+        "next_query": params.urlencode() if more else "",
+        "filtered": bool(set(f) - {"before"}),
+        "actions": sorted({*machine.Event, *PULSE_ACTIONS, "case_commented", "bulk_started"}),
+    }
+    template = "durability/audit.html"
+    if request.htmx and "before" in f:
+        template += "#entries"
+    return render(request, template, context)

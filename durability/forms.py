@@ -1,0 +1,111 @@
+"""The desk's forms: what an operator may send, checked field by field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+
+from durability.cases import Evidence, Verdict
+from durability.models import BulkVerb
+
+ACKNOWLEDGE = "acknowledge"
+RESOLVE_CHOICES = [
+    (Verdict.HAPPENED.value, "It happened"),
+    (Verdict.NOT_HAPPENED.value, "It did not happen"),
+    (Verdict.COMPENSATED.value, "Compensated"),
+    (Verdict.ABANDONED.value, "Abandoned"),
+    (ACKNOWLEDGE, "Acknowledge"),
+]
+
+
+class ResolveForm(forms.Form):
+    verdict = forms.ChoiceField(choices=RESOLVE_CHOICES, widget=forms.RadioSelect)
+    version = forms.IntegerField(min_value=1, widget=forms.HiddenInput)
+    note = forms.CharField(
+        label="Reason",
+        max_length=2000,
+        strip=True,
+        help_text="Why: what you checked, or what was done.",
+    )
+    # Evidence, for "it happened".
+    system = forms.CharField(max_length=100, required=False, strip=True)
+    external_id = forms.CharField(label="External id", max_length=255, required=False, strip=True)
+    link = forms.URLField(max_length=500, required=False, assume_scheme="https")
+    evidence_note = forms.CharField(label="Evidence note", max_length=2000, required=False)
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if data.get("verdict") == Verdict.HAPPENED:
+            for name in ("system", "external_id"):
+                if not data.get(name):
+                    self.add_error(name, "Evidence needs this to say it happened.")
+        return data
+
+    def evidence(self) -> Evidence | None:
+        data = self.cleaned_data
+        if data["verdict"] != Verdict.HAPPENED:
+            return None
+        return Evidence(data["system"], data["external_id"], data["link"], data["evidence_note"])
+
+
+class AssignForm(forms.Form):
+    version = forms.IntegerField(min_value=1, widget=forms.HiddenInput)
+    # "me", a member's username, or empty for nobody.
+    assignee = forms.CharField(max_length=150, required=False)
+
+
+class CommentForm(forms.Form):
+    body = forms.CharField(label="Comment", max_length=4000, strip=True, widget=forms.Textarea)
+
+
+class CaseIds(forms.Field):
+    """Case ids, as many as were ticked; the project scope decides which are acted on."""
+
+    widget = forms.MultipleHiddenInput
+
+    def to_python(self, value: Any) -> list[int]:
+        try:
+            return [int(v) for v in value or []]
+        except (TypeError, ValueError):
+            raise forms.ValidationError("Not a list of case ids.") from None
+
+
+class BulkForm(forms.Form):
+    verb = forms.ChoiceField(choices=BulkVerb.choices)
+    scope = forms.ChoiceField(choices=[("selected", "selected"), ("matching", "all matching")])
+    case = CaseIds(required=False)
+    note = forms.CharField(label="Reason", max_length=2000, required=False, strip=True)
+    # Named apart from the queue filter's `assignee`, which the same request carries.
+    assign_to = forms.CharField(max_length=150, required=False)
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if data.get("scope") == "selected" and not data.get("case"):
+            self.add_error("case", "Select at least one case, or act on all matching.")
+        verb = data.get("verb")
+        if verb in (BulkVerb.NOT_HAPPENED, BulkVerb.ACKNOWLEDGE) and not data.get("note"):
+            self.add_error("note", "Give the reason: it is recorded on every case.")
+        if verb == BulkVerb.ASSIGN and not data.get("assign_to"):
+            self.add_error("assign_to", "Assign to whom? (me, or a username)")
+        return data
+
+
+class AuditFilter(forms.Form):
+    actor = forms.CharField(
+        label="User", max_length=150, required=False, help_text="a username, or system:…"
+    )
+    effect = forms.IntegerField(min_value=1, required=False)
+    action = forms.CharField(max_length=32, required=False)
+    since = forms.DateTimeField(
+        required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"})
+    )
+    until = forms.DateTimeField(
+        required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"})
+    )
+    before = forms.IntegerField(min_value=1, required=False, widget=forms.HiddenInput)
+
+    def clean_actor(self) -> str:
+        actor: str = self.cleaned_data["actor"]
+        # People are recorded as user:<username>; other actors are named in full.
+        return actor if not actor or ":" in actor else f"user:{actor}"

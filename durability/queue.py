@@ -1,0 +1,186 @@
+"""Selectors of the queue page: its filter, its keyset pages and its counts.
+
+The filter lives in the URL (so a view can be bookmarked) and is validated like a
+form; an invalid field is reported and ignored, never fatal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlencode
+
+from django import forms
+from django.contrib.auth.models import User
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery
+from django.db.models.fields.json import KT
+
+from durability.models import Attempt, Case, Project, Reason, Severity
+
+PAGE_SIZE = 50
+# The filter's fields, in the order a query string names them.
+FILTER_FIELDS = ("reason", "severity", "kind", "target", "workflow", "assignee", "sort")
+
+
+class Sort:
+    AGE = "age"
+    SEVERITY = "severity"
+
+
+class QueueFilter(forms.Form):
+    reason = forms.ChoiceField(choices=[("", "any reason"), *Reason.choices], required=False)
+    severity = forms.TypedChoiceField(
+        choices=[
+            ("", "any severity"),
+            *((v, f"{label} and above") for v, label in Severity.choices),
+        ],
+        coerce=int,
+        empty_value=None,
+        required=False,
+    )
+    kind = forms.CharField(max_length=100, required=False)
+    target = forms.CharField(max_length=255, required=False)
+    workflow = forms.CharField(max_length=255, required=False, label="Agent / workflow")
+    assignee = forms.CharField(max_length=150, required=False, help_text="me, none, or a username")
+    sort = forms.ChoiceField(
+        choices=[(Sort.AGE, "oldest first"), (Sort.SEVERITY, "most severe first")],
+        required=False,
+    )
+    after = forms.CharField(max_length=100, required=False)
+
+    def clean_after(self) -> tuple[int, ...] | None:
+        value: str = self.cleaned_data["after"]
+        if not value:
+            return None
+        try:
+            return tuple(int(part) for part in value.split("."))
+        except ValueError:
+            raise forms.ValidationError("Not a page of this queue.") from None
+
+
+@dataclass
+class QueueQuery:
+    """A validated filter: what the page shows, and how to link to it again."""
+
+    values: dict[str, Any]
+    errors: dict[str, str]
+
+    @classmethod
+    def from_params(cls, params: Any) -> QueueQuery:
+        form = QueueFilter(params)
+        form.is_valid()
+        values = {k: v for k, v in form.cleaned_data.items() if v not in ("", None)}
+        errors = {k: " ".join(str(m) for m in v) for k, v in form.errors.items()}
+        return cls(values, errors)
+
+    @property
+    def sort(self) -> str:
+        return str(self.values.get("sort", Sort.AGE))
+
+    def query_string(self, **override: Any) -> str:
+        """The filter (without the page cursor) as a query string; `override` replaces fields."""
+        merged = {k: self.values.get(k) for k in FILTER_FIELDS} | override
+        return urlencode({k: v for k, v in merged.items() if v not in ("", None)})
+
+    def is_filtered(self) -> bool:
+        return any(k in self.values for k in FILTER_FIELDS if k != "sort")
+
+
+def open_cases(
+    project: Project, query: QueueQuery, user: User, *, reason: bool = True
+) -> QuerySet[Case]:
+    """The project's open cases matching the filter (without the reason, if `reason` is False)."""
+    v = query.values
+    qs = Case.objects.filter(project=project, closed=None)
+    if reason and "reason" in v:
+        qs = qs.filter(reason=v["reason"])
+    if "severity" in v:
+        qs = qs.filter(severity__gte=v["severity"])
+    if "kind" in v:
+        qs = qs.filter(effect__kind=v["kind"])
+    if "target" in v:
+        qs = qs.filter(effect__target=v["target"])
+    if "workflow" in v:
+        name = v["workflow"]
+        named = _latest_attempt().filter(Q(context__workflow=name) | Q(context__agent=name))
+        qs = qs.filter(Exists(named) | Q(effect__run_id=name))
+    if "assignee" in v:
+        who = v["assignee"]
+        if who == "me":
+            qs = qs.filter(assignee=user)
+        elif who == "none":
+            qs = qs.filter(assignee=None)
+        else:
+            qs = qs.filter(assignee__username=who)
+    return qs
+
+
+def _latest_attempt() -> QuerySet[Attempt]:
+    """The current attempt of the outer case's effect (a correlated subquery)."""
+    return Attempt.objects.filter(
+        effect_id=OuterRef("effect_id"), number=OuterRef("effect__attempt_count")
+    )
+
+
+def _micros(value: datetime) -> int:
+    return int(value.timestamp() * 1_000_000)
+
+
+def _from_micros(value: int) -> datetime:
+    return datetime.fromtimestamp(value / 1_000_000, UTC)
+
+
+def cursor_of(case: Case, sort: str) -> str:
+    parts = [_micros(case.opened), case.pk]
+    if sort == Sort.SEVERITY:
+        parts.insert(0, case.severity)
+    return ".".join(str(p) for p in parts)
+
+
+def page_of(qs: QuerySet[Case], query: QueueQuery) -> tuple[list[Case], str | None]:
+    """One keyset page of the queue and the cursor of the next, if there is one.
+
+    Oldest first walks case_queue_open_idx (or case_queue_reason_idx when filtered by
+    reason); most severe first walks case_queue_severity_idx.
+    """
+    after = query.values.get("after")
+    if query.sort == Sort.SEVERITY:
+        qs = qs.order_by("-severity", "opened", "id")
+        if after and len(after) == 3:
+            sev, opened, pk = after[0], _from_micros(after[1]), after[2]
+            qs = qs.filter(severity__lte=sev).filter(
+                Q(severity__lt=sev) | Q(opened__gt=opened) | Q(opened=opened, id__gt=pk)
+            )
+    else:
+        qs = qs.order_by("opened", "id")
+        if after and len(after) == 2:
+            opened, pk = _from_micros(after[0]), after[1]
+            qs = qs.filter(opened__gte=opened).filter(Q(opened__gt=opened) | Q(id__gt=pk))
+    rows = list(_with_row_facts(qs)[: PAGE_SIZE + 1])
+    more = len(rows) > PAGE_SIZE
+    rows = rows[:PAGE_SIZE]
+    return rows, cursor_of(rows[-1], query.sort) if more and rows else None
+
+
+def counts_by_reason(qs: QuerySet[Case]) -> dict[str, int]:
+    """Open cases per reason (the filter's other fields applied), every reason listed."""
+    found = dict(qs.order_by().values_list("reason").annotate(n=Count("id")))
+    return {reason: found.get(reason, 0) for reason in Reason.values}
+
+
+def _with_row_facts(qs: QuerySet[Case]) -> QuerySet[Case]:
+    """What a queue row shows: the effect, the assignee, and the current attempt's
+    workflow, workflow version and agent (evaluated only for the rows returned)."""
+    latest = _latest_attempt()
+    return qs.select_related("effect", "assignee").annotate(
+        workflow=Subquery(latest.values(name=KT("context__workflow"))[:1]),
+        workflow_version=Subquery(latest.values(v=KT("context__workflow_version"))[:1]),
+        agent=Subquery(latest.values(a=KT("context__agent"))[:1]),
+    )
+
+
+def rows_of(project: Project, ids: list[int]) -> list[Case]:
+    """Cases by id, as queue rows (for rows changed elsewhere)."""
+    qs = Case.objects.filter(project=project, pk__in=ids).select_related("resolution")
+    return list(_with_row_facts(qs))

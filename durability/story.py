@@ -1,0 +1,104 @@
+"""The story of a case: every recorded moment of its effect and of the case, in time order.
+
+The audit trail gives the moments (who, when, which transition); the rows they name
+(attempts, receipts, cases, comments) give the detail.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db.models import Q
+
+from durability import machine
+from durability.models import Attempt, AuditEntry, Case, Comment, Receipt
+
+LABELS = {
+    "intent": "Intent recorded",
+    "retry": "New attempt",
+    "receipt": "Receipt",
+    "failure": "Failed: nothing happened",
+    "timeout": "Timed out",
+    "deadline": "Deadline passed",
+    "interruption": "Interrupted",
+    "probe_found": "Reconciler found it",
+    "probe_not_found": "Reconciler: not found, trusted",
+    "attest_happened": "Operator: it happened",
+    "attest_not_happened": "Operator: it did not happen",
+    "compensate": "Compensated",
+    "abandon": "Abandoned",
+    "case_opened": "Case opened",
+    "case_repeated": "Case seen again",
+    "case_closed": "Case closed",
+    "case_assigned": "Assigned",
+    "case_commented": "Comment",
+}
+
+
+@dataclass
+class Moment:
+    entry: AuditEntry
+    attempt: Attempt | None = None
+    # What changed in the attempt's context since the previous attempt: {key: [was, now]}.
+    changes: dict[str, list[Any]] = field(default_factory=dict)
+    receipt: Receipt | None = None
+    case: Case | None = None
+    comment: Comment | None = None
+
+    @property
+    def label(self) -> str:
+        return LABELS.get(self.entry.action, self.entry.action.replace("_", " ").capitalize())
+
+    @property
+    def evidence_link(self) -> str:
+        """The receipt's evidence link, if it is a web address (never a script URL)."""
+        data = self.receipt.data if self.receipt else None
+        link = data.get("link") if isinstance(data, dict) else None
+        return link if isinstance(link, str) and link.startswith(("https://", "http://")) else ""
+
+    @property
+    def details(self) -> dict[str, Any]:
+        """The entry's data that the rows shown beside it do not already say."""
+        shown = {"attempt", "receipt", "comment", "note", "reason"}
+        return {k: v for k, v in self.entry.data.items() if k not in shown}
+
+
+def story_of(case: Case) -> list[Moment]:
+    """The case's effect's moments and the case's own, oldest first. Five queries."""
+    effect = case.effect
+    about = Q(case=case)
+    if effect is not None:
+        about |= Q(effect=effect)
+    elif case.receipt_id is not None:
+        # An orphan receipt was recorded before any case or effect could name it.
+        about |= Q(effect=None, action="receipt", data__receipt=case.receipt_id)
+    entries = list(
+        AuditEntry.objects.filter(project_id=case.project_id).filter(about).order_by("id")
+    )
+    attempts: dict[int, Attempt] = {}
+    receipts: dict[int, Receipt] = {}
+    cases: dict[int, Case] = {case.pk: case}
+    if effect is not None:
+        attempts = {a.number: a for a in effect.attempts.all()}
+        receipts = {r.pk: r for r in effect.receipts.all()}
+        cases |= {c.pk: c for c in effect.cases.select_related("resolution", "receipt")}
+    if case.receipt is not None:
+        receipts.setdefault(case.receipt.pk, case.receipt)
+    comment_ids = [e.data["comment"] for e in entries if "comment" in e.data]
+    comments = Comment.objects.in_bulk(comment_ids)
+    moments = []
+    for entry in entries:
+        moment = Moment(entry, case=cases.get(entry.case_id) if entry.case_id else None)
+        number = entry.data.get("attempt")
+        if entry.action in ("intent", "retry") and number in attempts:
+            moment.attempt = attempts[number]
+            previous = attempts.get(number - 1)
+            if previous is not None:
+                moment.changes = machine.context_drift(previous, moment.attempt)
+        if (receipt_id := entry.data.get("receipt")) is not None:
+            moment.receipt = receipts.get(receipt_id)
+        if (comment_id := entry.data.get("comment")) is not None:
+            moment.comment = comments.get(comment_id)
+        moments.append(moment)
+    return moments
