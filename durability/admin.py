@@ -12,10 +12,13 @@ from durability.models import (
     Attempt,
     AuditEntry,
     Case,
+    CaseAlert,
     Effect,
     Membership,
+    Probe,
     Project,
     Receipt,
+    ReconcilerConfig,
     Resolution,
 )
 
@@ -91,3 +94,25 @@ class AuditEntryAdmin(ReadOnly):
     list_display = ["project", "seq", "at", "actor", "action", "from_state", "to_state"]
     list_filter = ["action"]
     list_select_related = ["project"]
+
+
+@admin.register(ReconcilerConfig)
+class ReconcilerConfigAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Reconcilers are configured here; `clean()` validates the config against its kind."""
+
+    list_display = ["target", "kind", "project", "enabled", "grace_s", "interval_s", "updated"]
+    list_filter = ["kind", "enabled"]
+    list_select_related = ["project"]
+    search_fields = ["target"]
+
+
+@admin.register(Probe)
+class ProbeAdmin(ReadOnly):
+    list_display = ["effect", "attempt", "kind", "answer", "settled", "requested_by", "started"]
+    list_filter = ["answer", "kind"]
+    list_select_related = ["effect"]
+
+
+@admin.register(CaseAlert)
+class CaseAlertAdmin(ReadOnly):
+    list_display = ["case", "created", "sent", "tries", "error"]

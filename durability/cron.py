@@ -8,3 +8,5 @@ from durability import jobs
 
 # A lost or duplicated run changes nothing the next one would not put right.
 register(jobs.sweep, queue_name="default", interval=5)
+register(jobs.probe_scan, queue_name="default", interval=60)
+register(jobs.alert, queue_name="default", interval=60)

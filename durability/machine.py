@@ -26,6 +26,7 @@ from durability.models import (
     Project,
     Reason,
     Receipt,
+    ReconcilerConfig,
     Replay,
     Resolution,
     Severity,
@@ -44,6 +45,7 @@ class Event(StrEnum):
     DEADLINE = "deadline"  # the sweep found the deadline passed
     INTERRUPTION = "interruption"  # the same run resumed in a new process
     PROBE_FOUND = "probe_found"
+    PROBE_NOT_FOUND = "probe_not_found"  # a reconciler's absence, trusted after its grace period
     ATTEST_HAPPENED = "attest_happened"
     ATTEST_NOT_HAPPENED = "attest_not_happened"
     COMPENSATE = "compensate"
@@ -75,6 +77,7 @@ TRANSITIONS: dict[tuple[State | None, Event], State] = {
     (S.TIMED_OUT, Event.PROBE_FOUND): S.SUCCEEDED,
     (S.TIMED_OUT, Event.ATTEST_HAPPENED): S.SUCCEEDED,
     (S.TIMED_OUT, Event.ATTEST_NOT_HAPPENED): S.NOT_HAPPENED,
+    (S.TIMED_OUT, Event.PROBE_NOT_FOUND): S.NOT_HAPPENED,
     # A new attempt where a retry is safe.
     (S.TIMED_OUT, Event.RETRY): S.PENDING,
     (S.FAILED, Event.RETRY): S.PENDING,
@@ -226,7 +229,7 @@ def decide(effect: Effect) -> Outcome:
             receipt=receipt,
         )
     if state in (S.FAILED, S.NOT_HAPPENED):
-        why = "failed with no effect" if state == S.FAILED else "did not happen (operator)"
+        why = "failed with no effect" if state == S.FAILED else "was settled as not happened"
         return Outcome(Decision.PROCEED, effect, f"Attempt {n} {why}: a new attempt may be made.")
     if state == S.TIMED_OUT:
         case = _open_case(effect, Reason.UNCERTAIN)
@@ -436,7 +439,7 @@ def intent_record(*, project: Project, actor: str, intent: IntentIn) -> Outcome:
             outcome = Outcome(
                 Decision.PROCEED,
                 effect,
-                "New effect: perform it, then send the receipt.",
+                "New effect: perform it, then send the receipt." + _reconciler_missing(effect),
                 created=True,
             )
             _adopt_orphans(effect, trail, outcome)
@@ -452,6 +455,22 @@ def intent_record(*, project: Project, actor: str, intent: IntentIn) -> Outcome:
             outcome = decide(effect)
         trail.append()
     return outcome
+
+
+def _reconciler_missing(effect: Effect) -> str:
+    """Replay policy `reconcile` counts on a reconciler; without one the intent is still
+    accepted (it may be configured before a timeout), and the agent is told."""
+    if (
+        effect.replay != Replay.RECONCILE
+        or ReconcilerConfig.objects.filter(
+            project_id=effect.project_id, target=effect.target, enabled=True
+        ).exists()
+    ):
+        return ""
+    return (
+        f" No reconciler is configured for target {effect.target!r}: if this attempt times "
+        "out, an operator must settle it."
+    )
 
 
 def _adopt_orphans(effect: Effect, trail: Trail, outcome: Outcome) -> None:
@@ -710,6 +729,7 @@ SETTLING_EVENTS = frozenset(
         Event.ATTEST_HAPPENED,
         Event.PROBE_FOUND,
         Event.ATTEST_NOT_HAPPENED,
+        Event.PROBE_NOT_FOUND,
         Event.COMPENSATE,
         Event.ABANDON,
     }

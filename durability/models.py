@@ -9,10 +9,15 @@ from datetime import datetime, timedelta
 from typing import Any, TypedDict
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
 from django.urls import reverse
 from django.utils import timezone
+from pydantic import ValidationError as PydanticValidationError
+
+from durability.reconcilers import Reconciler, UnknownKind, reconciler_for
 
 API_KEY_PREFIX = "tb_"
 # Refresh ApiKey.last_used_at at most this often, so authentication stays one read.
@@ -522,3 +527,120 @@ class AuditEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.project} #{self.pk} {self.action}"
+
+
+class ReconcilerConfig(models.Model):
+    """How to ask one target system whether an effect happened (docs/reconcilers.md)."""
+
+    project = models.ForeignKey(Project, models.CASCADE, related_name="reconcilers")
+    target = models.CharField(
+        max_length=255, help_text="The target system of the effects this reconciler answers for."
+    )
+    kind = models.CharField(max_length=50, help_text="A registered reconciler: http or git.")
+    config = models.JSONField(
+        default=dict, blank=True, help_text="The reconciler's settings (docs/reconcilers.md)."
+    )
+    grace_s = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Trust not_found once this many seconds have passed since the attempt's "
+        "deadline or timeout; empty: never, absence is only evidence for an operator.",
+    )
+    interval_s = models.PositiveIntegerField(
+        default=300,
+        validators=[MinValueValidator(10)],
+        help_text="Least time between two scheduled probes of one effect.",
+    )
+    enabled = models.BooleanField(default=True)
+    created = models.DateTimeField(default=timezone.now)
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            # One reconciler per target; its index serves the look-up of a target's reconciler.
+            models.UniqueConstraint(
+                fields=["project", "target"], name="reconciler_project_target_uniq"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} reconciler for {self.target}"
+
+    def clean(self) -> None:
+        try:
+            self.reconciler()
+        except UnknownKind as exc:
+            raise ValidationError({"kind": str(exc)}) from exc
+        except PydanticValidationError as exc:
+            messages = [
+                f"{'.'.join(str(p) for p in err['loc']) or 'config'}: {err['msg']}"
+                for err in exc.errors(include_url=False)
+            ]
+            raise ValidationError({"config": messages}) from exc
+
+    def reconciler(self) -> Reconciler[Any]:
+        """The configured reconciler; raises UnknownKind or pydantic's ValidationError."""
+        return reconciler_for(self.kind, self.config)
+
+
+class ProbeAnswer(models.TextChoices):
+    FOUND = "found"
+    NOT_FOUND = "not_found"
+    UNKNOWN = "unknown"
+
+
+class Probe(models.Model):
+    """One question put to an external system about one attempt at an effect, and its answer."""
+
+    effect = models.ForeignKey(Effect, models.CASCADE, related_name="probes")
+    config = models.ForeignKey(
+        ReconcilerConfig, models.SET_NULL, null=True, blank=True, related_name="probes"
+    )
+    kind = models.CharField(max_length=50)
+    # The effect's attempt the probe asked about; a later attempt is a new question.
+    attempt = models.PositiveIntegerField()
+    # "system:scan" for the schedule, "user:<username>" for an operator's "probe now".
+    requested_by = models.CharField(max_length=150)
+    started = models.DateTimeField()
+    finished = models.DateTimeField()
+    answer = models.CharField(max_length=16, choices=ProbeAnswer.choices)
+    # One sentence: what was asked and what came back.
+    detail = models.TextField(blank=True)
+    # For `found`: the system, external id, observed_at and data it was shown.
+    evidence = models.JSONField(null=True, blank=True)
+    # The event the answer applied to the effect, or blank when it only informs.
+    settled = models.CharField(max_length=32, blank=True)
+    receipt = models.ForeignKey(
+        Receipt, models.SET_NULL, null=True, blank=True, related_name="probes"
+    )
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(answer__in=ProbeAnswer.values), name="probe_answer_valid"
+            ),
+        ]
+        indexes = [
+            # The case page's probe history, and the scan's "probed lately?" check.
+            models.Index(fields=["effect", "-started"], name="probe_effect_recent_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} probe of {self.effect_id}: {self.answer}"
+
+    @property
+    def took_s(self) -> float:
+        return (self.finished - self.started).total_seconds()
+
+
+class CaseAlert(models.Model):
+    """A case that reached its reason's alert threshold; `sent` once the webhook took it."""
+
+    case = models.OneToOneField(Case, models.CASCADE, related_name="alert")
+    created = models.DateTimeField(default=timezone.now)
+    sent = models.DateTimeField(null=True, blank=True)
+    tries = models.PositiveIntegerField(default=0)
+    error = models.TextField(blank=True)
+
+    def __str__(self) -> str:
+        return f"alert for case {self.case_id}"

@@ -105,6 +105,30 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 REDIS_URL = env_str("REDIS_URL")
 RQ_QUEUES = {"default": {"URL": REDIS_URL or "redis://127.0.0.1:6379/0", "DEFAULT_TIMEOUT": 300}}
 
+# Reconciler probes that answer `unknown` are retried after these many seconds, in turn.
+TALLYBOOK_PROBE_RETRY_DELAYS = [
+    int(seconds) for seconds in env_list("TALLYBOOK_PROBE_RETRY_DELAYS", ["30", "120", "600"])
+]
+
+# Open cases older than their reason's threshold (seconds) post once to this webhook
+# (Slack-compatible JSON); no URL, no alerts. TALLYBOOK_ALERT_AFTER_<REASON> overrides one.
+TALLYBOOK_ALERT_WEBHOOK_URL = env_str("TALLYBOOK_ALERT_WEBHOOK_URL")
+TALLYBOOK_ALERT_AFTER = {
+    reason: env_int(f"TALLYBOOK_ALERT_AFTER_{reason.upper()}", default)
+    for reason, default in {
+        "duplicate_effect": 5 * 60,
+        "unauthorized_effect": 5 * 60,
+        "authority_exceeded": 5 * 60,
+        "uncertain": 60 * 60,
+        "key_reuse_conflict": 60 * 60,
+        "orphan_receipt": 60 * 60,
+        "approval_required": 30 * 60,
+        "late_success": 4 * 60 * 60,
+        "authority_denied": 4 * 60 * 60,
+        "version_drift": 24 * 60 * 60,
+    }.items()
+}
+
 # Bulk actions on more cases than this run as a background job with a progress bar.
 TALLYBOOK_BULK_INLINE = env_int("TALLYBOOK_BULK_INLINE", 200)
 

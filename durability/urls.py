@@ -5,6 +5,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from durability import api, desk, views
+from durability.reconcilers import views as probe_views
 
 api_v1 = [
     path("api/v1/intents", api.intents, name="api-intents"),
@@ -32,6 +33,8 @@ urlpatterns = [
     path("cases/<int:case_id>/comment/", desk.case_comment, name="case-comment"),
     path("audit/", desk.audit, name="audit"),
     path("projects/switch/", desk.project_switch, name="project-switch"),
+    path("effects/<int:effect_id>/probes/", probe_views.probes, name="effect-probes"),
+    path("effects/<int:effect_id>/probe/", probe_views.probe_now, name="effect-probe"),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),

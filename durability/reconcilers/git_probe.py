@@ -1,0 +1,220 @@
+"""The git reconciler: does a commit, tag or ref exist in a repository (local path or remote)?
+
+Runs the `git` CLI without a shell, with a timeout that kills git and its helpers, no
+terminal prompts, and only the file, git, ssh and http(s) transports.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import tempfile
+from datetime import datetime
+from typing import TYPE_CHECKING, Annotated, Literal
+
+from pydantic import AfterValidator, Field, StringConstraints, model_validator
+
+from durability.reconcilers.base import (
+    Answer,
+    Found,
+    NotFound,
+    ProbeConfig,
+    Reconciler,
+    Unknown,
+    register,
+    template_check,
+    template_fill,
+)
+
+if TYPE_CHECKING:
+    from durability.models import Effect
+
+Template = Annotated[
+    str, StringConstraints(min_length=1, max_length=1000), AfterValidator(template_check)
+]
+SHA = re.compile(r"^[0-9a-f]{4,64}$")
+# Remote repositories are named by URL (scheme://…) or scp-like syntax (user@host:path).
+REMOTE = re.compile(r"^[a-z][a-z0-9+.-]*://|^[^/:]+@[^/:]+:")
+
+
+class GitConfig(ProbeConfig):
+    repository: Template = Field(
+        description="Local path or remote URL, e.g. /srv/repos/site.git or "
+        "https://git.example.com/{request[repo]}.git"
+    )
+    commit: Template | None = Field(default=None, description="A commit sha, e.g. {request[sha]}")
+    tag: Template | None = Field(default=None, description="A tag name, e.g. v{request[version]}")
+    ref: Template | None = Field(
+        default=None, description="A full ref name, e.g. refs/heads/release-{key}"
+    )
+    system: str = "git"
+    timeout_s: Annotated[float, Field(gt=0, le=600)] = 30.0
+
+    @model_validator(mode="after")
+    def _one_question(self) -> GitConfig:
+        if sum(x is not None for x in (self.commit, self.tag, self.ref)) != 1:
+            raise ValueError("give exactly one of commit, tag or ref")
+        return self
+
+
+class GitFailed(Exception):
+    pass
+
+
+def git(*args: str, timeout: float, cwd: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run git; raises GitFailed when it cannot run or outlives `timeout`."""
+    env = {
+        **os.environ,
+        "GIT_TERMINAL_PROMPT": "0",
+        "GIT_ALLOW_PROTOCOL": "file:git:ssh:http:https",
+        "GIT_SSH_COMMAND": os.environ.get("GIT_SSH_COMMAND", "ssh -o BatchMode=yes"),
+        "LC_ALL": "C",
+    }
+    try:
+        # A session of its own, so that a timeout kills git's helpers (ssh, remote-https) too.
+        proc = subprocess.Popen(
+            ["git", *args],
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        raise GitFailed(f"cannot run git: {exc}") from exc
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise GitFailed(f"git {args[0]} took longer than {timeout:g}s") from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "no message"
+
+
+@register
+class GitReconciler(Reconciler[GitConfig]):
+    kind = "git"
+    Config = GitConfig
+
+    def probe(self, effect: Effect) -> Answer:
+        c = self.config
+        try:
+            repository = template_fill(c.repository, effect, escape=False)
+            what, name = self._question(effect)
+        except (KeyError, IndexError, TypeError) as exc:
+            return Unknown(f"a template names {exc} which this effect's request lacks")
+        except ValueError as exc:
+            return Unknown(str(exc))
+        if repository.startswith("-"):
+            return Unknown(f"{repository!r} is not a repository")
+        try:
+            if what == "commit":
+                return self._commit(repository, name)
+            return self._ref(repository, name)
+        except GitFailed as exc:
+            return Unknown(f"{repository}: {exc}")
+
+    def _question(self, effect: Effect) -> tuple[Literal["commit", "ref"], str]:
+        """What to look for: a commit sha, or a full ref name (tags become refs/tags/…)."""
+        c = self.config
+        if c.commit is not None:
+            sha = template_fill(c.commit, effect, escape=False).strip().lower()
+            if not SHA.match(sha):
+                raise ValueError(f"{sha!r} is not a commit sha")
+            return "commit", sha
+        if c.tag is not None:
+            name = "refs/tags/" + template_fill(c.tag, effect, escape=False)
+        else:
+            assert c.ref is not None
+            name = template_fill(c.ref, effect, escape=False)
+        checked = git("check-ref-format", name, timeout=self.config.timeout_s)
+        if checked.returncode != 0 or not name.startswith("refs/"):
+            raise ValueError(f"{name!r} is not a valid ref name")
+        return "ref", name
+
+    def _found(self, repository: str, sha: str, ref: str | None, git_dir: str) -> Found:
+        shown = git(
+            "show", "-s", "--format=%cI", "--end-of-options", sha,
+            cwd=git_dir, timeout=self.config.timeout_s,
+        )  # fmt: skip
+        observed = shown.stdout.strip()
+        data = {"repository": repository, "commit": sha} | ({"ref": ref} if ref else {})
+        return Found(
+            system=self.config.system,
+            external_id=sha,
+            observed_at=datetime.fromisoformat(observed) if shown.returncode == 0 else None,
+            data=data,
+        )
+
+    def _commit(self, repository: str, sha: str) -> Answer:
+        if not REMOTE.match(repository):
+            return self._commit_in(repository, sha, repository)
+        # A remote can only be asked for its refs: fetch their commits (no trees, no
+        # blobs) into a scratch repository and look there. A commit no ref reaches
+        # does not exist as far as anyone cloning the repository can tell.
+        with tempfile.TemporaryDirectory(prefix="tallybook-git-") as scratch:
+            timeout = self.config.timeout_s
+            git("init", "--quiet", "--bare", scratch, timeout=timeout)
+            fetched = git(
+                "fetch", "--quiet", "--filter=tree:0", "--no-write-fetch-head", "--", repository,
+                "+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*",
+                cwd=scratch, timeout=timeout,
+            )  # fmt: skip
+            if fetched.returncode != 0:
+                raise GitFailed(f"fetch failed: {_last_line(fetched.stderr)}")
+            return self._commit_in(repository, sha, scratch)
+
+    def _commit_in(self, repository: str, sha: str, git_dir: str) -> Answer:
+        self._check_repository(git_dir)
+        found = git(
+            "rev-parse", "--quiet", "--verify", "--end-of-options", f"{sha}^{{commit}}",
+            cwd=git_dir, timeout=self.config.timeout_s,
+        )  # fmt: skip
+        if found.returncode != 0:
+            return NotFound(f"{repository} has no commit {sha}")
+        return self._found(repository, found.stdout.strip(), None, git_dir)
+
+    def _ref(self, repository: str, ref: str) -> Answer:
+        if REMOTE.match(repository):
+            return self._remote_ref(repository, ref)
+        self._check_repository(repository)
+        found = git(
+            "rev-parse", "--quiet", "--verify", "--end-of-options", f"{ref}^{{commit}}",
+            cwd=repository, timeout=self.config.timeout_s,
+        )  # fmt: skip
+        if found.returncode != 0:
+            return NotFound(f"{repository} has no {ref}")
+        return self._found(repository, found.stdout.strip(), ref, repository)
+
+    def _remote_ref(self, repository: str, ref: str) -> Answer:
+        listed = git(
+            "ls-remote", "--", repository, ref, f"{ref}^{{}}", timeout=self.config.timeout_s
+        )
+        if listed.returncode != 0:
+            raise GitFailed(f"ls-remote failed: {_last_line(listed.stderr)}")
+        refs = {}
+        for line in listed.stdout.splitlines():
+            sha, _, name = line.partition("\t")
+            refs[name] = sha
+        # An annotated tag is listed twice; its peeled line names the commit.
+        commit = refs.get(f"{ref}^{{}}") or refs.get(ref)
+        if commit is None:
+            return NotFound(f"{repository} has no {ref}")
+        data = {"repository": repository, "commit": commit, "ref": ref}
+        return Found(system=self.config.system, external_id=commit, data=data)
+
+    def _check_repository(self, path: str) -> None:
+        if not os.path.isdir(path):
+            raise GitFailed("no such directory")
+        checked = git("rev-parse", "--git-dir", cwd=path, timeout=self.config.timeout_s)
+        if checked.returncode != 0:
+            raise GitFailed(f"not a git repository: {_last_line(checked.stderr)}")

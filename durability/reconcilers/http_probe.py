@@ -1,0 +1,185 @@
+"""The HTTP reconciler: GET a URL built from the effect and read the answer from the JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Annotated, Any
+
+from pydantic import AfterValidator, Field, StringConstraints, model_validator
+
+from durability.reconcilers.base import (
+    Answer,
+    Found,
+    NotFound,
+    ProbeConfig,
+    Reconciler,
+    Unknown,
+    register,
+    template_check,
+    template_fill,
+)
+
+if TYPE_CHECKING:
+    from durability.models import Effect
+
+Path = Annotated[str, StringConstraints(min_length=1, max_length=200)]
+Template = Annotated[
+    str, StringConstraints(min_length=1, max_length=2000), AfterValidator(template_check)
+]
+MAX_BODY = 1024 * 1024
+
+
+def _url(template: str) -> str:
+    if not template.startswith(("http://", "https://")):
+        raise ValueError("the URL must start with http:// or https://")
+    return template_check(template)
+
+
+class HttpConfig(ProbeConfig):
+    url: Annotated[Template, AfterValidator(_url)] = Field(
+        description="URL template, e.g. https://api.example.com/refunds?key={key} or "
+        "…/orders/{request[order_id]}; every value is percent-encoded."
+    )
+    headers: dict[str, str] = Field(default_factory=dict, description="Extra request headers.")
+    auth_header: str = "Authorization"
+    auth_env: str | None = Field(
+        default=None,
+        description="Name of the environment variable holding the auth header's whole value "
+        "(e.g. 'Bearer sk_…'); the secret itself is never stored.",
+    )
+    external_id_path: Path = Field(
+        description="Where the external id is in the JSON reply, dotted: data.0.id"
+    )
+    status_path: Path | None = Field(
+        default=None, description="Where the status is in the JSON reply; none: not checked."
+    )
+    found: list[str] = Field(
+        default_factory=list, description="Status values that mean the effect happened."
+    )
+    not_found: list[str] = Field(
+        default_factory=list, description="Status values that mean it did not."
+    )
+    not_found_http: list[int] = Field(
+        default_factory=lambda: [404], description="HTTP statuses that mean it did not."
+    )
+    absent_means_not_found: bool = Field(
+        default=False,
+        description="A 2xx reply without the external id (an empty search) means not found; "
+        "otherwise such a reply is unknown.",
+    )
+    observed_at_path: Path | None = Field(
+        default=None, description="The external timestamp: ISO 8601 or Unix seconds."
+    )
+    system: str | None = Field(default=None, description="Receipt system; default: the target.")
+    timeout_s: Annotated[float, Field(gt=0, le=120)] = 10.0
+
+    @model_validator(mode="after")
+    def _statuses(self) -> HttpConfig:
+        if self.status_path and not self.found:
+            raise ValueError("status_path needs the status values that mean found")
+        return self
+
+
+_MISSING = object()
+
+
+def json_at(document: Any, path: str) -> Any:
+    """The value at a dotted path (list items by number), or _MISSING."""
+    value = document
+    for part in path.split("."):
+        if isinstance(value, dict) and part in value:
+            value = value[part]
+        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        else:
+            return _MISSING
+    return value
+
+
+def _timestamp(value: Any) -> datetime | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return datetime.fromtimestamp(value, UTC)
+    if isinstance(value, str):
+        try:
+            parsed = datetime.fromisoformat(value)
+        except ValueError:
+            return None
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    return None
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    # A redirect would carry the auth header to wherever it points: answer unknown instead.
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_opener = urllib.request.build_opener(_NoRedirects)
+
+
+@register
+class HttpReconciler(Reconciler[HttpConfig]):
+    kind = "http"
+    Config = HttpConfig
+
+    def probe(self, effect: Effect) -> Answer:
+        c = self.config
+        try:
+            url = template_fill(c.url, effect, escape=True)
+        except (KeyError, IndexError, TypeError) as exc:
+            return Unknown(f"the URL template names {exc} which this effect's request lacks")
+        headers = {"Accept": "application/json", **c.headers}
+        if c.auth_env:
+            secret = os.environ.get(c.auth_env)
+            if not secret:
+                return Unknown(f"environment variable {c.auth_env} is not set")
+            headers[c.auth_header] = secret
+        request = urllib.request.Request(url, headers=headers, method="GET")
+        try:
+            with _opener.open(request, timeout=c.timeout_s) as response:
+                status, body = response.status, response.read(MAX_BODY + 1)
+        except urllib.error.HTTPError as exc:
+            status, body = exc.code, b""
+            exc.close()
+        except (OSError, ValueError) as exc:  # refused, DNS, TLS, timeout, a bad URL
+            return Unknown(f"GET {url} failed: {exc}")
+        if status in c.not_found_http:
+            return NotFound(f"GET {url} answered HTTP {status}")
+        if not 200 <= status < 300:
+            return Unknown(f"GET {url} answered HTTP {status}")
+        if len(body) > MAX_BODY:
+            return Unknown(f"GET {url} answered more than {MAX_BODY} bytes")
+        try:
+            document = json.loads(body)
+        except ValueError:
+            return Unknown(f"GET {url} answered HTTP {status} with a body that is not JSON")
+        return self._read(effect, url, status, document)
+
+    def _read(self, effect: Effect, url: str, status: int, document: Any) -> Answer:
+        c = self.config
+        evidence: dict[str, Any] = {"url": url, "http_status": status}
+        if c.status_path:
+            value = json_at(document, c.status_path)
+            shown = "nothing" if value is _MISSING else json.dumps(value)
+            if value is _MISSING or str(value) not in (*c.found, *c.not_found):
+                return Unknown(f"GET {url}: {c.status_path} is {shown}, not a configured status")
+            if str(value) in c.not_found:
+                return NotFound(f"GET {url}: {c.status_path} is {shown}")
+            evidence["status"] = value
+        external_id = json_at(document, c.external_id_path)
+        if external_id is _MISSING or external_id in (None, ""):
+            why = f"GET {url} answered HTTP {status} without {c.external_id_path}"
+            return NotFound(why) if c.absent_means_not_found else Unknown(why)
+        observed = json_at(document, c.observed_at_path) if c.observed_at_path else _MISSING
+        return Found(
+            system=c.system or effect.target,
+            external_id=str(external_id)[:255],
+            observed_at=None if observed is _MISSING else _timestamp(observed),
+            data=evidence,
+        )

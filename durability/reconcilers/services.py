@@ -1,0 +1,188 @@
+"""Probing timed-out effects and acting on the answers: the rules of reconciliation.
+
+`found` settles the effect as succeeded with a provider_confirmed receipt; `not_found`
+settles it as not happened only once the reconciler's grace period has passed, and is
+otherwise evidence for an operator; `unknown` changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+
+from django.db import transaction
+from django.db.models import Exists, OuterRef
+from django.utils import timezone
+
+from durability import machine
+from durability.audit import Trail
+from durability.machine import Event
+from durability.models import Effect, Probe, ReconcilerConfig, State, Strength
+from durability.reconcilers.base import Answer, Found, NotFound, Unknown
+from durability.schemas import ReceiptIn
+
+logger = logging.getLogger(__name__)
+
+SCAN_ACTOR = "system:scan"
+
+
+def reconciler_config_of(effect: Effect) -> ReconcilerConfig | None:
+    """The enabled reconciler of the effect's target, if its project has one."""
+    return ReconcilerConfig.objects.filter(
+        project_id=effect.project_id, target=effect.target, enabled=True
+    ).first()
+
+
+def _ask(config: ReconcilerConfig, effect: Effect) -> Answer:
+    """The reconciler's answer; a broken configuration or plug-in answers unknown."""
+    try:
+        return config.reconciler().probe(effect)
+    except Exception as exc:
+        logger.exception("the %s reconciler failed on effect %s", config.kind, effect.pk)
+        return Unknown(f"the {config.kind} reconciler failed: {exc}")
+
+
+def absence_trusted_after(effect: Effect, config: ReconcilerConfig) -> datetime | None:
+    """When a not_found answer about the effect's current attempt settles it, if ever.
+
+    The grace period runs from the later of the attempt's deadline and the moment the
+    effect timed out (the agent may give up before its deadline while the request is
+    still in flight). While an effect is timed out, `updated` is that moment: only
+    transitions write it.
+    """
+    if config.grace_s is None:
+        return None
+    attempt = effect.attempts.filter(number=effect.attempt_count).first()
+    since = effect.updated
+    if attempt is not None and attempt.deadline is not None:
+        since = max(since, attempt.deadline)
+    return since + timedelta(seconds=config.grace_s)
+
+
+def effect_probe(*, effect_id: int, requested_by: str = SCAN_ACTOR) -> Probe | None:
+    """Probe a timed-out effect with its target's reconciler and act on the answer.
+
+    Returns None when there is nothing to ask: the effect is not timed out (any more)
+    or its target has no enabled reconciler. The external system is asked outside any
+    transaction; the answer is applied in one that locks the effect and re-checks that
+    it is still the same timed-out attempt, so a probe run twice, or racing a receipt
+    or an operator, records its answer and changes nothing.
+    """
+    effect = (
+        Effect.objects.select_related("project").filter(pk=effect_id, state=State.TIMED_OUT).first()
+    )
+    if effect is None:
+        return None
+    config = reconciler_config_of(effect)
+    if config is None:
+        return None
+    started = timezone.now()
+    answer = _ask(config, effect)
+    probe = Probe(
+        effect=effect,
+        config=config,
+        kind=config.kind,
+        attempt=effect.attempt_count,
+        requested_by=requested_by,
+        started=started,
+        finished=timezone.now(),
+        answer=answer.answer,
+        detail=answer.detail[:2000],
+    )
+    if isinstance(answer, Found):
+        probe.evidence = {
+            "system": answer.system,
+            "external_id": answer.external_id,
+            "observed_at": answer.observed_at.isoformat() if answer.observed_at else None,
+            "data": answer.data,
+        }
+    with transaction.atomic():
+        locked = Effect.objects.select_for_update().get(pk=effect.pk)
+        if locked.state != State.TIMED_OUT or locked.attempt_count != effect.attempt_count:
+            probe.detail += (
+                f" (not applied: the effect is now {locked.state}, attempt {locked.attempt_count})"
+            )
+        else:
+            _apply(locked, config, answer, probe)
+        probe.save()
+        trail = Trail(effect.project_id, requested_by)
+        trail.add(
+            "probe",
+            effect=locked,
+            probe=probe.pk,
+            kind=config.kind,
+            answer=probe.answer,
+            settled=probe.settled,
+        )
+        trail.append()
+    return probe
+
+
+def _apply(effect: Effect, config: ReconcilerConfig, answer: Answer, probe: Probe) -> None:
+    """Settle the locked, still timed-out effect if the answer allows it."""
+    actor = f"reconciler:{config.kind}"
+    if isinstance(answer, Found):
+        evidence = ReceiptIn(
+            key=effect.key,
+            system=answer.system[:100],
+            external_id=answer.external_id,
+            observed_at=answer.observed_at,
+            data=answer.data,
+        )
+        machine.effect_settle(
+            project=effect.project,
+            effect_id=effect.pk,
+            actor=actor,
+            event=Event.PROBE_FOUND,
+            note=f"the {config.kind} reconciler found it: {answer.detail}",
+            evidence=evidence,
+        )
+        probe.settled = Event.PROBE_FOUND.value
+        probe.receipt = effect.receipts.filter(
+            system=evidence.system,
+            external_id=evidence.external_id,
+            strength=Strength.PROVIDER_CONFIRMED,
+        ).first()
+    elif isinstance(answer, NotFound):
+        trusted = absence_trusted_after(effect, config)
+        if trusted is None:
+            probe.detail += "; absence is not trusted for this target: an operator decides"
+        elif probe.finished < trusted:
+            probe.detail += f"; absence will be trusted from {trusted:%Y-%m-%d %H:%M:%S} UTC"
+        else:
+            machine.effect_settle(
+                project=effect.project,
+                effect_id=effect.pk,
+                actor=actor,
+                event=Event.PROBE_NOT_FOUND,
+                note=f"the {config.kind} reconciler found no trace after the "
+                f"{config.grace_s}s grace period: {answer.detail}",
+            )
+            probe.settled = Event.PROBE_NOT_FOUND.value
+
+
+def probes_due(*, now: datetime | None = None, limit: int = 500) -> list[int]:
+    """Ids of timed-out effects to probe: their target has an enabled reconciler, and no
+    probe asked about their current attempt within the reconciler's `interval_s`.
+
+    One query per enabled reconciler (there are few); oldest effects first.
+    """
+    now = now or timezone.now()
+    due: list[int] = []
+    for config in ReconcilerConfig.objects.filter(enabled=True).order_by("pk"):
+        recent = Probe.objects.filter(
+            effect=OuterRef("pk"),
+            attempt=OuterRef("attempt_count"),
+            started__gt=now - timedelta(seconds=config.interval_s),
+        )
+        due += (
+            Effect.objects.filter(
+                project_id=config.project_id, target=config.target, state=State.TIMED_OUT
+            )
+            .exclude(Exists(recent))
+            .order_by("id")
+            .values_list("pk", flat=True)[: limit - len(due)]
+        )
+        if len(due) >= limit:
+            break
+    return due

@@ -1,0 +1,106 @@
+"""The case page's probe panel: the probe history and an operator's "probe now"."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpResponse, HttpResponseForbidden
+from django.shortcuts import redirect, render
+from django.utils import timezone
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_GET, require_POST
+
+from durability import jobs
+from durability.models import Effect, State
+from durability.reconcilers.services import reconciler_config_of
+from durability.roles import Access, Perm, access_of
+from durability.views import AuthedRequest
+
+PANEL = "durability/_probe_panel.html"
+HISTORY = 20
+# How long the panel waits for a requested probe's answer before it stops polling.
+WAIT_S = 60
+
+
+def panel_context(
+    effect: Effect, access: Access | None, requested: datetime | None = None
+) -> dict[str, Any]:
+    """What the panel shows; `requested` is when an operator asked for a probe."""
+    config = reconciler_config_of(effect)
+    probes = list(effect.probes.order_by("-started", "-id")[:HISTORY])
+    waiting = (
+        requested is not None
+        and (timezone.now() - requested).total_seconds() < WAIT_S
+        and not any(p.started >= requested for p in probes)
+    )
+    return {
+        "effect": effect,
+        "config": config,
+        "probes": probes,
+        "can_probe": bool(
+            config
+            and effect.state == State.TIMED_OUT
+            and access is not None
+            and access.can(Perm.RESOLVE)
+        ),
+        "waiting": waiting,
+        "requested": requested.timestamp() if requested else "",
+    }
+
+
+def _effect_and_access(request: AuthedRequest, effect_id: int) -> tuple[Effect, Access]:
+    effect = Effect.objects.filter(pk=effect_id).first()
+    access = access_of(request.user, effect.project_id) if effect else None
+    if effect is None or access is None:
+        raise Http404("No such effect in your projects")
+    return effect, access
+
+
+def _requested(value: str) -> datetime | None:
+    try:
+        return datetime.fromtimestamp(float(value), UTC)
+    except (ValueError, OverflowError, OSError):
+        return None
+
+
+@login_required
+@require_GET
+def probes(request: AuthedRequest, effect_id: int) -> HttpResponse:
+    """The panel alone: htmx polls it while a requested probe has not answered."""
+    effect, access = _effect_and_access(request, effect_id)
+    requested = _requested(request.GET.get("requested", ""))
+    return render(request, PANEL, panel_context(effect, access, requested))
+
+
+@login_required
+@require_POST
+def probe_now(request: AuthedRequest, effect_id: int) -> HttpResponse:
+    """An operator asks the reconciler now; the answer lands in the panel (and the audit)."""
+    effect, access = _effect_and_access(request, effect_id)
+    if not access.can(Perm.RESOLVE):
+        return HttpResponseForbidden("Only an operator of this project may probe effects.")
+    context = panel_context(effect, access)
+    requested = timezone.now()
+    if context["can_probe"]:
+        actor = f"user:{request.user.get_username()}"
+        jobs.enqueue(jobs.probe, effect.pk, actor, retry=jobs.probe_retry())
+        notice = ""
+    elif context["config"] is None:
+        notice = f"No reconciler is configured for {effect.target}."
+    else:
+        notice = f"The effect is {effect.state}, not timed out: there is nothing to probe."
+    if request.htmx:
+        effect.refresh_from_db()
+        context = panel_context(effect, access, None if notice else requested)
+        return render(request, PANEL, {**context, "notice": notice})
+    if notice:
+        messages.error(request, notice)
+    else:
+        messages.success(request, "Probe requested; its answer appears under Reconciler probes.")
+    back = request.POST.get("next", "")
+    if not url_has_allowed_host_and_scheme(back, {request.get_host()}, request.is_secure()):
+        back = effect.get_absolute_url()
+    return redirect(back)

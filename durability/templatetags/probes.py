@@ -1,0 +1,23 @@
+"""{% probe_panel effect %}: the reconciler probe panel of the case page."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import template
+
+from durability.models import Effect
+from durability.reconcilers.views import PANEL, panel_context
+from durability.roles import access_of
+
+register = template.Library()
+
+
+@register.inclusion_tag(PANEL, takes_context=True)
+def probe_panel(context: template.Context, effect: Effect) -> dict[str, Any]:
+    request = context["request"]
+    return {
+        **panel_context(effect, access_of(request.user, effect.project_id)),
+        "request": request,
+        "csrf_token": context.get("csrf_token"),
+    }

@@ -1,0 +1,160 @@
+"""The case page's probe panel: who may probe now, and what the panel shows."""
+
+from __future__ import annotations
+
+import django_rq
+import pytest
+from django.contrib.auth.models import User
+from django.template import engines
+from django.test import RequestFactory
+from rq import SimpleWorker
+
+from durability.models import AuditEntry, Effect, Membership, Probe, ReconcilerConfig, Role
+from durability.reconcilers.services import effect_probe
+from tests.local_http import LocalHttp, Reply
+
+
+@pytest.fixture
+def server():
+    with LocalHttp() as s:
+        s.reply("/refunds/refund%3A1", Reply(200, {"id": "re_1"}))
+        yield s
+
+
+@pytest.fixture
+def effect(api, project, server) -> Effect:
+    ReconcilerConfig.objects.create(
+        project=project,
+        target="stripe",
+        kind="http",
+        config={"url": server.url + "/refunds/{key}", "external_id_path": "id"},
+    )
+    api.intent("refund:1")
+    api.timeout("refund:1")
+    return Effect.objects.get(key="refund:1")
+
+
+@pytest.fixture
+def inline(settings):
+    settings.REDIS_URL = ""
+
+
+@pytest.fixture
+def victor(project) -> User:
+    """A viewer of `project`: may read, not act."""
+    user = User.objects.create_user("victor", password="password")
+    Membership.objects.create(project=project, user=user, role=Role.VIEWER)
+    return user
+
+
+def url(effect, what="probe"):
+    return f"/effects/{effect.pk}/{what}/"
+
+
+def poll_url(response) -> str:
+    """Where the panel polls for the answer to a requested probe."""
+    html = response.content.decode()
+    return str(html.split('hx-get="', 1)[1].split('"', 1)[0].replace("&amp;", "&"))
+
+
+def test_an_operator_probes_now_and_the_panel_shows_the_answer(
+    client, alice, effect, inline, django_capture_on_commit_callbacks
+):
+    client.force_login(alice)
+    with django_capture_on_commit_callbacks(execute=True):
+        r = client.post(url(effect), headers={"HX-Request": "true"})
+        # Rendered before the commit (as every request here): the panel waits for it.
+        assert 'hx-trigger="every 2s"' in r.content.decode()
+    probe = Probe.objects.get()
+    assert probe.requested_by == "user:alice" and probe.answer == "found"
+    html = client.get(poll_url(r), headers={"HX-Request": "true"}).content.decode()
+    assert 'id="probes"' in html and f'id="probe-{probe.pk}"' in html
+    assert "stripe:re_1" in html and "settled: probe_found" in html
+    assert "hx-trigger" not in html
+    assert "Probe now" not in html  # settled: nothing left to probe
+    assert AuditEntry.objects.get(action="probe").actor == "user:alice"
+    assert Effect.objects.get(pk=effect.pk).state == "succeeded"
+
+
+def test_without_javascript_probe_now_redirects_back(
+    client, alice, effect, inline, django_capture_on_commit_callbacks
+):
+    client.force_login(alice)
+    with django_capture_on_commit_callbacks(execute=True):
+        r = client.post(url(effect), {"next": "/effects/?state=timed_out"})
+    assert r.status_code == 302 and r.url == "/effects/?state=timed_out"
+    r = client.post(url(effect), {"next": "https://evil.example/"})
+    assert r.status_code == 302 and r.url == effect.get_absolute_url()
+
+
+def test_probe_now_needs_a_login(client, effect, inline):
+    r = client.post(url(effect))
+    assert r.status_code == 302 and r.url.startswith("/login/")
+    assert not Probe.objects.exists()
+
+
+def test_a_viewer_may_not_probe(client, victor, effect, inline):
+    client.force_login(victor)
+    assert client.post(url(effect)).status_code == 403
+    assert not Probe.objects.exists()
+
+
+def test_a_stranger_does_not_see_the_effect(client, mallory, effect, inline):
+    client.force_login(mallory)
+    assert client.post(url(effect)).status_code == 404
+    assert client.get(url(effect, "probes")).status_code == 404
+    assert not Probe.objects.exists()
+
+
+def test_probe_now_is_post_only(client, alice, effect):
+    client.force_login(alice)
+    assert client.get(url(effect)).status_code == 405
+
+
+def test_a_settled_effect_is_not_probed(client, alice, effect, api, inline):
+    api.receipt("refund:1", "re_agent")
+    client.force_login(alice)
+    r = client.post(url(effect), headers={"HX-Request": "true"})
+    assert "The effect is succeeded, not timed out" in r.content.decode()
+    assert not Probe.objects.exists()
+
+
+def test_with_redis_the_panel_waits_for_the_worker(
+    client, alice, effect, django_capture_on_commit_callbacks
+):
+    queue = django_rq.get_queue("default")
+    queue.connection.flushdb()
+    client.force_login(alice)
+    with django_capture_on_commit_callbacks(execute=True):
+        r = client.post(url(effect), headers={"HX-Request": "true"})
+    assert "Probe requested" in r.content.decode()
+    poll = poll_url(r)
+    assert "Probe requested" in client.get(poll).content.decode()
+
+    SimpleWorker([queue], connection=queue.connection).work(burst=True)
+
+    html = client.get(poll, headers={"HX-Request": "true"}).content.decode()
+    assert "Probe requested" not in html and "hx-trigger" not in html
+    assert "settled: probe_found" in html
+    queue.connection.flushdb()
+
+
+def test_a_viewer_sees_the_history_without_the_button(client, victor, effect, server):
+    server.reply("/refunds/refund%3A1", Reply(404, {}))
+    effect_probe(effect_id=effect.pk)
+    client.force_login(victor)
+    html = client.get(url(effect, "probes")).content.decode()
+    assert "Not Found" in html and "HTTP 404" in html
+    assert "Probe now" not in html
+    assert "evidence for an operator" in html
+
+
+def test_the_panel_renders_from_the_case_page_include(rf: RequestFactory, alice, effect):
+    request = rf.get("/")
+    request.user = alice
+    html = (
+        engines["django"]
+        .from_string('{% include "durability/_case_probes.html" %}')
+        .render({"effect": effect}, request)
+    )
+    assert "Reconciler probes" in html and "Probe now" in html
