@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.contrib.auth.models import User
@@ -15,6 +16,13 @@ def member(project: Project, username: str, role: Role) -> User:
     user = User.objects.create_user(username, password="password")
     Membership.objects.create(project=project, user=user, role=role)
     return user
+
+
+def search(pattern: str, text: str) -> re.Match[str]:
+    """The first match of `pattern` in `text`, which must be there."""
+    found = re.search(pattern, text)
+    assert found is not None, f"{pattern!r} not found"
+    return found
 
 
 def logged_in(user: User, **kwargs: Any) -> Client:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 from io import StringIO
 
 import pytest
@@ -13,7 +14,7 @@ from django.utils import timezone
 from durability import cases
 from durability.models import AuditEntry, Effect
 from tests import ledger
-from tests.desk import logged_in, uncertain_case
+from tests.desk import logged_in, search, uncertain_case
 
 
 def _ids(response) -> list[int]:
@@ -50,7 +51,7 @@ def test_filters_by_user_effect_action_and_time(project, desk):
     )
     timeouts = _ids(desk.get("/audit/?action=timeout"))
     assert len(timeouts) == 2
-    future = (timezone.now() + timezone.timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M")
+    future = (timezone.now() + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M")
     assert _ids(desk.get(f"/audit/?since={future}")) == []
     assert len(_ids(desk.get(f"/audit/?until={future}"))) == AuditEntry.objects.count()
     bad = desk.get("/audit/?effect=abc").content.decode()
@@ -67,7 +68,7 @@ def test_older_entries_come_by_keyset(project, desk):
     assert len(everything) > 100
     first = desk.get("/audit/")
     seen = _ids(first)
-    more = re.search(r'hx-get="\?([^"]+)"', first.content.decode()).group(1).replace("&amp;", "&")
+    more = search(r'hx-get="\?([^"]+)"', first.content.decode()).group(1).replace("&amp;", "&")
     seen += _ids(desk.get(f"/audit/?{more}", headers={"HX-Request": "true"}))
     assert seen == everything
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import pytest
@@ -64,7 +65,7 @@ def test_two_operators_resolving_through_the_page_one_wins_one_is_told(project, 
         resolution = Resolution.objects.get(case=case)
         winner = "attest_not_happened" if responses[0].status_code == 302 else "abandon"
         assert resolution.action == winner
-        effect = Effect.objects.get(pk=case.effect_id)
+        effect = Effect.objects.get(cases=case)
         assert effect.state == ("not_happened" if winner == "attest_not_happened" else "abandoned")
         assert AuditEntry.objects.filter(effect=effect, action=winner).count() == 1
 
@@ -74,15 +75,16 @@ def test_eight_concurrent_verdicts_leave_exactly_one_resolution(project):
     verdicts = [cases.Verdict.NOT_HAPPENED, cases.Verdict.ABANDONED] * 4
     results = _at_once(
         [
-            lambda v=v, i=i: cases.case_resolve(
+            partial(
+                cases.case_resolve,
                 project=project,
                 case_id=case.pk,
                 version=case.version,
                 actor=f"user:op{i}",
-                verdict=v,
+                verdict=verdict,
                 note="mine",
             )
-            for i, v in enumerate(verdicts)
+            for i, verdict in enumerate(verdicts)
         ]
     )
     won = [r for r in results if isinstance(r, Case)]

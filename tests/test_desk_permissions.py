@@ -10,6 +10,7 @@ from django.test import Client
 from durability.models import AuditEntry, Case, Effect, State
 from tests.desk import (
     logged_in,
+    search,
     uncertain_case,
 )
 
@@ -106,7 +107,7 @@ def test_posts_without_the_csrf_token_are_refused_and_htmx_sends_it_in_a_header(
     path, data = _actions(case)["assign"]
     assert client.post(path, data).status_code == 403
     page = client.get("/queue/").content.decode()
-    token = re.search(r'hx-headers=\'\{"X-CSRFToken": "([^"]+)"\}\'', page).group(1)
+    token = search(r'hx-headers=\'\{"X-CSRFToken": "([^"]+)"\}\'', page).group(1)
     r = client.post(path, data, headers={"HX-Request": "true", "X-CSRFToken": token})
     assert r.status_code == 200
     assert Case.objects.get(pk=case.pk).assignee == alice

@@ -16,6 +16,7 @@ from tests import ledger
 from tests.desk import (
     late_success_case,
     logged_in,
+    search,
     uncertain_case,
 )
 
@@ -137,7 +138,8 @@ def test_keyset_pages_cover_every_case_once(project, desk, sort):
     # Ties on the opening time and on severity must not lose or repeat a row.
     Case.objects.filter(pk__in=made[:60]).update(opened=now - timedelta(hours=1))
     Case.objects.filter(pk__in=made[::3]).update(severity=Severity.CRITICAL)
-    seen, url = [], f"/queue/?sort={sort}"
+    seen: list[int] = []
+    url = f"/queue/?sort={sort}"
     while url:
         r = desk.get(url, headers={"HX-Request": "true"} if seen else {})
         seen += _shown(r)
@@ -148,7 +150,7 @@ def test_keyset_pages_cover_every_case_once(project, desk, sort):
 
 def test_the_pulse_shows_a_case_resolved_elsewhere_and_new_ones(project, desk, mixed):
     page = desk.get("/queue/").content.decode()
-    since = re.search(r"since=(\d+)", page).group(1)
+    since = search(r"since=(\d+)", page).group(1)
     refund = mixed["refund"]
     cases.case_resolve(
         project=project,
@@ -160,13 +162,13 @@ def test_the_pulse_shows_a_case_resolved_elsewhere_and_new_ones(project, desk, m
     )
     uncertain_case(project, "fresh")
     pulse = desk.get(f"/queue/pulse/?since={since}").content.decode()
-    row = re.search(rf'<tr id="case-{refund.pk}"[^>]*>', pulse).group(0)
+    row = search(rf'<tr id="case-{refund.pk}"[^>]*>', pulse).group(0)
     assert 'hx-swap-oob="outerHTML"' in row and "closed" in row
     assert "attest_not_happened by user:ada" in pulse
     assert "1 new case since this page loaded" in pulse
     assert 'id="reason-counts"' in pulse
     # The next poll starts after what this one saw.
-    later = re.search(r"since=(\d+)&amp;new=(\d+)", pulse)
+    later = search(r"since=(\d+)&amp;new=(\d+)", pulse)
     assert int(later.group(1)) > int(since) and later.group(2) == "1"
     quiet = desk.get(f"/queue/pulse/?since={later.group(1)}").content.decode()
     assert "<tr" not in quiet
