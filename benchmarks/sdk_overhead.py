@@ -1,0 +1,174 @@
+"""Client-side cost of one SDK effect block (intent + receipt) against a loopback server.
+
+    .venv/bin/python benchmarks/sdk_overhead.py [--effects 2000] [--workers 4]
+
+Starts gunicorn on a fresh PostgreSQL database (--db, dropped and created), then times,
+one after another on one thread:
+  - `with tb.effect(...) as fx: fx.receipt(...)`: what an agent waits for per effect,
+    including the fsynced spool write of the receipt;
+  - the same two POSTs over a raw keep-alive http.client connection;
+and prints the median and p99 of each and of their difference (the SDK's own share).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import psycopg
+
+from durability.sdk import Tallybook
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def manage(env: dict[str, str], *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return done.stdout
+
+
+def serve(env: dict[str, str], port: int, workers: int) -> subprocess.Popen[bytes]:
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "durability.wsgi",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--workers",
+            str(workers),
+            "--log-level",
+            "warning",
+        ],
+        cwd=ROOT,
+        env=env,
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/openapi.json"):
+                return server
+        except OSError:
+            time.sleep(0.1)
+    server.kill()
+    raise SystemExit("the server did not start")
+
+
+def intent(key: str, n: int) -> dict[str, object]:
+    return {"key": key, "kind": "payment", "target": "fakepay", "request": {"order": n}}
+
+
+def timed(count: int, one: Callable[[int], None]) -> list[float]:
+    latencies = []
+    for n in range(count):
+        started = time.perf_counter()
+        one(n)
+        latencies.append(time.perf_counter() - started)
+    return latencies
+
+
+def sdk_block(tb: Tallybook, prefix: str) -> Callable[[int], None]:
+    def one(n: int) -> None:
+        with tb.effect(
+            f"{prefix}:{n}", kind="payment", target="fakepay", request={"order": n}
+        ) as fx:
+            fx.receipt(system="fakepay", external_id=f"re_{prefix}_{n}")
+
+    return one
+
+
+def raw_pair(port: int, api_key: str, prefix: str) -> Callable[[int], None]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"}
+
+    def post(path: str, body: dict[str, object]) -> None:
+        conn.request("POST", path, json.dumps(body), headers)
+        response = conn.getresponse()
+        response.read()
+        assert response.status < 300, response.status
+
+    def one(n: int) -> None:
+        post("/api/v1/intents", intent(f"{prefix}:{n}", n))
+        post(
+            "/api/v1/receipts",
+            {"key": f"{prefix}:{n}", "system": "fakepay", "external_id": f"re_{prefix}_{n}"},
+        )
+
+    return one
+
+
+def ms(values: list[float]) -> str:
+    ordered = sorted(values)
+    p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+    return f"median {statistics.median(ordered) * 1000:6.2f} ms   p99 {p99 * 1000:6.2f} ms"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--effects", type=int, default=2000)
+    parser.add_argument("--workers", type=int, default=4, help="gunicorn worker processes")
+    parser.add_argument("--db", default="tb_sdk_bench")
+    parser.add_argument("--pg", default="postgres://root@127.0.0.1:5432")
+    options = parser.parse_args()
+
+    with psycopg.connect(f"{options.pg}/postgres", autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{options.db}"')
+        admin.execute(f'CREATE DATABASE "{options.db}"')
+    env = {**os.environ, "DATABASE_URL": f"{options.pg}/{options.db}"}
+    env.pop("REDIS_URL", None)  # background work inline: nothing is left queued behind
+    manage(env, "migrate", "--verbosity", "0")
+    api_key = manage(env, "createapikey", "bench").strip().splitlines()[-1]
+    port = free_port()
+    server = serve(env, port, options.workers)
+    try:
+        with (
+            tempfile.TemporaryDirectory() as spool,
+            Tallybook(f"http://127.0.0.1:{port}", api_key, spool=spool) as tb,
+        ):
+            timed(200, sdk_block(tb, "warm-sdk"))
+            timed(200, raw_pair(port, api_key, "warm-raw"))
+            sdk = timed(options.effects, sdk_block(tb, "sdk"))
+            raw = timed(options.effects, raw_pair(port, api_key, "raw"))
+    finally:
+        server.terminate()
+        server.wait(15)
+
+    print(
+        f"{options.effects} effects, one thread, gunicorn workers: {options.workers}, "
+        f"cores: {os.cpu_count()}"
+    )
+    print(f"SDK effect block (intent + fsynced receipt): {ms(sdk)}")
+    print(f"raw http.client intent + receipt POSTs:      {ms(raw)}")
+    print(
+        f"SDK's own share (median difference): "
+        f"{(statistics.median(sdk) - statistics.median(raw)) * 1000:.2f} ms"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+"""Fixtures of the SDK tests, a pytest plugin: `pytest_plugins = ["tests.sdk_fixtures"]`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from durability.sdk import AsyncTallybook, Tallybook
+from tests.sdk_support import FAST, ServerProcess, database_url_of_tests
+
+
+@pytest.fixture
+def spool_root(tmp_path: Path) -> Path:
+    return tmp_path / "spool"
+
+
+@pytest.fixture
+def tb(live_server: Any, api_key: str, spool_root: Path) -> Iterator[Tallybook]:
+    client = Tallybook(live_server.url, api_key, spool=spool_root, **FAST)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def atb(live_server: Any, api_key: str, spool_root: Path) -> Iterator[AsyncTallybook]:
+    client = AsyncTallybook(live_server.url, api_key, spool=spool_root, **FAST)
+    yield client
+    client._close()
+
+
+@pytest.fixture
+def server(transactional_db: None) -> Iterator[ServerProcess]:
+    """A real server process (not started yet) on the test database."""
+    process = ServerProcess(database_url_of_tests())
+    yield process
+    if process.process is not None:
+        process.stop()
