@@ -105,7 +105,7 @@ def test_the_pauses_grow_exponentially_with_jitter():
     pauses = [b - a for a, b in zip(times, times[1:], strict=False)]
     for n, pause in enumerate(pauses):
         step = 0.1 * 2**n
-        assert step / 2 <= pause <= step + 0.1, (n, pauses)
+        assert step / 2 <= pause <= step + 0.5, (n, pauses)
 
 
 def test_it_honours_retry_after_in_seconds():
@@ -126,12 +126,12 @@ def test_it_honours_retry_after_as_an_http_date():
 
 
 def test_a_slow_answer_times_out_and_is_retried():
-    with Script(answer(200, {}, delay=1.0), answer(200, {"late": False})) as server:
+    with Script(answer(200, {}, delay=3.0), answer(200, {"late": False})) as server:
         started = time.monotonic()
         response = transport(server.url, timeout=0.3).request("GET", "/x")
 
     assert response.body == {"late": False}
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 2.0
 
 
 def test_connection_refused_is_retried_then_reported():
