@@ -280,6 +280,13 @@ def test_one_client_serves_many_threads(tb):
     assert Receipt.objects.count() == 40
 
 
+def test_a_misspelt_option_is_refused_before_anything_is_sent(tb):
+    with pytest.raises(TypeError, match="unknown effect option.*timeout"):
+        tb.effect("refund:42", kind="payment", target="fakepay", timeout=30)
+
+    assert not Effect.objects.exists()
+
+
 def test_the_sdk_imports_without_django_or_any_installed_package():
     # -S: no site-packages at all; only the standard library and the repository.
     code = "import sys, durability.sdk; assert 'django' not in sys.modules, sorted(sys.modules)"

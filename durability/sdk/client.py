@@ -127,6 +127,11 @@ class Block:
     """
 
     def __init__(self, tb: Base, key: str, options: EffectOptions) -> None:
+        # The options are typed for mypy; a typo must fail at run time too, not be dropped.
+        if unknown := set(options) - set(EffectOptions.__annotations__):
+            raise TypeError(f"unknown effect option(s): {', '.join(sorted(unknown))}")
+        if missing := {"kind", "target"} - set(options):
+            raise TypeError(f"an effect needs {' and '.join(sorted(missing))}")
         self._tb = tb
         self.key = key
         self._options = options
