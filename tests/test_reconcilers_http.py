@@ -275,6 +275,22 @@ def test_an_empty_search_is_not_found_only_when_so_configured(api, project, serv
     assert probe.answer == "found" and (probe.evidence or {})["external_id"] == "re_9"
 
 
+def test_an_empty_search_with_a_status_path_is_not_found_when_so_configured(api, project, server):
+    effect = timed_out(api)
+    reconciler(
+        project, server, url=server.url + "/search?q={key}", external_id_path="data.0.id",
+        status_path="data.0.status", absent_means_not_found=True,
+    )  # fmt: skip
+    server.reply("/search?q=refund%3A1", Reply(200, {"data": []}))
+    assert ask(effect).answer == "not_found"
+    server.reply("/search?q=refund%3A1", Reply(200, {"data": [{"status": "canceled"}]}))
+    assert ask(effect).answer == "not_found"
+    server.reply("/search?q=refund%3A1", Reply(200, {"data": [{"status": "succeeded"}]}))
+    assert ask(effect).answer == "unknown"
+    server.reply("/search?q=refund%3A1", Reply(200, {"data": [{"id": "re_2"}]}))
+    assert ask(effect).answer == "unknown"  # a status is configured: it must say found
+
+
 def test_an_effect_that_is_no_longer_timed_out_is_not_probed(api, project, server):
     effect = timed_out(api)
     reconciler(project, server)

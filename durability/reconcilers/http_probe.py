@@ -163,19 +163,24 @@ class HttpReconciler(Reconciler[HttpConfig]):
 
     def _read(self, effect: Effect, url: str, status: int, document: Any) -> Answer:
         c = self.config
-        evidence: dict[str, Any] = {"url": url, "http_status": status}
-        if c.status_path:
-            value = json_at(document, c.status_path)
-            shown = "nothing" if value is _MISSING else json.dumps(value)
-            if value is _MISSING or str(value) not in (*c.found, *c.not_found):
-                return Unknown(f"GET {url}: {c.status_path} is {shown}, not a configured status")
-            if str(value) in c.not_found:
-                return NotFound(f"GET {url}: {c.status_path} is {shown}")
-            evidence["status"] = value
         external_id = json_at(document, c.external_id_path)
-        if external_id is _MISSING or external_id in (None, ""):
+        if external_id in (None, ""):
+            external_id = _MISSING
+        value = json_at(document, c.status_path) if c.status_path else _MISSING
+        if external_id is _MISSING and value is _MISSING:
+            # Nothing matched: an empty search, or a reply of another shape.
             why = f"GET {url} answered HTTP {status} without {c.external_id_path}"
             return NotFound(why) if c.absent_means_not_found else Unknown(why)
+        evidence: dict[str, Any] = {"url": url, "http_status": status}
+        if c.status_path:
+            shown = "missing" if value is _MISSING else json.dumps(value)
+            if value is not _MISSING and str(value) in c.not_found:
+                return NotFound(f"GET {url}: {c.status_path} is {shown}")
+            if value is _MISSING or str(value) not in c.found:
+                return Unknown(f"GET {url}: {c.status_path} is {shown}, not a configured status")
+            evidence["status"] = value
+        if external_id is _MISSING:
+            return Unknown(f"GET {url}: {c.status_path} says found, without {c.external_id_path}")
         observed = json_at(document, c.observed_at_path) if c.observed_at_path else _MISSING
         return Found(
             system=c.system or effect.target,

@@ -8,7 +8,7 @@ from django import template
 
 from durability.models import Effect
 from durability.reconcilers.views import PANEL, panel_context
-from durability.roles import access_of
+from durability.roles import Access, access_of
 
 register = template.Library()
 
@@ -16,8 +16,12 @@ register = template.Library()
 @register.inclusion_tag(PANEL, takes_context=True)
 def probe_panel(context: template.Context, effect: Effect) -> dict[str, Any]:
     request = context["request"]
+    # The case page has already looked up the user's access to the project.
+    access = context.get("access")
+    if not isinstance(access, Access) or access.project.pk != effect.project_id:
+        access = access_of(request.user, effect.project_id)
     return {
-        **panel_context(effect, access_of(request.user, effect.project_id)),
+        **panel_context(effect, access),
         "request": request,
         "csrf_token": context.get("csrf_token"),
     }

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -13,11 +14,14 @@ ACTOR = "system:probe-command"
 class Command(BaseCommand):
     help = (
         "Probe timed-out effects with their targets' reconcilers, here and now: every effect "
-        "the schedule would probe, or one effect."
+        "the schedule would probe (once, or every N seconds), or one effect."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--effect", type=int, help="Probe this effect (by id) only")
+        parser.add_argument(
+            "--every", type=float, default=0, help="Repeat every N seconds until interrupted"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["effect"] is not None:
@@ -29,14 +33,18 @@ class Command(BaseCommand):
                 )
             self._report(probe)
             return
-        probes = []
-        for effect_id in reconciling.probes_due():
-            probe = reconciling.effect_probe(effect_id=effect_id, requested_by=ACTOR)
-            if probe is not None:
-                self._report(probe)
-                probes.append(probe)
-        settled = sum(1 for p in probes if p.settled)
-        self.stdout.write(f"Probed {len(probes)} effect(s); {settled} settled.")
+        while True:
+            probes = []
+            for effect_id in reconciling.probes_due():
+                probe = reconciling.effect_probe(effect_id=effect_id, requested_by=ACTOR)
+                if probe is not None:
+                    self._report(probe)
+                    probes.append(probe)
+            if not options["every"]:
+                settled = sum(1 for p in probes if p.settled)
+                self.stdout.write(f"Probed {len(probes)} effect(s); {settled} settled.")
+                return
+            time.sleep(options["every"])
 
     def _report(self, probe: Probe) -> None:
         effect = probe.effect
