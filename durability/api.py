@@ -142,6 +142,8 @@ def effects(request: ApiRequest) -> JsonResponse:
         return error("Give the effect's key", 400, {"key": "This query parameter is required"})
     if len(key) > 255:
         return error("Invalid query", 400, {"key": "At most 255 characters"})
+    if "\x00" in key:
+        return error("Invalid query", 400, {"key": "NUL characters cannot be stored"})
     effect = Effect.objects.filter(project=request.project, key=key).first()
     if effect is None:
         return error("No effect has this key in this project", 404, {"key": "Unknown key"})

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from functools import wraps
 from typing import Any
@@ -91,20 +90,17 @@ def authorize(
 def parse[M: BaseModel](request: HttpRequest, schema: type[M]) -> M | JsonResponse:
     """Validate a JSON body against `schema`: the model, or a 400 naming each bad field."""
     if request.content_type not in ("application/json", ""):
-        return error("Content-Type must be application/json", 415)
+        return error(
+            "Content-Type must be application/json",
+            415,
+            {"Content-Type": f"Expected application/json, not {request.content_type}"},
+        )
     try:
         return schema.model_validate_json(request.body or b"")
     except ValidationError as exc:
-        if any(e["type"] == "json_invalid" for e in exc.errors()):
-            return error("Malformed JSON", 400, {"body": _json_problem(request.body)})
+        for e in exc.errors(include_url=False):
+            if e["type"] == "json_invalid":
+                return error("Malformed JSON", 400, {"body": e["msg"]})
         if any(e["type"] == "model_type" and not e["loc"] for e in exc.errors()):
             return error("The body must be a JSON object", 400, {"body": "Expected an object"})
         return error("Invalid request", 400, field_errors(exc))
-
-
-def _json_problem(body: bytes) -> str:
-    try:
-        json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        return str(exc)
-    return "Invalid JSON"

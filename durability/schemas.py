@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+import math
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -11,6 +12,7 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    field_validator,
 )
 
 HexTraceId = Annotated[
@@ -40,8 +42,46 @@ TraceId = Annotated[HexTraceId, AfterValidator(_not_all_zero)]
 SpanId = Annotated[HexSpanId, AfterValidator(_not_all_zero)]
 
 
+def _storable_in_utc(value: datetime) -> datetime:
+    try:
+        (value if value.tzinfo else value.replace(tzinfo=UTC)).astimezone(UTC)
+    except OverflowError:
+        raise ValueError("out of range once converted to UTC") from None
+    return value
+
+
+Timestamp = Annotated[datetime, AfterValidator(_storable_in_utc)]
+# The widest attempt number the database column holds.
+AttemptNumber = Annotated[int, Field(gt=0, le=2**31 - 1)]
+
+
+def _storable(value: Any) -> None:
+    """Refuse what PostgreSQL cannot store: NUL characters and non-finite numbers."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise ValueError("NUL characters (\\u0000) cannot be stored")
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError("numbers must be finite")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _storable(key)
+            _storable(item)
+    elif isinstance(value, list):
+        for item in value:
+            _storable(item)
+    elif isinstance(value, BaseModel):
+        _storable(value.model_dump())
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
+
+    @field_validator("*")
+    @classmethod
+    def _storable_values(cls, value: Any) -> Any:
+        _storable(value)
+        return value
 
 
 class Context(BaseModel):
@@ -88,11 +128,11 @@ class ReceiptIn(Strict):
     key: Key
     system: Name
     external_id: Annotated[str, StringConstraints(min_length=1, max_length=255)]
-    observed_at: datetime | None = Field(
+    observed_at: Timestamp | None = Field(
         default=None, description="The external system's own timestamp (ISO 8601)."
     )
     data: Any = None
-    attempt: Annotated[int, Field(gt=0)] | None = None
+    attempt: AttemptNumber | None = None
     trace_id: TraceId | None = None
     span_id: SpanId | None = None
 

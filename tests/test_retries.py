@@ -113,7 +113,7 @@ def test_the_same_run_in_another_worker_is_an_interruption_with_an_uncertain_cas
     assert body["effect"]["state"] == "timed_out"
     assert body["case"]["reason"] == "uncertain"
     assert "resumed" in body["case"]["summary"]
-    assert Case.objects.get().detail["cause"] == "interruption"
+    assert Case.objects.get(reason="uncertain").detail["cause"] == "interruption"
     assert Attempt.objects.count() == 1
 
 
