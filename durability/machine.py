@@ -197,6 +197,22 @@ def _locked(project: Project, key: str) -> Effect:
     return effect
 
 
+def _locked_or_key_locked(project: Project, key: str) -> Effect | None:
+    """The effect with this key, locked; or, while it has none, a lock on the key itself.
+
+    Writers of a key without an effect row are serialised on a transaction-level advisory
+    lock, so an intent adopts every receipt committed before it and a receipt finds the
+    effect of every intent committed before it. SQLite runs one writer at a time anyway.
+    """
+    effect = Effect.objects.select_for_update().filter(project=project, key=key).first()
+    connection = transaction.get_connection()
+    if effect is not None or connection.vendor != "postgresql":
+        return effect
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, %s))", [key, project.pk])
+    return Effect.objects.select_for_update().filter(project=project, key=key).first()
+
+
 # -- the decision ------------------------------------------------------------------------
 
 
@@ -403,7 +419,7 @@ def intent_record(*, project: Project, actor: str, intent: IntentIn) -> Outcome:
     fingerprint = intent.fingerprint or fingerprint_of(intent.request)
     trail = Trail(project.pk, actor)
     with transaction.atomic():
-        effect = Effect.objects.select_for_update().filter(project=project, key=intent.key).first()
+        effect = _locked_or_key_locked(project, intent.key)
         created = False
         if effect is None:
             effect = Effect(
@@ -528,7 +544,7 @@ def receipt_record(
     """
     trail = Trail(project.pk, actor)
     with transaction.atomic():
-        effect = Effect.objects.select_for_update().filter(project=project, key=receipt.key).first()
+        effect = _locked_or_key_locked(project, receipt.key)
         existing = Receipt.objects.filter(
             project=project, key=receipt.key, system=receipt.system, external_id=receipt.external_id
         ).first()
