@@ -9,7 +9,7 @@ from django.template import engines
 from django.test import RequestFactory
 from rq import SimpleWorker
 
-from durability.models import AuditEntry, Effect, Membership, Probe, ReconcilerConfig, Role
+from durability.models import AuditEntry, Case, Effect, Membership, Probe, ReconcilerConfig, Role
 from durability.reconcilers.services import effect_probe
 from tests.local_http import LocalHttp, Reply
 
@@ -158,3 +158,14 @@ def test_the_panel_renders_from_the_case_page_include(rf: RequestFactory, alice,
         .render({"effect": effect}, request)
     )
     assert "Reconciler probes" in html and "Probe now" in html
+
+
+def test_the_case_page_shows_the_probes_and_the_button(client, alice, effect, server):
+    server.reply("/refunds/refund%3A1", Reply(404, {}))
+    probe = effect_probe(effect_id=effect.pk)
+    assert probe is not None
+    case = Case.objects.get(effect=effect, reason="uncertain")
+    client.force_login(alice)
+    html = client.get(f"/cases/{case.pk}/").content.decode()
+    assert 'id="probes"' in html and f'id="probe-{probe.pk}"' in html
+    assert f'action="/effects/{effect.pk}/probe/"' in html
