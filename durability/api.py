@@ -12,6 +12,8 @@ from durability.decorators import ApiRequest, authorize, error, parse
 from durability.models import Case, Decision, Effect, Receipt
 from durability.openapi import openapi_document
 from durability.schemas import FailureIn, IntentIn, ReceiptIn, TimeoutIn
+from trajectories.jobs import effect_link_later
+from trajectories.links import effect_trajectory
 
 STATUS_OF_DECISION = {Decision.CONFLICT: 409}
 
@@ -36,6 +38,7 @@ def intents(request: ApiRequest) -> JsonResponse:
     if isinstance(intent, JsonResponse):
         return intent
     outcome = machine.intent_record(project=request.project, actor=request.actor, intent=intent)
+    effect_link_later(outcome.effect)
     status = STATUS_OF_DECISION.get(outcome.decision, 201 if outcome.created else 200)
     return JsonResponse(
         {
@@ -56,6 +59,7 @@ def receipts(request: ApiRequest) -> JsonResponse:
     if isinstance(receipt, JsonResponse):
         return receipt
     outcome = machine.receipt_record(project=request.project, actor=request.actor, receipt=receipt)
+    effect_link_later(outcome.effect, receipt=outcome.receipt)
     return JsonResponse(
         {
             "receipt": outcome.receipt.to_dict(),
@@ -122,6 +126,7 @@ def _effect_detail(effect: Effect) -> dict[str, Any]:
         "cases": [c.to_dict() for c in effect.cases.filter(closed=None).order_by("opened")],
         "decision": outcome.decision,
         "reason": outcome.reason,
+        **effect_trajectory(effect),
     }
 
 

@@ -234,6 +234,13 @@ class EffectDetailOut(BaseModel):
     cases: list[CaseOut]
     decision: DecisionName
     reason: str
+    run_id: str | None = Field(description="The client id of the run the effect belongs to.")
+    tool_span_id: str | None = Field(
+        description="The tool call's span (16 hex digits) in which the effect was recorded."
+    )
+    model_span_id: str | None = Field(
+        description="The model span (16 hex digits) whose output asked for that tool call."
+    )
 
 
 class ErrorOut(BaseModel):

@@ -1,0 +1,356 @@
+"""OTLP span ingest through HTTP (a real gunicorn server on loopback) against raw psycopg
+inserts of the same span rows, in one run on one PostgreSQL database.
+
+    .venv/bin/python benchmarks/otlp_ingest.py [--batches 240] [--clients 6] [--workers 4]
+
+Each batch is one OTLP/protobuf ExportTraceServiceRequest of 512 GenAI spans (an agent
+span, then model calls that ask for tools and the tool calls that run them). Prints
+spans/s for both paths and their ratio. It creates (and drops at the start) the
+database named by --db.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import multiprocessing as mp
+import os
+import socket
+import subprocess
+import sys
+import time
+import zlib
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+ROOT = Path(__file__).resolve().parent.parent
+PG = "postgres://root@127.0.0.1:5432"
+SPANS_PER_BATCH = 512
+SPANS_PER_TRACE = 64
+
+
+def _kv(key: str, value: str | int) -> KeyValue:
+    if isinstance(value, int):
+        return KeyValue(key=key, value=AnyValue(int_value=value))
+    return KeyValue(key=key, value=AnyValue(string_value=value))
+
+
+def _messages(question: str, call_id: str) -> tuple[str, str]:
+    asked = [
+        {"role": "system", "parts": [{"type": "text", "content": "You settle refunds."}]},
+        {"role": "user", "parts": [{"type": "text", "content": question}]},
+    ]
+    answered = [
+        {
+            "role": "assistant",
+            "parts": [
+                {"type": "text", "content": "I will look the order up and refund it."},
+                {
+                    "type": "tool_call",
+                    "id": call_id,
+                    "name": "refund",
+                    "arguments": {"order": question[-6:], "amount": 1250},
+                },
+            ],
+            "finish_reason": "tool_call",
+        }
+    ]
+    return json.dumps(asked), json.dumps(answered)
+
+
+def batch(index: int, *, tag: str) -> bytes:
+    """One ExportTraceServiceRequest of 512 spans in 8 traces; ids depend on (tag, index)."""
+    request = ExportTraceServiceRequest()
+    resource_spans = request.resource_spans.add()
+    resource_spans.resource.attributes.extend(
+        [
+            _kv("service.name", "refund-agent"),
+            _kv("service.version", "2.3.1"),
+            _kv("telemetry.sdk.language", "python"),
+            _kv("telemetry.sdk.name", "opentelemetry"),
+        ]
+    )
+    scope = resource_spans.scope_spans.add()
+    scope.scope.name = "opentelemetry.instrumentation.openai"
+    base = time.time_ns() - 60 * 10**9
+    seed = zlib.crc32(tag.encode())
+    for t in range(SPANS_PER_BATCH // SPANS_PER_TRACE):
+        trace_id = f"{seed:012x}{index:010x}{t:010x}"[-32:].rjust(32, "1")
+        trace = bytes.fromhex(trace_id)
+        root = bytes.fromhex(f"a{t:07x}{index:08x}")
+        start = base + t * 10**9
+        span = scope.spans.add(
+            trace_id=trace,
+            span_id=root,
+            name="invoke_agent refund-agent",
+            kind=1,
+            start_time_unix_nano=start,
+            end_time_unix_nano=start + 900 * 10**6,
+        )
+        span.attributes.extend(
+            [_kv("gen_ai.operation.name", "invoke_agent"), _kv("gen_ai.agent.name", "refunds")]
+        )
+        for n in range(1, SPANS_PER_TRACE):
+            span_id = bytes.fromhex(f"{n:08x}{index:08x}")
+            at = start + n * 10**7
+            call_id = f"call_{tag}_{index}_{t}_{n - n % 2}"
+            span = scope.spans.add(
+                trace_id=trace,
+                span_id=span_id,
+                parent_span_id=root,
+                kind=3,
+                start_time_unix_nano=at,
+                end_time_unix_nano=at + 8 * 10**6,
+            )
+            span.status.code = 1
+            if n % 2:
+                span.name = "chat gpt-4o"
+                asked, answered = _messages(f"Please refund order #{index:06d}", call_id)
+                span.attributes.extend(
+                    [
+                        _kv("gen_ai.operation.name", "chat"),
+                        _kv("gen_ai.provider.name", "openai"),
+                        _kv("gen_ai.request.model", "gpt-4o"),
+                        _kv("gen_ai.response.model", "gpt-4o-2024-08-06"),
+                        _kv("gen_ai.response.id", f"chatcmpl-{index}-{t}-{n}"),
+                        _kv("gen_ai.usage.input_tokens", 412),
+                        _kv("gen_ai.usage.output_tokens", 57),
+                        _kv("gen_ai.input.messages", asked),
+                        _kv("gen_ai.output.messages", answered),
+                    ]
+                )
+            else:
+                span.name = "execute_tool refund"
+                span.attributes.extend(
+                    [
+                        _kv("gen_ai.operation.name", "execute_tool"),
+                        _kv("gen_ai.tool.name", "refund"),
+                        _kv("gen_ai.tool.call.id", call_id),
+                        _kv("gen_ai.tool.call.arguments", '{"order": 1234, "amount": 1250}'),
+                        _kv("gen_ai.tool.call.result", '{"refund": "re_1234", "status": "ok"}'),
+                    ]
+                )
+    return bytes(request.SerializeToString())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _manage(env: dict[str, str], *args: str) -> str:
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+
+
+def _http_worker(port: int, key: str, tag: str, indexes: list[int], out: mp.Queue[int]) -> None:
+    bodies = [batch(i, tag=tag) for i in indexes]
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/x-protobuf"}
+    out.put(0)  # ready
+    for body in bodies:
+        conn.request("POST", "/v1/traces", body, headers)
+        response = conn.getresponse()
+        answer = response.read()
+        assert response.status == 200, (response.status, answer[:300])
+        assert answer == b"", answer  # no partialSuccess: every span stored
+    out.put(len(bodies))
+
+
+def _rows(project_id: int, tag: str, index: int) -> tuple[list[tuple[Any, ...]], list[Any]]:
+    """The run and span rows the server stores for one batch, ready for psycopg."""
+    request = ExportTraceServiceRequest.FromString(batch(index, tag=tag))
+    runs: dict[str, tuple[Any, ...]] = {}
+    spans = []
+    now = datetime.now(UTC)
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    for resource_spans in request.resource_spans:
+        resource = json.dumps(
+            {kv.key: kv.value.string_value for kv in resource_spans.resource.attributes}
+        )
+        for scope in resource_spans.scope_spans:
+            for s in scope.spans:
+                trace_id = s.trace_id.hex()
+                attributes = {
+                    kv.key: kv.value.string_value or kv.value.int_value for kv in s.attributes
+                }
+                start = epoch + timedelta(microseconds=s.start_time_unix_nano // 1000)
+                end = epoch + timedelta(microseconds=s.end_time_unix_nano // 1000)
+                runs.setdefault(trace_id, (project_id, trace_id, start))
+                model = attributes.get("gen_ai.operation.name") == "chat"
+                spans.append(
+                    (
+                        project_id,
+                        trace_id,
+                        s.span_id.hex(),
+                        s.parent_span_id.hex(),
+                        "model" if model else "tool",
+                        attributes.pop("gen_ai.operation.name"),
+                        s.name,
+                        start,
+                        end,
+                        "ok",
+                        "",
+                        attributes.pop("gen_ai.provider.name", ""),
+                        attributes.pop("gen_ai.request.model", ""),
+                        attributes.pop("gen_ai.response.model", ""),
+                        attributes.pop("gen_ai.usage.input_tokens", None),
+                        attributes.pop("gen_ai.usage.output_tokens", None),
+                        attributes.pop("gen_ai.tool.call.id", ""),
+                        attributes.pop("gen_ai.tool.name", ""),
+                        resource,
+                        json.dumps(attributes.pop("gen_ai.input.messages", None)),
+                        json.dumps(attributes.pop("gen_ai.output.messages", None)),
+                        json.dumps(attributes),
+                        now,
+                    )
+                )
+    return list(runs.values()), spans
+
+
+RAW_RUN = (
+    "INSERT INTO trajectories_run (project_id, run_id, inferred, agent, workflow, "
+    "workflow_version, conversation_id, status, started, attributes, span_count, error_count, "
+    "input_tokens, output_tokens, updated) VALUES (%s, %s, true, '', '', '', '', 'running', %s, "
+    "'{}', 0, 0, 0, 0, now()) RETURNING id"
+)
+RAW_SPAN = (
+    "INSERT INTO trajectories_span (project_id, run_id, trace_id, span_id, parent_span_id, kind, "
+    'operation, name, start, "end", status, status_message, provider, request_model, '
+    "response_model, input_tokens, output_tokens, tool_call_id, tool_name, resource, input, "
+    "output, attributes, capped, received) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
+    "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, '{}', %s)"
+)
+
+
+def _raw_worker(
+    dsn: str, project_id: int, tag: str, indexes: list[int], out: mp.Queue[int]
+) -> None:
+    prepared = [_rows(project_id, tag, i) for i in indexes]
+    out.put(0)  # ready
+    with psycopg.connect(dsn) as conn:
+        for runs, spans in prepared:
+            with conn.transaction(), conn.cursor() as cur:
+                cur.executemany(RAW_RUN, runs, returning=True)
+                run_ids = {}
+                for trace_id in (run[1] for run in runs):
+                    run_ids[trace_id] = cur.fetchone()[0]  # type: ignore[index]
+                    cur.nextset()
+                cur.executemany(RAW_SPAN, [(s[0], run_ids[s[1]], *s[1:]) for s in spans])
+    out.put(len(prepared))
+
+
+def _run(
+    target: Callable[..., None], args_of: Callable[[int], tuple[object, ...]], clients: int
+) -> float:
+    """Seconds from the moment every client has its batches encoded to the last answer."""
+    out: mp.Queue[int] = mp.Queue()
+    procs = [mp.Process(target=target, args=(*args_of(c), out)) for c in range(clients)]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        out.get()
+    start = time.perf_counter()
+    for _ in procs:
+        out.get()
+    elapsed = time.perf_counter() - start
+    for p in procs:
+        p.join()
+        assert p.exitcode == 0, "a benchmark worker failed"
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--batches", type=int, default=240, help="512-span batches per path")
+    parser.add_argument("--clients", type=int, default=6, help="concurrent client processes")
+    parser.add_argument("--workers", type=int, default=4, help="gunicorn worker processes")
+    parser.add_argument("--db", default="tb_bench_otlp")
+    options = parser.parse_args()
+
+    with psycopg.connect(f"{PG}/postgres", autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{options.db}"')
+        admin.execute(f'CREATE DATABASE "{options.db}"')
+    dsn = f"{PG}/{options.db}"
+    env = {**os.environ, "DATABASE_URL": dsn, "DEBUG": "0", "LOG_LEVEL": "ERROR"}
+    env.pop("REDIS_URL", None)
+    _manage(env, "migrate", "--verbosity", "0")
+    key = _manage(env, "createapikey", "bench-http").strip().splitlines()[-1]
+    _manage(env, "createapikey", "bench-raw")
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT id FROM durability_project WHERE name = 'bench-raw'").fetchone()
+        assert row is not None
+        raw_project = row[0]
+
+    per_client = options.batches // options.clients
+    batches = per_client * options.clients
+
+    def share(client: int) -> list[int]:
+        return list(range(client * per_client, (client + 1) * per_client))
+
+    port = _free_port()
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "durability.wsgi",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--workers",
+            str(options.workers),
+            "--log-level",
+            "warning",
+        ],
+        cwd=ROOT,
+        env=env,
+    )
+    try:
+        for _ in range(100):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        # Warm up each worker's imports and connections.
+        _run(_http_worker, lambda c: (port, key, "warm", [c]), options.workers)
+        http_time = _run(_http_worker, lambda c: (port, key, "http", share(c)), options.clients)
+    finally:
+        server.terminate()
+        server.wait()
+    raw_time = _run(_raw_worker, lambda c: (dsn, raw_project, "raw", share(c)), options.clients)
+
+    spans = batches * SPANS_PER_BATCH
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT count(*) FROM trajectories_span").fetchone()
+        assert row is not None
+        stored = row[0]
+    expected = spans * 2 + options.workers * SPANS_PER_BATCH
+    assert stored == expected, f"{stored} spans stored, {expected} expected"
+    http_rate, raw_rate = spans / http_time, spans / raw_time
+    print(
+        f"spans per path: {spans} in {batches} batches of {SPANS_PER_BATCH}, "
+        f"client processes: {options.clients}, gunicorn workers: {options.workers}, "
+        f"cores: {os.cpu_count()}"
+    )
+    print(f"HTTP OTLP/protobuf:             {http_rate:8.0f} spans/s")
+    print(f"raw psycopg, same rows:         {raw_rate:8.0f} spans/s")
+    print(f"ratio HTTP / raw:               {http_rate / raw_rate:8.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""Span ingest: POST /api/v1/events (native run and span events) and POST /v1/traces (OTLP)."""
+
+from __future__ import annotations
+
+from django.http import HttpResponse, JsonResponse
+from django.views.decorators.http import require_POST
+
+from durability.decorators import ApiRequest, authorize, error, parse
+from trajectories import ingest, links, otlp
+from trajectories.schemas import EventBatchIn
+
+EVENTS_MAX_BODY = 3_500_000
+# The outer bound of Django's DATA_UPLOAD_MAX_MEMORY_SIZE; gzip bodies inflate past it.
+OTLP_MAX_BODY = 4 * 1024 * 1024
+
+
+@require_POST
+@authorize(max_body=EVENTS_MAX_BODY)
+def events(request: ApiRequest) -> JsonResponse:
+    batch = parse(request, EventBatchIn)
+    if isinstance(batch, JsonResponse):
+        return batch
+    try:
+        outcome = ingest.events_ingest(project=request.project, events=batch.events)
+    except ingest.Overloaded as exc:
+        response = error(str(exc), exc.status)
+        response["Retry-After"] = str(exc.retry_after)
+        return response
+    links.links_refresh(project_id=request.project.pk, touched=outcome.touched)
+    return JsonResponse(outcome.to_dict(), status=207)
+
+
+@require_POST
+@authorize(max_body=OTLP_MAX_BODY)
+def traces(request: ApiRequest) -> HttpResponse:
+    content_type = request.content_type
+    if content_type not in (otlp.PROTOBUF, otlp.JSON):
+        return otlp.status_response(
+            otlp.JSON, 415, f"Content-Type must be {otlp.PROTOBUF} or {otlp.JSON}"
+        )
+    try:
+        body = otlp.inflate(request.body, request.headers.get("Content-Encoding", ""))
+        decoded = otlp.decode(body, content_type)
+    except otlp.Undecodable as exc:
+        return otlp.status_response(content_type, 400, str(exc))
+    try:
+        touched = ingest.spans_ingest(project=request.project, spans=decoded.spans)
+    except ingest.Overloaded as exc:
+        return otlp.status_response(content_type, exc.status, str(exc), exc.retry_after)
+    links.links_refresh(project_id=request.project.pk, touched=touched)
+    return otlp.export_response(content_type, decoded)

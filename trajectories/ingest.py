@@ -1,0 +1,642 @@
+"""Storing runs and spans: one transaction per batch, bulk writes, redaction before storage.
+
+Every batch takes one of a few ingest slots of its project (a PostgreSQL advisory lock
+held until commit), so that one project cannot take every database connection; a batch
+that finds none free, or a database too slow to answer, is told to come back later.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db import OperationalError, connection, transaction
+from django.utils import timezone
+from pydantic import ValidationError
+
+from durability.decorators import field_errors
+from durability.models import Project
+from trajectories.models import (
+    EffectLink,
+    RequestedToolCall,
+    Run,
+    RunTrace,
+    SeenEvent,
+    Span,
+    SpanKind,
+)
+from trajectories.redact import (
+    ATTRIBUTE_CAP,
+    IO_CAP,
+    attributes_text,
+    json_text,
+    redact,
+    scrub_text,
+)
+from trajectories.schemas import EVENT_SCHEMAS, RunEventIn, SpanEventIn
+from trajectories.semconv import SpanData, requested_tool_calls
+
+# Concurrent ingest transactions per project; more are answered 429.
+SLOTS_PER_PROJECT = 8
+# An ingest statement or lock wait longer than this means overload: answered 503.
+STATEMENT_TIMEOUT = "20s"
+LOCK_TIMEOUT = "10s"
+# Advisory lock namespace of the ingest slots ("traj").
+SLOT_LOCK_CLASS = 0x7472616A
+
+
+class Overloaded(Exception):
+    """The batch was not stored; the client should retry after `retry_after` seconds."""
+
+    def __init__(self, message: str, *, status: int, retry_after: int) -> None:
+        super().__init__(message)
+        self.status, self.retry_after = status, retry_after
+
+
+@dataclass
+class Touched:
+    """What a batch stored that effect links may be waiting for."""
+
+    trace_ids: set[str] = field(default_factory=set)
+    tool_call_ids: set[str] = field(default_factory=set)
+    run_keys: set[str] = field(default_factory=set)
+
+    def __bool__(self) -> bool:
+        return bool(self.trace_ids or self.tool_call_ids or self.run_keys)
+
+
+@contextmanager
+def _ingest_transaction(project: Project) -> Iterator[None]:
+    """A transaction holding one of the project's ingest slots, with bounded waits."""
+    try:
+        with transaction.atomic():
+            if connection.vendor == "postgresql":
+                _slot_take(project)
+            yield
+    except OperationalError as exc:
+        raise Overloaded(
+            "The database is unavailable or overloaded; retry later", status=503, retry_after=5
+        ) from exc
+
+
+def _slot_take(project: Project) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT set_config('statement_timeout', %s, true),"
+            " set_config('lock_timeout', %s, true),"
+            " (SELECT slot FROM generate_series(0, %s - 1) AS slot"
+            "  WHERE pg_try_advisory_xact_lock(%s, ((%s::bigint * %s + slot) %% 2147483647)::int)"
+            "  LIMIT 1)",
+            [
+                STATEMENT_TIMEOUT,
+                LOCK_TIMEOUT,
+                SLOTS_PER_PROJECT,
+                SLOT_LOCK_CLASS,
+                project.pk,
+                SLOTS_PER_PROJECT,
+            ],
+        )
+        row = cursor.fetchone()
+    if row is None or row[2] is None:
+        raise Overloaded(
+            f"{SLOTS_PER_PROJECT} batches of this project are being stored; retry shortly",
+            status=429,
+            retry_after=1,
+        )
+
+
+# -- spans -------------------------------------------------------------------------------
+
+# The span columns written by ingest, in COPY order.
+SPAN_COLUMNS = (
+    "project_id",
+    "run_id",
+    "trace_id",
+    "span_id",
+    "parent_span_id",
+    "kind",
+    "operation",
+    "name",
+    "start",
+    "end",
+    "status",
+    "status_message",
+    "provider",
+    "request_model",
+    "response_model",
+    "input_tokens",
+    "output_tokens",
+    "tool_call_id",
+    "tool_name",
+    "attributes",
+    "resource",
+    "input",
+    "output",
+    "capped",
+    "received",
+)
+JSON_COLUMNS = frozenset({"attributes", "resource", "input", "output", "capped"})
+# Identity columns are not updated when a span is re-sent.
+SPAN_UPDATED = [c for c in SPAN_COLUMNS if c not in ("project_id", "trace_id", "span_id")]
+RUN_HINTS = ["agent", "workflow", "workflow_version", "conversation_id"]
+
+
+def _span_values(
+    project_id: int,
+    run_pk: int,
+    s: SpanData,
+    now: datetime,
+    resource: tuple[str, dict[str, int]],
+) -> tuple[Any, ...]:
+    """A span's row in SPAN_COLUMNS order: secrets redacted, long values cut and recorded.
+
+    JSON columns are JSON text, ready for COPY; `resource` is the span's resource as
+    `attributes_text` returns it, computed once for all the spans that share it.
+    """
+    capped: dict[str, Any] = {}
+    attributes, cut = attributes_text(s.attributes, ATTRIBUTE_CAP)
+    for prefix, sizes in (("attributes", cut), ("resource", resource[1])):
+        for key, size in sizes.items():
+            capped[f"{prefix}.{key}"] = {"size": size, "cap": ATTRIBUTE_CAP}
+    texts: list[str | None] = []
+    for name, value in (("input", s.input), ("output", s.output)):
+        if value is None:
+            texts.append(None)
+            continue
+        text, cut_size = json_text(value, IO_CAP)
+        if cut_size is not None:
+            capped[name] = {"size": cut_size, "cap": IO_CAP}
+        texts.append(text)
+    return (
+        project_id,
+        run_pk,
+        s.trace_id,
+        s.span_id,
+        s.parent_span_id,
+        s.kind,
+        _plain(s.operation),
+        scrub_text(s.name),
+        s.start,
+        s.end,
+        s.status,
+        scrub_text(s.status_message),
+        _plain(s.provider),
+        _plain(s.request_model),
+        _plain(s.response_model),
+        s.input_tokens,
+        s.output_tokens,
+        _plain(s.tool_call_id),
+        _plain(s.tool_name),
+        attributes,
+        resource[0],
+        texts[0],
+        texts[1],
+        json.dumps(capped),
+        now,
+    )
+
+
+def _plain(text: str) -> str:
+    """Without NUL characters, which PostgreSQL text refuses."""
+    return text.replace("\x00", "") if "\x00" in text else text
+
+
+STAGING = "trajectories_span_staging"
+# A per-connection scratch table for COPY; emptied at every commit.
+STAGING_DDL = (
+    f"CREATE TEMP TABLE IF NOT EXISTS {STAGING} ON COMMIT DELETE ROWS AS "
+    f"SELECT {', '.join(f'"{c}"' for c in SPAN_COLUMNS)}, NULL::jsonb AS requested "
+    "FROM trajectories_span WITH NO DATA"
+)
+SPAN_UPSERT = (
+    f"INSERT INTO trajectories_span ({', '.join(f'"{c}"' for c in SPAN_COLUMNS)}) "
+    f"SELECT {', '.join(f'"{c}"' for c in SPAN_COLUMNS)} FROM {STAGING} "
+    "ON CONFLICT (project_id, trace_id, span_id) DO UPDATE SET "
+    + ", ".join(f'"{c}" = EXCLUDED."{c}"' for c in SPAN_UPDATED)
+)
+REQUESTED_INSERT = (
+    "INSERT INTO trajectories_requestedtoolcall (project_id, tool_call_id, span_id) "
+    "SELECT span.project_id, call.id, span.id "
+    f"FROM {STAGING} staged "
+    "JOIN trajectories_span span ON span.project_id = staged.project_id "
+    "AND span.trace_id = staged.trace_id AND span.span_id = staged.span_id "
+    "CROSS JOIN LATERAL jsonb_array_elements_text(staged.requested) AS call(id) "
+    "WHERE staged.requested IS NOT NULL "
+    "ON CONFLICT (span_id, tool_call_id) DO NOTHING"
+)
+
+
+def _spans_upsert(rows: list[tuple[Any, ...]], requested: list[list[str]]) -> None:
+    """Insert spans, or update them in place (same id) when re-sent, with the calls asked for.
+
+    PostgreSQL: COPY into a scratch table, then one INSERT … ON CONFLICT; the ORM's
+    bulk_create elsewhere (SQLite, for the demo).
+    """
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            # Empty already, unless an enclosing transaction stored a batch before.
+            cursor.execute(f"{STAGING_DDL}; DELETE FROM {STAGING}")
+            columns = ", ".join(f'"{c}"' for c in (*SPAN_COLUMNS, "requested"))
+            with cursor.cursor.copy(f"COPY {STAGING} ({columns}) FROM STDIN") as copy:
+                for row, calls in zip(rows, requested, strict=True):
+                    copy.write_row((*row, json.dumps(calls) if calls else None))
+            cursor.execute(SPAN_UPSERT)
+            cursor.execute(REQUESTED_INSERT)
+        return
+    spans = []
+    for row in rows:
+        values = dict(zip(SPAN_COLUMNS, row, strict=True))
+        for name in JSON_COLUMNS:
+            values[name] = None if values[name] is None else json.loads(values[name])
+        spans.append(Span(**values))
+    Span.objects.bulk_create(
+        spans,
+        update_conflicts=True,
+        unique_fields=["project", "trace_id", "span_id"],
+        update_fields=[c.removesuffix("_id") if c == "run_id" else c for c in SPAN_UPDATED],
+    )
+    RequestedToolCall.objects.bulk_create(
+        [
+            RequestedToolCall(project_id=span.project_id, tool_call_id=call_id, span=span)
+            for span, calls in zip(spans, requested, strict=True)
+            for call_id in calls
+        ],
+        ignore_conflicts=True,
+    )
+
+
+def _runs_of(project: Project, spans: list[SpanData], touched: Touched) -> dict[str, Run]:
+    """The (locked) run of every span by its run key, creating runs inferred from traces.
+
+    A span names its run, or joins the run its trace belongs to, or starts a run named
+    after its trace. A trace first inferred as its own run and later named by a span
+    of a named run is merged into that run.
+    """
+    traces = {s.trace_id for s in spans}
+    owners = {
+        trace_id: (run_id, inferred)
+        for trace_id, run_id, inferred in RunTrace.objects.filter(
+            project=project, trace_id__in=traces
+        ).values_list("trace_id", "run__run_id", "run__inferred")
+    }
+    named = {s.trace_id: s.run_key for s in spans if s.run_key}
+    first_start: dict[str, Any] = {}
+    for s in spans:
+        if not s.run_key:
+            owner = owners.get(s.trace_id)
+            s.run_key = owner[0] if owner else named.get(s.trace_id, s.trace_id)
+        if s.run_key not in first_start or s.start < first_start[s.run_key]:
+            first_start[s.run_key] = s.start
+    inferred_keys = {s.trace_id for s in spans if s.run_key == s.trace_id}
+    keys = sorted(first_start)
+    Run.objects.bulk_create(
+        [
+            Run(project=project, run_id=k, inferred=k in inferred_keys, started=first_start[k])
+            for k in keys
+        ],
+        ignore_conflicts=True,
+    )
+    runs = {
+        r.run_id: r
+        for r in Run.objects.select_for_update()
+        .filter(project=project, run_id__in=keys)
+        .order_by("pk")
+    }
+    claims = {s.trace_id: runs[s.run_key] for s in spans if s.trace_id not in owners}
+    _traces_claim(project, claims)
+    for s in spans:
+        owner = owners.get(s.trace_id)
+        if owner and owner[1] and owner[0] != s.run_key:
+            _run_merge(project, trace_id=s.trace_id, source_key=owner[0], target=runs[s.run_key])
+            owners[s.trace_id] = (s.run_key, False)
+            touched.run_keys.add(owner[0])
+    touched.run_keys.update(keys)
+    return runs
+
+
+def _traces_claim(project: Project, claims: dict[str, Run]) -> None:
+    RunTrace.objects.bulk_create(
+        [RunTrace(project=project, trace_id=t, run=run) for t, run in sorted(claims.items())],
+        ignore_conflicts=True,
+    )
+
+
+def _run_merge(project: Project, *, trace_id: str, source_key: str, target: Run) -> None:
+    """Move a trace from the run inferred for it into the run that named it."""
+    source = Run.objects.select_for_update().filter(project=project, run_id=source_key).first()
+    if source is None:
+        return
+    Span.objects.filter(run=source, trace_id=trace_id).update(run=target)
+    RunTrace.objects.filter(project=project, trace_id=trace_id).update(run=target)
+    EffectLink.objects.filter(run=source).update(run=target)
+    if not Span.objects.filter(run=source).exists():
+        source.delete()
+    else:
+        _runs_refresh([source], {})
+
+
+# Aggregates of runs over their spans. A run inferred from spans takes its end and status
+# from its root spans; a named run keeps what its run events said.
+RUNS_REFRESH = """
+UPDATE trajectories_run SET
+    span_count = agg.n,
+    error_count = agg.errors,
+    input_tokens = agg.tokens_in,
+    output_tokens = agg.tokens_out,
+    started = CASE WHEN agg.first < trajectories_run.started
+        THEN agg.first ELSE trajectories_run.started END,
+    ended = CASE WHEN NOT trajectories_run.inferred THEN trajectories_run.ended
+        WHEN agg.roots_ended > 0 THEN agg.last END,
+    status = CASE WHEN NOT trajectories_run.inferred THEN trajectories_run.status
+        WHEN agg.root_errors > 0 THEN 'error' WHEN agg.roots_ended > 0 THEN 'ok'
+        ELSE 'running' END,
+    updated = %s
+FROM (
+    SELECT run_id,
+        count(*) AS n,
+        sum(CASE WHEN status = 'error' THEN 1 ELSE 0 END) AS errors,
+        coalesce(sum(input_tokens), 0) AS tokens_in,
+        coalesce(sum(output_tokens), 0) AS tokens_out,
+        min(start) AS first,
+        max("end") AS last,
+        sum(CASE WHEN parent_span_id = '' AND "end" IS NOT NULL THEN 1 ELSE 0 END) AS roots_ended,
+        sum(CASE WHEN parent_span_id = '' AND status = 'error' THEN 1 ELSE 0 END) AS root_errors
+    FROM trajectories_span WHERE run_id IN ({runs}) GROUP BY run_id
+) AS agg
+WHERE trajectories_run.id = agg.run_id
+"""
+
+
+def _runs_refresh(runs: Iterable[Run], hints: dict[int, list[SpanData]]) -> None:
+    """Recompute the runs' aggregates from their spans; fill blank names from span hints.
+
+    Rescans each run's spans (one index range per run), so counts stay right however
+    often a span is re-sent.
+    """
+    runs = list(runs)
+    if not runs:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            RUNS_REFRESH.format(runs=", ".join(["%s"] * len(runs))),
+            [timezone.now(), *(run.pk for run in runs)],
+        )
+    filled = []
+    for run in runs:
+        # Roots and agent spans speak for the run before the spans below them.
+        ordered = sorted(
+            hints.get(run.pk, []),
+            key=lambda s: (bool(s.parent_span_id), s.kind != SpanKind.AGENT, s.start),
+        )
+        fills = {
+            name: value[:255]
+            for name in RUN_HINTS
+            if not getattr(run, name) and (value := _hint(ordered, name))
+        }
+        if fills:
+            for name, value in fills.items():
+                setattr(run, name, value)
+            filled.append(run)
+    if filled:
+        Run.objects.bulk_update(filled, RUN_HINTS)
+
+
+def _hint(spans: list[SpanData], name: str) -> str:
+    value = next((getattr(s, name) for s in spans if getattr(s, name)), "")
+    if not value and name == "workflow":
+        # A workflow no span names is named after the trace's root span.
+        value = next((s.name for s in spans if not s.parent_span_id), "")
+    return str(value)
+
+
+def _spans_store(project: Project, spans: list[SpanData], touched: Touched) -> None:
+    if not spans:
+        return
+    # The last copy of a span re-sent within one batch wins.
+    spans = list({(s.trace_id, s.span_id): s for s in spans}.values())
+    runs = _runs_of(project, spans, touched)
+    now = timezone.now()
+    # Spans of one OTLP resource share its attributes dict: encode it once.
+    resources: dict[int, tuple[str, dict[str, int]]] = {}
+    for s in spans:
+        if id(s.resource) not in resources:
+            resources[id(s.resource)] = attributes_text(s.resource, ATTRIBUTE_CAP)
+    rows = [
+        _span_values(project.pk, runs[s.run_key].pk, s, now, resources[id(s.resource)])
+        for s in spans
+    ]
+    _spans_upsert(rows, [[_plain(c) for c in s.requested_calls] for s in spans])
+    hints: dict[int, list[SpanData]] = defaultdict(list)
+    for s in spans:
+        hints[runs[s.run_key].pk].append(s)
+        touched.trace_ids.add(s.trace_id)
+        if s.tool_call_id:
+            touched.tool_call_ids.add(s.tool_call_id)
+        touched.tool_call_ids.update(s.requested_calls)
+    _runs_refresh(runs.values(), hints)
+
+
+def spans_ingest(*, project: Project, spans: list[SpanData]) -> Touched:
+    """Store spans (new or re-sent) and the runs they belong to, in one transaction.
+
+    Raises Overloaded when the project's ingest slots are taken or the database is slow.
+    """
+    touched = Touched()
+    with _ingest_transaction(project):
+        _spans_store(project, spans, touched)
+    return touched
+
+
+# -- run and span events -----------------------------------------------------------------
+
+
+EVENT_STATUS = {"stored": 201, "duplicate": 200, "rejected": 400}
+
+
+@dataclass
+class EventResult:
+    index: int
+    id: str | None
+    result: str
+    error: str | None = None
+    fields: dict[str, str] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "index": self.index,
+            "id": self.id,
+            "status": EVENT_STATUS[self.result],
+            "result": self.result,
+        }
+        if self.error:
+            body["error"], body["fields"] = self.error, self.fields
+        return body
+
+
+@dataclass
+class EventsOutcome:
+    results: list[EventResult]
+    touched: Touched
+
+    def to_dict(self) -> dict[str, Any]:
+        counts = {"stored": 0, "duplicate": 0, "rejected": 0}
+        for r in self.results:
+            counts[r.result] += 1
+        return {
+            "stored": counts["stored"],
+            "duplicates": counts["duplicate"],
+            "rejected": counts["rejected"],
+            "results": [r.to_dict() for r in self.results],
+        }
+
+
+def _nul_at(value: Any, where: str = "") -> str | None:
+    """The dotted path of the first string holding a NUL character, which PostgreSQL refuses."""
+    if isinstance(value, str):
+        return where if "\x00" in value else None
+    if isinstance(value, dict):
+        items: Iterable[tuple[Any, Any]] = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        path = f"{where}.{key}" if where else str(key)
+        if "\x00" in str(key):
+            return path
+        if (found := _nul_at(item, path)) is not None:
+            return found
+    return None
+
+
+def _event_validate(index: int, raw: Any) -> RunEventIn | SpanEventIn | EventResult:
+    event_id = raw.get("id") if isinstance(raw, dict) else None
+    event_id = event_id if isinstance(event_id, str) else None
+    if not isinstance(raw, dict):
+        return EventResult(
+            index, None, "rejected", "An event must be an object", {"": "Expected an object"}
+        )
+    if (where := _nul_at(raw)) is not None:
+        return EventResult(
+            index, event_id, "rejected", "Invalid event", {where: "NUL characters cannot be stored"}
+        )
+    schema = EVENT_SCHEMAS.get(raw.get("type"))  # type: ignore[arg-type]
+    if schema is None:
+        return EventResult(
+            index, event_id, "rejected", "Unknown event type", {"type": "Expected 'run' or 'span'"}
+        )
+    try:
+        return schema.model_validate(raw)
+    except ValidationError as exc:
+        return EventResult(index, event_id, "rejected", "Invalid event", field_errors(exc))
+
+
+def _events_claim(project: Project, event_ids: list[str]) -> set[str]:
+    """Record event ids as seen; returns those not seen before (in this transaction)."""
+    if not event_ids:
+        return set()
+    table = SeenEvent._meta.db_table
+    now = timezone.now()
+    values = ", ".join(["(%s, %s, %s)"] * len(event_ids))
+    params: list[Any] = []
+    for event_id in event_ids:
+        params += [project.pk, event_id, now]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} (project_id, event_id, received) VALUES {values} "
+            "ON CONFLICT (project_id, event_id) DO NOTHING RETURNING event_id",
+            params,
+        )
+        return {row[0] for row in cursor.fetchall()}
+
+
+def _span_of_event(event: SpanEventIn) -> SpanData:
+    return SpanData(
+        trace_id=event.trace_id,
+        span_id=event.span_id,
+        parent_span_id=event.parent_span_id or "",
+        name=event.name,
+        start=event.start,
+        end=event.end,
+        kind=event.kind,
+        status=event.status,
+        status_message=event.status_message or "",
+        provider=event.provider or "",
+        request_model=event.request_model or "",
+        response_model=event.response_model or "",
+        input_tokens=event.input_tokens,
+        output_tokens=event.output_tokens,
+        tool_call_id=event.tool_call_id or "",
+        tool_name=event.tool_name or "",
+        attributes=event.attributes or {},
+        input=event.input,
+        output=event.output,
+        requested_calls=requested_tool_calls(event.output) if event.kind == "model" else [],
+        run_key=event.run_id or "",
+    )
+
+
+def _run_events_store(project: Project, events: list[RunEventIn], touched: Touched) -> None:
+    """Create or update named runs; their traces join them (merging runs inferred for them)."""
+    for event in sorted(events, key=lambda e: e.run_id):
+        given = {
+            name: getattr(event, name)
+            for name in (*RUN_HINTS, "status", "started", "ended")
+            if getattr(event, name) is not None
+        }
+        if event.attributes is not None:
+            given["attributes"] = redact(event.attributes)
+        run, _ = Run.objects.update_or_create(
+            project=project,
+            run_id=event.run_id,
+            defaults={**given, "inferred": False, "updated": timezone.now()},
+        )
+        owners = {
+            trace_id: (run_id, inferred)
+            for trace_id, run_id, inferred in RunTrace.objects.filter(
+                project=project, trace_id__in=event.trace_ids
+            ).values_list("trace_id", "run__run_id", "run__inferred")
+        }
+        _traces_claim(project, {t: run for t in event.trace_ids if t not in owners})
+        for trace_id, (owner, inferred) in owners.items():
+            if inferred and owner != run.run_id:
+                _run_merge(project, trace_id=trace_id, source_key=owner, target=run)
+                touched.run_keys.add(owner)
+        if owners:
+            _runs_refresh([run], {})
+        touched.run_keys.add(run.run_id)
+        touched.trace_ids.update(event.trace_ids)
+
+
+def events_ingest(*, project: Project, events: list[Any]) -> EventsOutcome:
+    """Validate each event alone; store the new valid ones and their ids in one transaction.
+
+    An id seen before (in an earlier batch or earlier in this one) is acknowledged
+    without change. Raises Overloaded as `spans_ingest` does.
+    """
+    results: list[EventResult | None] = [None] * len(events)
+    valid: dict[str, tuple[int, RunEventIn | SpanEventIn]] = {}
+    for index, raw in enumerate(events):
+        checked = _event_validate(index, raw)
+        if isinstance(checked, EventResult):
+            results[index] = checked
+        elif checked.id in valid:
+            results[index] = EventResult(index, checked.id, "duplicate")
+        else:
+            valid[checked.id] = (index, checked)
+    touched = Touched()
+    with _ingest_transaction(project):
+        new = _events_claim(project, list(valid))
+        fresh = [event for event_id, (_, event) in valid.items() if event_id in new]
+        _run_events_store(project, [e for e in fresh if isinstance(e, RunEventIn)], touched)
+        _spans_store(
+            project, [_span_of_event(e) for e in fresh if isinstance(e, SpanEventIn)], touched
+        )
+    for event_id, (index, _) in valid.items():
+        results[index] = EventResult(index, event_id, "stored" if event_id in new else "duplicate")
+    return EventsOutcome([r for r in results if r is not None], touched)

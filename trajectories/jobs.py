@@ -1,0 +1,20 @@
+"""Background jobs of trajectories: thin, they take ids."""
+
+from __future__ import annotations
+
+from durability.jobs import enqueue
+from durability.models import Effect, Receipt
+from trajectories import links
+
+
+def effect_link(effect_id: int) -> None:
+    links.effect_link_record(effect_id=effect_id)
+
+
+def effect_link_later(effect: Effect | None, *, receipt: Receipt | None = None) -> None:
+    """After the transaction commits, link the effect if it names a run, trace or tool call."""
+    if effect is None:
+        return
+    traced = receipt is not None and bool(receipt.trace_id)
+    if effect.trace_id or effect.tool_call_id or effect.run_id or traced:
+        enqueue(effect_link, effect.pk)

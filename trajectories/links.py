@@ -1,0 +1,157 @@
+"""Links between effects and trajectories, whatever order intents, receipts and spans come in.
+
+An effect links to its tool span by (trace_id, span_id) — the span it was recorded in,
+or the nearest tool span above it — or by tool_call_id; and to the model span that asked
+for the tool: the one whose output holds a tool_call part with that id, else the nearest
+model span before the tool call in the same trace.
+
+Ordering: the effect side commits the effect's keys into its EffectLink and then reads
+spans; the span side commits spans and then reads EffectLinks. Whichever commits last
+sees the other's rows, and resolving holds the link's row lock, so the last resolution
+reads everything committed before it.
+"""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from durability.models import Effect
+from trajectories.ingest import Touched
+from trajectories.models import EffectLink, RequestedToolCall, Run, Span, SpanKind
+
+# How far up the span tree an effect recorded inside a tool call's child span looks.
+MAX_ANCESTORS = 32
+
+
+def effect_link_record(*, effect_id: int) -> EffectLink | None:
+    """Copy the effect's keys into its link, commit, then resolve the link."""
+    effect = Effect.objects.filter(pk=effect_id).first()
+    if effect is None:
+        return None
+    trace_id, span_id = effect.trace_id, effect.span_id
+    if not trace_id:
+        # An effect whose intent carried no trace context: its receipt may have.
+        receipt = effect.receipts.exclude(trace_id="").order_by("-received", "-id").first()
+        if receipt is not None:
+            trace_id, span_id = receipt.trace_id, receipt.span_id
+    EffectLink.objects.update_or_create(
+        effect=effect,
+        defaults={
+            "project_id": effect.project_id,
+            "run_key": effect.run_id,
+            "trace_id": trace_id,
+            "span_id": span_id,
+            "tool_call_id": effect.tool_call_id,
+        },
+    )
+    return link_resolve(effect_id=effect_id)
+
+
+def link_resolve(*, effect_id: int) -> EffectLink | None:
+    """Find the link's run, tool span and model span from the spans stored now."""
+    with transaction.atomic():
+        link = EffectLink.objects.select_for_update().filter(pk=effect_id).first()
+        if link is None:
+            return None
+        anchor = _anchor(link)
+        tool = anchor if anchor is not None and anchor.kind == SpanKind.TOOL else None
+        if tool is None and link.tool_call_id:
+            tool = (
+                Span.objects.filter(
+                    project_id=link.project_id, tool_call_id=link.tool_call_id, kind=SpanKind.TOOL
+                )
+                .order_by("-start", "-id")
+                .first()
+            )
+            anchor = anchor or tool
+        model = _model_span(link, tool, anchor)
+        run = anchor.run if anchor else (model.run if model else None)
+        if run is None and link.run_key:
+            run = Run.objects.filter(project_id=link.project_id, run_id=link.run_key).first()
+        link.run, link.tool_span, link.model_span = run, tool, model
+        link.resolved = timezone.now() if (run or tool or model) else None
+        link.save(update_fields=["run", "tool_span", "model_span", "resolved"])
+    return link
+
+
+def _anchor(link: EffectLink) -> Span | None:
+    """The span the effect was recorded in, or the nearest tool span above it."""
+    if not (link.trace_id and link.span_id):
+        return None
+    spans = Span.objects.select_related("run").filter(
+        project_id=link.project_id, trace_id=link.trace_id
+    )
+    found = spans.filter(span_id=link.span_id).first()
+    span = found
+    for _ in range(MAX_ANCESTORS):
+        if span is None or span.kind == SpanKind.TOOL or not span.parent_span_id:
+            break
+        span = spans.filter(span_id=span.parent_span_id).first()
+    return span if span is not None and span.kind == SpanKind.TOOL else found
+
+
+def _model_span(link: EffectLink, tool: Span | None, anchor: Span | None) -> Span | None:
+    call_id = link.tool_call_id or (tool.tool_call_id if tool else "")
+    if call_id:
+        asked = [
+            r.span
+            for r in RequestedToolCall.objects.select_related("span__run").filter(
+                project_id=link.project_id, tool_call_id=call_id
+            )
+        ]
+        # Tool call ids are unique within a conversation, not across all of them.
+        same_trace = [s for s in asked if anchor is not None and s.trace_id == anchor.trace_id]
+        candidates = same_trace or asked
+        if candidates:
+            return max(candidates, key=lambda s: (s.start, s.pk))
+    if anchor is None:
+        return None
+    return (
+        Span.objects.select_related("run")
+        .filter(
+            project_id=link.project_id,
+            trace_id=anchor.trace_id,
+            kind=SpanKind.MODEL,
+            start__lte=anchor.start,
+        )
+        .exclude(pk=anchor.pk)
+        .order_by("-start", "-id")
+        .first()
+    )
+
+
+def links_refresh(*, project_id: int, touched: Touched) -> int:
+    """Resolve again the links that spans or runs just stored may complete; returns how many.
+
+    Call after the spans' transaction has committed.
+    """
+    if not touched:
+        return 0
+    waiting = list(
+        EffectLink.objects.filter(project_id=project_id)
+        .filter(
+            Q(trace_id__in=touched.trace_ids)
+            | Q(tool_call_id__in=touched.tool_call_ids)
+            | Q(run_key__in=touched.run_keys)
+        )
+        .values_list("pk", flat=True)
+    )
+    for effect_id in waiting:
+        link_resolve(effect_id=effect_id)
+    return len(waiting)
+
+
+def effect_trajectory(effect: Effect) -> dict[str, str | None]:
+    """The run id and the tool and model span ids (hex) of a linked effect, for the API."""
+    link = (
+        EffectLink.objects.filter(pk=effect.pk)
+        .select_related("run", "tool_span", "model_span")
+        .first()
+    )
+    return {
+        "run_id": link.run.run_id if link and link.run else None,
+        "tool_span_id": link.tool_span.span_id if link and link.tool_span else None,
+        "model_span_id": link.model_span.span_id if link and link.model_span else None,
+    }

@@ -1,0 +1,239 @@
+"""Trajectories: runs, their spans (model requests, tool calls), and the links to effects."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+from django.urls import reverse
+from django.utils import timezone
+
+from durability.models import Effect, Project
+
+
+class RunStatus(models.TextChoices):
+    RUNNING = "running"
+    OK = "ok"
+    ERROR = "error"
+
+
+class Run(models.Model):
+    """One agent or workflow execution, possibly over many processes and traces."""
+
+    project = models.ForeignKey(Project, models.CASCADE, related_name="runs")
+    # The client's id; a run inferred from spans alone is named after its first trace.
+    run_id = models.CharField(max_length=255)
+    # True until a run event names the run: its fields then come from spans.
+    inferred = models.BooleanField(default=False)
+    agent = models.CharField(max_length=255, blank=True)
+    workflow = models.CharField(max_length=255, blank=True)
+    workflow_version = models.CharField(max_length=255, blank=True)
+    conversation_id = models.CharField(max_length=255, blank=True)
+    status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.RUNNING)
+    started = models.DateTimeField(default=timezone.now)
+    ended = models.DateTimeField(null=True, blank=True)
+    attributes = models.JSONField(default=dict, blank=True)
+    # Aggregates over the run's spans, recomputed whenever spans arrive.
+    span_count = models.PositiveIntegerField(default=0)
+    error_count = models.PositiveIntegerField(default=0)
+    input_tokens = models.PositiveBigIntegerField(default=0)
+    output_tokens = models.PositiveBigIntegerField(default=0)
+    updated = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["project", "run_id"], name="run_project_run_id_uniq"),
+            models.CheckConstraint(
+                condition=Q(status__in=RunStatus.values), name="run_status_valid"
+            ),
+        ]
+        indexes = [
+            # The runs page: runs in a time range, newest first, keyset on (started, id).
+            models.Index(fields=["project", "-started", "-id"], name="run_project_started_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return self.run_id
+
+    def get_absolute_url(self) -> str:
+        return reverse("run", args=[self.pk])
+
+    @property
+    def duration_ms(self) -> float | None:
+        if self.ended is None:
+            return None
+        return (self.ended - self.started).total_seconds() * 1000
+
+
+class RunTrace(models.Model):
+    """Which run a trace belongs to, so that spans without a run id find theirs."""
+
+    project = models.ForeignKey(Project, models.CASCADE, related_name="+")
+    trace_id = models.CharField(max_length=32)
+    run = models.ForeignKey(Run, models.CASCADE, related_name="traces")
+
+    class Meta:
+        constraints = [
+            # Span ingest: the run of a trace, by (project, trace_id).
+            models.UniqueConstraint(fields=["project", "trace_id"], name="runtrace_trace_uniq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.trace_id} in {self.run_id}"
+
+
+class SpanKind(models.TextChoices):
+    MODEL = "model"
+    TOOL = "tool"
+    AGENT = "agent"
+    OTHER = "other"
+
+
+class SpanStatus(models.TextChoices):
+    UNSET = "unset"
+    OK = "ok"
+    ERROR = "error"
+
+
+class Span(models.Model):
+    """One step of a run. Input, output and attributes are stored redacted and capped."""
+
+    project = models.ForeignKey(Project, models.CASCADE, related_name="+")
+    run = models.ForeignKey(Run, models.CASCADE, related_name="spans")
+    trace_id = models.CharField(max_length=32)
+    span_id = models.CharField(max_length=16)
+    parent_span_id = models.CharField(max_length=16, blank=True)
+    kind = models.CharField(max_length=8, choices=SpanKind.choices, default=SpanKind.OTHER)
+    # The GenAI operation (chat, execute_tool, invoke_agent, …) when the span names one.
+    operation = models.CharField(max_length=64, blank=True)
+    name = models.CharField(max_length=255)
+    start = models.DateTimeField()
+    end = models.DateTimeField(null=True, blank=True)
+    status = models.CharField(max_length=8, choices=SpanStatus.choices, default=SpanStatus.UNSET)
+    status_message = models.TextField(blank=True)
+    provider = models.CharField(max_length=100, blank=True)
+    request_model = models.CharField(max_length=255, blank=True)
+    response_model = models.CharField(max_length=255, blank=True)
+    input_tokens = models.PositiveBigIntegerField(null=True, blank=True)
+    output_tokens = models.PositiveBigIntegerField(null=True, blank=True)
+    tool_call_id = models.CharField(max_length=255, blank=True)
+    tool_name = models.CharField(max_length=255, blank=True)
+    attributes = models.JSONField(default=dict, blank=True)
+    resource = models.JSONField(default=dict, blank=True)
+    input = models.JSONField(null=True, blank=True)
+    output = models.JSONField(null=True, blank=True)
+    # {field: {"size": original bytes, "cap": bytes kept}} for every value cut to its cap.
+    capped = models.JSONField(default=dict, blank=True)
+    received = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            # Re-sent spans update in place; effect links find spans by these ids.
+            models.UniqueConstraint(
+                fields=["project", "trace_id", "span_id"], name="span_identity_uniq"
+            ),
+            models.CheckConstraint(condition=Q(kind__in=SpanKind.values), name="span_kind_valid"),
+            models.CheckConstraint(
+                condition=Q(status__in=SpanStatus.values), name="span_status_valid"
+            ),
+        ]
+        indexes = [
+            # The run page: all spans of one run in one query, in time order.
+            models.Index(fields=["run", "start", "id"], name="span_run_start_idx"),
+            # Effect links by tool_call_id: the tool span that executed a call.
+            models.Index(
+                fields=["project", "tool_call_id"],
+                name="span_tool_call_idx",
+                condition=~Q(tool_call_id=""),
+            ),
+            # Effect links without a tool_call_id: the nearest model span before a tool call.
+            models.Index(
+                fields=["project", "trace_id", "start"],
+                name="span_model_by_trace_idx",
+                condition=Q(kind="model"),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.span_id})"
+
+    def get_absolute_url(self) -> str:
+        return reverse("run-span", args=[self.run_id, self.pk])
+
+    @property
+    def duration_ms(self) -> float | None:
+        if self.end is None:
+            return None
+        return (self.end - self.start).total_seconds() * 1000
+
+
+class RequestedToolCall(models.Model):
+    """A tool call a model span asked for (a `tool_call` part of its output messages)."""
+
+    project = models.ForeignKey(Project, models.CASCADE, related_name="+")
+    tool_call_id = models.CharField(max_length=255)
+    span = models.ForeignKey(Span, models.CASCADE, related_name="requested_calls")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["span", "tool_call_id"], name="requested_call_uniq"),
+        ]
+        indexes = [
+            # Effect links: the model span that asked for a tool call id.
+            models.Index(fields=["project", "tool_call_id"], name="requested_call_id_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return self.tool_call_id
+
+
+class SeenEvent(models.Model):
+    """An ingested event id, recorded in the transaction that stored the event."""
+
+    project = models.ForeignKey(Project, models.CASCADE, related_name="+")
+    event_id = models.CharField(max_length=255)
+    received = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            # Event ingest: has this id been seen? (INSERT … ON CONFLICT DO NOTHING).
+            models.UniqueConstraint(fields=["project", "event_id"], name="seen_event_uniq"),
+        ]
+
+    def __str__(self) -> str:
+        return self.event_id
+
+
+class EffectLink(models.Model):
+    """Where an effect sits in a trajectory: its run, its tool call, the model that asked.
+
+    Holds a copy of the effect's lookup keys so that arriving spans can find the
+    effects waiting for them through this app's own indexes.
+    """
+
+    effect = models.OneToOneField(Effect, models.CASCADE, primary_key=True, related_name="link")
+    project = models.ForeignKey(Project, models.CASCADE, related_name="+")
+    run_key = models.CharField(max_length=255, blank=True)
+    trace_id = models.CharField(max_length=32, blank=True)
+    span_id = models.CharField(max_length=16, blank=True)
+    tool_call_id = models.CharField(max_length=255, blank=True)
+    run = models.ForeignKey(Run, models.SET_NULL, null=True, blank=True, related_name="links")
+    tool_span = models.ForeignKey(
+        Span, models.SET_NULL, null=True, blank=True, related_name="tool_links"
+    )
+    model_span = models.ForeignKey(
+        Span, models.SET_NULL, null=True, blank=True, related_name="model_links"
+    )
+    resolved = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            # Span ingest: effects recorded in one of the batch's traces.
+            models.Index(fields=["project", "trace_id"], name="link_trace_idx"),
+            # Span ingest: effects naming one of the batch's tool call ids.
+            models.Index(fields=["project", "tool_call_id"], name="link_tool_call_idx"),
+            # Run ingest: effects naming the run by its client id.
+            models.Index(fields=["project", "run_key"], name="link_run_key_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"link of effect {self.effect_id}"

@@ -1,0 +1,269 @@
+"""Span attributes to span fields: the OpenTelemetry GenAI semantic conventions, with the
+aliases of OpenInference and Traceloop (OpenLLMetry). Attributes not mapped are kept."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from trajectories.models import SpanKind
+
+MODEL_OPERATIONS = frozenset({"chat", "text_completion", "generate_content", "embeddings"})
+AGENT_OPERATIONS = frozenset({"invoke_agent", "create_agent", "invoke_workflow"})
+OPENINFERENCE_KINDS = {
+    "LLM": SpanKind.MODEL,
+    "EMBEDDING": SpanKind.MODEL,
+    "RERANKER": SpanKind.MODEL,
+    "TOOL": SpanKind.TOOL,
+    "AGENT": SpanKind.AGENT,
+}
+TRACELOOP_KINDS = {"tool": SpanKind.TOOL, "agent": SpanKind.AGENT, "workflow": SpanKind.AGENT}
+# Our own attributes, on the span or its resource: put a span into a named run.
+RUN_ID = "tallybook.run.id"
+WORKFLOW = "tallybook.workflow"
+WORKFLOW_VERSION = "tallybook.workflow.version"
+# Flattened tool calls asked for by a model: OpenInference, then Traceloop.
+_FLAT_TOOL_CALL_ID = re.compile(
+    r"^(?:llm\.output_messages\.\d+\.message\.tool_calls\.\d+\.tool_call\.id"
+    r"|gen_ai\.completion\.\d+\.tool_calls\.\d+\.id)$"
+)
+
+
+@dataclass
+class SpanData:
+    """A span as received, before redaction and caps."""
+
+    trace_id: str
+    span_id: str
+    parent_span_id: str
+    name: str
+    start: datetime
+    end: datetime | None
+    kind: str = SpanKind.OTHER
+    status: str = "unset"
+    status_message: str = ""
+    operation: str = ""
+    provider: str = ""
+    request_model: str = ""
+    response_model: str = ""
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    tool_call_id: str = ""
+    tool_name: str = ""
+    attributes: dict[str, Any] = field(default_factory=dict)
+    resource: dict[str, Any] = field(default_factory=dict)
+    input: Any = None
+    output: Any = None
+    requested_calls: list[str] = field(default_factory=list)
+    # The run: an explicit id, else the run of the trace, else one named after the trace.
+    run_key: str = ""
+    # What the span tells about its run, to fill fields no run event has set.
+    agent: str = ""
+    workflow: str = ""
+    workflow_version: str = ""
+    conversation_id: str = ""
+
+
+IO_FIELDS = frozenset(
+    f"{who}_{side}" for who in ("model", "tool", "any") for side in ("input", "output")
+)
+# Attribute -> (field, rank): when aliases of one field are all present, the lowest rank
+# wins and the others stay among the kept attributes.
+ALIASES: dict[str, tuple[str, int]] = {
+    "gen_ai.operation.name": ("operation", 0),
+    "openinference.span.kind": ("openinference_kind", 0),
+    "traceloop.span.kind": ("traceloop_kind", 0),
+    "gen_ai.provider.name": ("provider", 0),
+    "gen_ai.system": ("provider", 1),
+    "llm.provider": ("provider", 2),
+    "llm.system": ("provider", 3),
+    "gen_ai.request.model": ("request_model", 0),
+    "llm.model_name": ("request_model", 1),
+    "gen_ai.response.model": ("response_model", 0),
+    "gen_ai.usage.input_tokens": ("input_tokens", 0),
+    "gen_ai.usage.prompt_tokens": ("input_tokens", 1),
+    "llm.token_count.prompt": ("input_tokens", 2),
+    "gen_ai.usage.output_tokens": ("output_tokens", 0),
+    "gen_ai.usage.completion_tokens": ("output_tokens", 1),
+    "llm.token_count.completion": ("output_tokens", 2),
+    "gen_ai.tool.call.id": ("tool_call_id", 0),
+    "tool_call.id": ("tool_call_id", 1),
+    "gen_ai.tool.name": ("tool_name", 0),
+    "tool.name": ("tool_name", 1),
+    "gen_ai.input.messages": ("model_input", 0),
+    "gen_ai.output.messages": ("model_output", 0),
+    "gen_ai.tool.call.arguments": ("tool_input", 0),
+    "gen_ai.tool.call.result": ("tool_output", 0),
+    "input.value": ("any_input", 0),
+    "traceloop.entity.input": ("any_input", 1),
+    "output.value": ("any_output", 0),
+    "traceloop.entity.output": ("any_output", 1),
+    RUN_ID: ("run_key", 0),
+}
+
+
+def _mapped(attributes: dict[str, Any]) -> tuple[dict[str, tuple[str, Any]], dict[str, Any]]:
+    """The mapped fields, {name: (attribute, value)}, and the attributes left."""
+    chosen: dict[str, tuple[int, str]] = {}
+    for key in attributes:
+        alias = ALIASES.get(key)
+        if alias is not None and (alias[0] not in chosen or alias[1] < chosen[alias[0]][0]):
+            chosen[alias[0]] = (alias[1], key)
+    if not chosen:
+        return {}, attributes
+    rest = dict(attributes)
+    return {name: (key, rest.pop(key)) for name, (_, key) in chosen.items()}, rest
+
+
+def _first(attributes: dict[str, Any], *keys: str) -> Any:
+    for key in keys:
+        value = attributes.get(key)
+        if value not in (None, ""):
+            return value
+    return None
+
+
+def _text(value: Any, limit: int = 255) -> str:
+    return "" if value is None else str(value)[:limit]
+
+
+def _count(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if 0 <= value <= 2**53 else None
+    if isinstance(value, (float, str)):
+        try:
+            number = int(value)
+        except ValueError:
+            return None
+        return number if 0 <= number <= 2**53 else None
+    return None
+
+
+def _json(value: Any) -> Any:
+    """Messages and arguments are often JSON in a string attribute: store them as JSON."""
+    if isinstance(value, str) and value[:1] in ("{", "["):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def requested_tool_calls(messages: Any) -> list[str]:
+    """Ids of the tool calls in model output messages.
+
+    GenAI conventions: `{"parts": [{"type": "tool_call", "id": …}]}`; OpenAI style:
+    `{"tool_calls": [{"id": …}]}`.
+    """
+    if isinstance(messages, dict):
+        messages = [messages]
+    if not isinstance(messages, list):
+        return []
+    ids: list[str] = []
+    for message in messages:
+        if not isinstance(message, dict):
+            continue
+        message = message.get("message", message)
+        for part in message.get("parts") or []:
+            if isinstance(part, dict) and part.get("type") == "tool_call" and part.get("id"):
+                ids.append(str(part["id"])[:255])
+        for call in message.get("tool_calls") or []:
+            if isinstance(call, dict) and call.get("id"):
+                ids.append(str(call["id"])[:255])
+    return ids
+
+
+def _kind(fields: dict[str, Any], rest: dict[str, Any]) -> SpanKind:
+    operation = fields.get("operation")
+    if operation in MODEL_OPERATIONS:
+        return SpanKind.MODEL
+    if operation == "execute_tool":
+        return SpanKind.TOOL
+    if operation in AGENT_OPERATIONS:
+        return SpanKind.AGENT
+    openinference = _text(fields.get("openinference_kind")).upper()
+    if openinference in OPENINFERENCE_KINDS:
+        return OPENINFERENCE_KINDS[openinference]
+    traceloop = _text(fields.get("traceloop_kind")).lower()
+    if traceloop in TRACELOOP_KINDS:
+        return TRACELOOP_KINDS[traceloop]
+    if "request_model" in fields or "llm.request.type" in rest:
+        return SpanKind.MODEL
+    if "tool_call_id" in fields:
+        return SpanKind.TOOL
+    return SpanKind.OTHER
+
+
+def span_from_otel(
+    *,
+    trace_id: str,
+    span_id: str,
+    parent_span_id: str,
+    name: str,
+    start: datetime,
+    end: datetime | None,
+    status: str,
+    status_message: str,
+    attributes: dict[str, Any],
+    resource: dict[str, Any],
+) -> SpanData:
+    """Map an OpenTelemetry span's attributes onto span fields; what is not mapped stays."""
+    taken, rest = _mapped(attributes)
+    fields = {name: value for name, (_, value) in taken.items()}
+    kind = _kind(fields, rest)
+    tool_name = fields.get("tool_name")
+    if tool_name is None and kind == SpanKind.TOOL:
+        tool_name = rest.pop("traceloop.entity.name", None)
+    agent = rest.get("gen_ai.agent.name")
+    if agent is None and kind == SpanKind.AGENT:
+        agent = _first(rest, "agent.name", "traceloop.entity.name")
+    prefix = "model" if kind == SpanKind.MODEL else "tool"
+    used = [
+        next((n for n in (f"{prefix}_{side}", f"any_{side}") if n in fields), "")
+        for side in ("input", "output")
+    ]
+    for unused in IO_FIELDS.difference(used).intersection(taken):
+        # Not this kind of span's input or output: kept as an attribute.
+        rest[taken[unused][0]] = taken[unused][1]
+    given_input, given_output = (fields.get(field) for field in used)
+    output = _json(given_output)
+    requested = []
+    if kind == SpanKind.MODEL:
+        requested = requested_tool_calls(output)
+        if any(key.startswith(("llm.output_messages.", "gen_ai.completion.")) for key in rest):
+            requested += [str(v)[:255] for k, v in rest.items() if _FLAT_TOOL_CALL_ID.match(k)]
+    workflow = _first(rest, WORKFLOW, "traceloop.workflow.name") or resource.get(WORKFLOW)
+    return SpanData(
+        trace_id=trace_id,
+        span_id=span_id,
+        parent_span_id=parent_span_id,
+        name=name[:255] or "(unnamed)",
+        start=start,
+        end=end,
+        kind=kind,
+        status=status,
+        status_message=status_message,
+        operation=_text(fields.get("operation"), 64),
+        provider=_text(fields.get("provider"), 100),
+        request_model=_text(fields.get("request_model")),
+        response_model=_text(fields.get("response_model")),
+        input_tokens=_count(fields.get("input_tokens")),
+        output_tokens=_count(fields.get("output_tokens")),
+        tool_call_id=_text(fields.get("tool_call_id")),
+        tool_name=_text(tool_name),
+        attributes=rest,
+        resource=resource,
+        input=_json(given_input),
+        output=output,
+        requested_calls=requested,
+        run_key=_text(fields.get("run_key") or resource.get(RUN_ID)),
+        agent=_text(agent),
+        workflow=_text(workflow),
+        workflow_version=_text(_first(rest, WORKFLOW_VERSION) or resource.get(WORKFLOW_VERSION)),
+        conversation_id=_text(_first(rest, "gen_ai.conversation.id", "session.id")),
+    )

@@ -1,0 +1,327 @@
+"""Run pages: the runs list, and a run's span tree beside its waterfall timeline.
+
+Every page needs a login and shows only the runs of the user's projects.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.contrib.auth.decorators import login_required
+from django.db.models import Count, Q, QuerySet
+from django.http import Http404, HttpResponse
+from django.shortcuts import render
+from django.utils import timezone
+
+from durability.views import AuthedRequest
+from trajectories.models import EffectLink, Run, RunStatus, Span
+
+PAGE_SIZE = 50
+# A run page renders at most about this many spans; deeper ones load when opened.
+NODE_BUDGET = 250
+# Children of one span shown at a time; the rest load on demand.
+CHILD_PAGE = 100
+# Waterfall bars are drawn on a 0..TIMELINE viewBox; CSS stretches it to the column.
+TIMELINE = 1000
+TREE_FIELDS = [
+    "id",
+    "run_id",
+    "trace_id",
+    "span_id",
+    "parent_span_id",
+    "kind",
+    "operation",
+    "name",
+    "start",
+    "end",
+    "status",
+    "request_model",
+    "tool_name",
+    "tool_call_id",
+    "input_tokens",
+    "output_tokens",
+]
+FILTERS = ["agent", "workflow", "version", "status"]
+
+
+def _runs_of(request: AuthedRequest) -> QuerySet[Run]:
+    return Run.objects.filter(project__members=request.user)
+
+
+def _when(value: str, default: datetime | None) -> tuple[datetime | None, str | None]:
+    """A datetime-local field (UTC) as an aware datetime, or the default and an error."""
+    if not value:
+        return default, None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return default, f"{value!r} is not a date and time"
+    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)), None
+
+
+def _cursor(value: str) -> tuple[datetime, int] | None:
+    """The keyset position `<started, µs since epoch>-<id>` of the last run shown."""
+    micros, _, pk = value.partition("-")
+    if not (micros.isdigit() and pk.isdigit()):
+        return None
+    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=int(micros)), int(pk)
+
+
+def _cursor_of(run: Run) -> str:
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    return f"{(run.started - epoch) // timedelta(microseconds=1)}-{run.pk}"
+
+
+@login_required
+def runs(request: AuthedRequest) -> HttpResponse:
+    """Runs in a time range (the last 24 hours unless given), newest first, keyset-paginated."""
+    now = timezone.now()
+    errors = {}
+    since, errors["since"] = _when(request.GET.get("since", ""), now - timedelta(hours=24))
+    until, errors["until"] = _when(request.GET.get("until", ""), None)
+    chosen = {name: request.GET.get(name, "").strip() for name in FILTERS}
+    qs = _runs_of(request).filter(started__gte=since)
+    if until is not None:
+        qs = qs.filter(started__lt=until)
+    if chosen["agent"]:
+        qs = qs.filter(agent=chosen["agent"])
+    if chosen["workflow"]:
+        qs = qs.filter(workflow=chosen["workflow"])
+    if chosen["version"]:
+        qs = qs.filter(workflow_version=chosen["version"])
+    by_status = dict(qs.values_list("status").annotate(n=Count("id")).order_by())
+    if chosen["status"] in RunStatus.values:
+        qs = qs.filter(status=chosen["status"])
+        total = by_status.get(chosen["status"], 0)
+    else:
+        total = sum(by_status.values())
+    position = _cursor(request.GET.get("before", ""))
+    if position is not None:
+        started, pk = position
+        qs = qs.filter(Q(started__lt=started) | Q(started=started, pk__lt=pk))
+    page = list(qs.select_related("project").order_by("-started", "-pk")[: PAGE_SIZE + 1])
+    more = len(page) > PAGE_SIZE
+    page = page[:PAGE_SIZE]
+    effects = dict(
+        EffectLink.objects.filter(run__in=page)
+        .values_list("run")
+        .annotate(n=Count("effect"))
+        .order_by()
+    )
+    for run in page:
+        run.effect_count = effects.get(run.pk, 0)  # type: ignore[attr-defined]
+    query = request.GET.copy()
+    query.pop("before", None)
+    query["since"] = since.strftime("%Y-%m-%dT%H:%M") if since else ""
+    context = {
+        "runs": page,
+        "chosen": chosen,
+        "statuses": RunStatus.values,
+        "since": query["since"],
+        "until": request.GET.get("until", ""),
+        "errors": {k: v for k, v in errors.items() if v},
+        "total": total,
+        "by_status": [(s, by_status.get(s, 0)) for s in RunStatus.values],
+        "next_query": f"{query.urlencode()}&before={_cursor_of(page[-1])}" if more else None,
+    }
+    template = "trajectories/runs.html"
+    if request.htmx and position is not None:
+        template += "#rows"
+    return render(request, template, context)
+
+
+@dataclass
+class Node:
+    """A span in the rendered tree, with its bar on the waterfall."""
+
+    span: Span
+    x: float = 0
+    width: float = 0
+    children: list[Node] = field(default_factory=list)
+    child_count: int = 0
+    # Children not rendered yet: open the node to load them (offset of the next ones).
+    lazy: bool = False
+    more_offset: int | None = None
+    effects: list[EffectLink] = field(default_factory=list)
+
+
+@dataclass
+class Tree:
+    spans: list[Span]
+    children: dict[tuple[str, str], list[Span]]
+    roots: list[Span]
+    start: datetime
+    span_seconds: float
+    effects: dict[int, list[EffectLink]]
+    loose_effects: list[EffectLink]
+
+    def node(self, span: Span) -> Node:
+        offset = (span.start - self.start).total_seconds()
+        duration = ((span.end or span.start) - span.start).total_seconds()
+        return Node(
+            span,
+            x=round(offset / self.span_seconds * TIMELINE, 2),
+            width=max(round(duration / self.span_seconds * TIMELINE, 2), 1),
+            child_count=len(self.children.get((span.trace_id, span.span_id), [])),
+            effects=self.effects.get(span.pk, []),
+        )
+
+    def kids(self, span: Span) -> list[Span]:
+        return self.children.get((span.trace_id, span.span_id), [])
+
+    def ancestors(self, span: Span) -> set[int]:
+        by_id = {(s.trace_id, s.span_id): s for s in self.spans}
+        seen: set[int] = set()
+        parent = by_id.get((span.trace_id, span.parent_span_id))
+        while parent is not None and parent.pk not in seen:
+            seen.add(parent.pk)
+            parent = by_id.get((parent.trace_id, parent.parent_span_id))
+        return seen
+
+    def render(
+        self, top: list[Span], offset: int, opened: set[int]
+    ) -> tuple[list[Node], int | None]:
+        """Nodes for top[offset:], breadth first until the budget is spent.
+
+        Spans in `opened` (the ancestors of a deep-linked span) open regardless.
+        """
+        page = top[offset : offset + CHILD_PAGE]
+        more = offset + CHILD_PAGE if len(top) > offset + CHILD_PAGE else None
+        nodes = [self.node(s) for s in page]
+        budget = NODE_BUDGET - len(nodes)
+        queue = deque(nodes)
+        while queue:
+            node = queue.popleft()
+            kids = self.kids(node.span)
+            if not kids:
+                continue
+            if budget <= 0 and node.span.pk not in opened:
+                node.lazy = True
+                continue
+            node.children = [self.node(s) for s in kids[:CHILD_PAGE]]
+            node.more_offset = CHILD_PAGE if len(kids) > CHILD_PAGE else None
+            budget -= len(node.children)
+            queue.extend(node.children)
+        return nodes, more
+
+
+def _tree(run: Run) -> Tree:
+    """All spans of the run in one query, arranged as a forest; effects by their span."""
+    spans = list(Span.objects.filter(run=run).only(*TREE_FIELDS).order_by("start", "id"))
+    present = {(s.trace_id, s.span_id) for s in spans}
+    children: dict[tuple[str, str], list[Span]] = defaultdict(list)
+    roots = []
+    for s in spans:
+        if s.parent_span_id and (s.trace_id, s.parent_span_id) in present:
+            children[(s.trace_id, s.parent_span_id)].append(s)
+        else:
+            roots.append(s)
+    start = min((s.start for s in spans), default=run.started)
+    end = max((s.end or s.start for s in spans), default=start)
+    effects: dict[int, list[EffectLink]] = defaultdict(list)
+    loose = []
+    links = (
+        EffectLink.objects.filter(run=run)
+        .select_related("effect")
+        .prefetch_related("effect__receipts")
+        .order_by("effect_id")
+    )
+    for link in links:
+        span_pk = link.tool_span_id or link.model_span_id
+        if span_pk is None:
+            loose.append(link)
+        else:
+            effects[span_pk].append(link)
+    return Tree(
+        spans,
+        children,
+        roots,
+        start,
+        max((end - start).total_seconds(), 1e-6),
+        effects,
+        loose,
+    )
+
+
+def _run_or_404(request: AuthedRequest, run_pk: int) -> Run:
+    run = _runs_of(request).select_related("project").filter(pk=run_pk).first()
+    if run is None:
+        raise Http404("No such run in your projects")
+    return run
+
+
+def _int(value: str) -> int | None:
+    return int(value) if value.isdigit() else None
+
+
+@login_required
+def run(request: AuthedRequest, run_pk: int, span_pk: int | None = None) -> HttpResponse:
+    """The run page; `?root=<span>` (and `offset`) shows one span's children.
+
+    htmx asks for those children as a fragment, to open a collapsed span or show more.
+    With `span_pk`, the page opens with that span's detail and the tree down to it.
+    """
+    found = _run_or_404(request, run_pk)
+    selected = None
+    if span_pk is not None:
+        selected = Span.objects.filter(run=found, pk=span_pk).first()
+        if selected is None:
+            raise Http404("No such span in this run")
+        if request.htmx:
+            detail = {"run": found, **_span_context(selected)}
+            return render(request, "trajectories/_span.html", detail)
+    tree = _tree(found)
+    root_pk, offset = _int(request.GET.get("root", "")), _int(request.GET.get("offset", "")) or 0
+    root = next((s for s in tree.spans if s.pk == root_pk), None)
+    if root_pk is not None and root is None:
+        raise Http404("No such span in this run")
+    top = tree.kids(root) if root else tree.roots
+    opened = tree.ancestors(selected) if selected else set()
+    nodes, more = tree.render(top, offset, opened)
+    context: dict[str, Any] = {
+        "run": found,
+        "nodes": nodes,
+        "more_offset": more,
+        "root": root,
+        "tree": tree,
+        "selected": selected,
+        "loose_effects": tree.loose_effects,
+        "timeline": TIMELINE,
+    }
+    if selected is not None:
+        context.update(_span_context(selected))
+    if request.htmx and (root is not None or offset):
+        return render(request, "trajectories/_nodes.html", context)
+    return render(request, "trajectories/run.html", context)
+
+
+def _span_context(span: Span) -> dict[str, Any]:
+    links = (
+        EffectLink.objects.filter(Q(tool_span=span) | Q(model_span=span))
+        .select_related("effect")
+        .prefetch_related("effect__receipts")
+        .order_by("effect_id")
+    )
+    parent = (
+        Span.objects.filter(
+            project_id=span.project_id, trace_id=span.trace_id, span_id=span.parent_span_id
+        )
+        .only("id", "run_id", "name")
+        .first()
+        if span.parent_span_id
+        else None
+    )
+    return {
+        "span": span,
+        "span_effects": list(links),
+        "parent": parent,
+        "shown": {
+            name: json.dumps(getattr(span, name), indent=2, ensure_ascii=False)
+            for name in ("input", "output", "attributes", "resource")
+            if getattr(span, name) not in (None, {}, "")
+        },
+    }
