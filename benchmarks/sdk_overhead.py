@@ -1,13 +1,14 @@
 """Client-side cost of one SDK effect block (intent + receipt) against a loopback server.
 
-    .venv/bin/python benchmarks/sdk_overhead.py [--effects 2000] [--workers 4]
+    .venv/bin/python benchmarks/sdk_overhead.py [--effects 1000] [--workers 4]
 
 Starts gunicorn on a fresh PostgreSQL database (--db, dropped and created), then times,
-one after another on one thread:
+on one thread and interleaved (so that all three see the same load on the machine):
   - `with tb.effect(...) as fx: fx.receipt(...)`: what an agent waits for per effect,
     including the fsynced spool write of the receipt;
   - the same two POSTs over a raw keep-alive http.client connection;
-and prints the median and p99 of each and of their difference (the SDK's own share).
+  - the spool alone: write, fsync and delete one receipt file;
+and prints the median and p99 of each, and the SDK's own share (the median difference).
 """
 
 from __future__ import annotations
@@ -83,12 +84,14 @@ def intent(key: str, n: int) -> dict[str, object]:
     return {"key": key, "kind": "payment", "target": "fakepay", "request": {"order": n}}
 
 
-def timed(count: int, one: Callable[[int], None]) -> list[float]:
-    latencies = []
+def timed(count: int, *ways: Callable[[int], None]) -> list[list[float]]:
+    """The latencies of each way, taking turns: way 1 on n, way 2 on n, ..., then n + 1."""
+    latencies: list[list[float]] = [[] for _ in ways]
     for n in range(count):
-        started = time.perf_counter()
-        one(n)
-        latencies.append(time.perf_counter() - started)
+        for way, one in zip(latencies, ways, strict=True):
+            started = time.perf_counter()
+            one(n)
+            way.append(time.perf_counter() - started)
     return latencies
 
 
@@ -98,6 +101,13 @@ def sdk_block(tb: Tallybook, prefix: str) -> Callable[[int], None]:
             f"{prefix}:{n}", kind="payment", target="fakepay", request={"order": n}
         ) as fx:
             fx.receipt(system="fakepay", external_id=f"re_{prefix}_{n}")
+
+    return one
+
+
+def spool_only(tb: Tallybook) -> Callable[[int], None]:
+    def one(n: int) -> None:
+        tb.spool.done(tb.spool.put("receipts", {"key": f"spool:{n}", "system": "x"}))
 
     return one
 
@@ -130,7 +140,7 @@ def ms(values: list[float]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--effects", type=int, default=2000)
+    parser.add_argument("--effects", type=int, default=1000)
     parser.add_argument("--workers", type=int, default=4, help="gunicorn worker processes")
     parser.add_argument("--db", default="tb_sdk_bench")
     parser.add_argument("--pg", default="postgres://root@127.0.0.1:5432")
@@ -150,10 +160,13 @@ def main() -> None:
             tempfile.TemporaryDirectory() as spool,
             Tallybook(f"http://127.0.0.1:{port}", api_key, spool=spool) as tb,
         ):
-            timed(200, sdk_block(tb, "warm-sdk"))
-            timed(200, raw_pair(port, api_key, "warm-raw"))
-            sdk = timed(options.effects, sdk_block(tb, "sdk"))
-            raw = timed(options.effects, raw_pair(port, api_key, "raw"))
+            timed(200, sdk_block(tb, "warm-sdk"), raw_pair(port, api_key, "warm-raw"))
+            sdk, raw, spooled = timed(
+                options.effects,
+                sdk_block(tb, "sdk"),
+                raw_pair(port, api_key, "raw"),
+                spool_only(tb),
+            )
     finally:
         server.terminate()
         server.wait(15)
@@ -164,6 +177,7 @@ def main() -> None:
     )
     print(f"SDK effect block (intent + fsynced receipt): {ms(sdk)}")
     print(f"raw http.client intent + receipt POSTs:      {ms(raw)}")
+    print(f"spool: write + fsync + delete a receipt:     {ms(spooled)}")
     print(
         f"SDK's own share (median difference): "
         f"{(statistics.median(sdk) - statistics.median(raw)) * 1000:.2f} ms"
