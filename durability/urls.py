@@ -4,7 +4,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from durability import api, desk, views
+from durability import api, desk, overview, views
 from durability.reconcilers import views as probe_views
 
 api_v1 = [
@@ -19,7 +19,7 @@ api_v1 = [
 
 urlpatterns = [
     *api_v1,
-    path("", views.index, name="index"),
+    path("", overview.index, name="index"),
     path("effects/", views.effects, name="effects"),
     path("effects/<int:effect_id>/", views.effect, name="effect"),
     path("queue/", desk.queue, name="queue"),

@@ -6,10 +6,11 @@ from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
 from django.db.models import Prefetch, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
-from django.shortcuts import redirect, render
+from django.shortcuts import render
 from django_htmx.middleware import HtmxDetails
 
 from durability import machine
+from durability.effect_filter import EffectQuery
 from durability.models import Case, Effect, State
 
 PAGE_SIZE = 50
@@ -27,17 +28,12 @@ def _effects_of(request: AuthedRequest) -> QuerySet[Effect]:
 
 
 @login_required
-def index(request: AuthedRequest) -> HttpResponse:
-    return redirect("queue")
-
-
-@login_required
 def effects(request: AuthedRequest) -> HttpResponse:
-    """Effects newest first, keyset-paginated on id (`?before=<id>`)."""
-    qs = _effects_of(request).select_related("project").order_by("-id")
-    state = request.GET.get("state", "")
-    if state in State.values:
-        qs = qs.filter(state=state)
+    """Effects newest first, filtered from the URL (durability.effect_filter), keyset-paginated
+    on id (`?before=<id>`)."""
+    query = EffectQuery.from_params(request.GET)
+    qs = query.apply(_effects_of(request).select_related("project").order_by("-id"))
+    state = query.values.get("state", "")
     before = request.GET.get("before", "")
     if before.isdigit():
         qs = qs.filter(id__lt=int(before))
@@ -48,6 +44,7 @@ def effects(request: AuthedRequest) -> HttpResponse:
         "effects": page,
         "state": state,
         "states": State.values,
+        "query": query,
         "next_before": page[-1].pk if more else None,
     }
     template = "durability/effects.html"

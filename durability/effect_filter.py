@@ -1,0 +1,109 @@
+"""The effects list's filter: it lives in the URL, so every number on the overview can link
+to exactly the effects it counts.
+
+An invalid field is ignored (and reported by the form), never fatal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from urllib.parse import urlencode
+
+from django import forms
+from django.db.models import Exists, OuterRef, QuerySet
+from django.db.models.fields.json import KT
+from django.db.models.functions import Coalesce
+from django.urls import reverse
+
+from durability.models import Attempt, Case, Effect, Reason, Receipt, State, Strength
+
+# The filter's fields, in the order a query string names them.
+FIELDS = ("project", "state", "target", "agent", "case", "strength", "since")
+
+
+class EffectFilter(forms.Form):
+    project = forms.IntegerField(min_value=1, required=False)
+    state = forms.ChoiceField(choices=[("", "any state"), *State.choices], required=False)
+    target = forms.CharField(max_length=255, required=False)
+    agent = forms.CharField(
+        max_length=255, required=False, help_text="The agent (or workflow) of the first attempt."
+    )
+    case = forms.ChoiceField(
+        choices=[("", "any"), *Reason.choices],
+        required=False,
+        help_text="Effects that had a case of this reason.",
+    )
+    strength = forms.ChoiceField(
+        choices=[("", "any"), *Strength.choices],
+        required=False,
+        help_text="Effects with a receipt of this strength.",
+    )
+    since = forms.DateTimeField(
+        required=False,
+        help_text="Effects created since then; with `case`, whose case was opened since then.",
+    )
+
+
+def agent_of_attempt() -> Coalesce:
+    """The agent an attempt ran for: its context's agent, else its workflow (as the SDK's
+    `tb.run(workflow)` names it)."""
+    return Coalesce(KT("context__agent"), KT("context__workflow"))
+
+
+@dataclass
+class EffectQuery:
+    """A validated effects filter, and how to link to it."""
+
+    values: dict[str, Any]
+
+    @classmethod
+    def from_params(cls, params: Any) -> EffectQuery:
+        form = EffectFilter(params)
+        form.is_valid()
+        return cls({k: v for k, v in form.cleaned_data.items() if v not in ("", None)})
+
+    def query_string(self, **override: Any) -> str:
+        merged = {k: self.values.get(k) for k in FIELDS} | override
+        return urlencode({k: _param(v) for k, v in merged.items() if v not in ("", None)})
+
+    def described(self) -> list[tuple[str, str]]:
+        """The active fields besides project and state, as (name, value) for the page."""
+        return [
+            (k, _param(self.values[k]))
+            for k in FIELDS
+            if k in self.values and k not in ("project", "state")
+        ]
+
+    def apply(self, qs: QuerySet[Effect]) -> QuerySet[Effect]:
+        v = self.values
+        for field in ("project", "state", "target"):
+            if field in v:
+                qs = qs.filter(**{f"{field}_id" if field == "project" else field: v[field]})
+        if "agent" in v:
+            first = Attempt.objects.filter(effect=OuterRef("pk"), number=1)
+            qs = qs.filter(Exists(first.alias(agent=agent_of_attempt()).filter(agent=v["agent"])))
+        since: datetime | None = v.get("since")
+        if "case" in v:
+            cases = Case.objects.filter(effect=OuterRef("pk"), reason=v["case"])
+            if since is not None:
+                cases = cases.filter(opened__gte=since)
+            qs = qs.filter(Exists(cases))
+        elif since is not None:
+            qs = qs.filter(created__gte=since)
+        if "strength" in v:
+            qs = qs.filter(
+                Exists(Receipt.objects.filter(effect=OuterRef("pk"), strength=v["strength"]))
+            )
+        return qs
+
+
+def effects_url(**values: Any) -> str:
+    """The effects list filtered by `values` (see EffectFilter)."""
+    query = EffectQuery({k: v for k, v in values.items() if v not in ("", None)})
+    return f"{reverse('effects')}?{query.query_string()}"
+
+
+def _param(value: Any) -> str:
+    return value.isoformat() if isinstance(value, datetime) else str(value)

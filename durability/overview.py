@@ -1,0 +1,382 @@
+"""The overview, the landing page: what needs a person, and what the agents have been doing.
+
+Scoped to the user's current project. Each panel is one aggregate query (GROUP BY in
+the database, never a loop of queries), and every number links to the list it counts:
+the queue for open cases, the effects list for effects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.contrib.auth.decorators import login_required
+from django.db.models import Count, Min, OuterRef, Q, Subquery
+from django.db.models.functions import Trunc
+from django.http import HttpResponse
+from django.shortcuts import render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_GET
+
+from durability.desk import current_membership
+from durability.effect_filter import agent_of_attempt, effects_url
+from durability.models import Attempt, Case, Effect, Project, Reason, Receipt, Severity, State
+from durability.queue import QueueQuery
+from durability.views import AuthedRequest
+
+DAY = timedelta(days=1)
+BUSIEST = 5
+# The chart's ranges: (span, bar width, what the database truncates to before bucketing).
+RANGES = {
+    "1h": (timedelta(hours=1), timedelta(minutes=5), "minute"),
+    "24h": (DAY, timedelta(hours=1), "hour"),
+    "7d": (7 * DAY, timedelta(hours=6), "hour"),
+}
+# Stacking order, bottom up: settled outcomes first, what still needs attention on top.
+CHART_STATES = [
+    State.SUCCEEDED,
+    State.FAILED,
+    State.NOT_HAPPENED,
+    State.COMPENSATED,
+    State.ABANDONED,
+    State.DENIED,
+    State.PENDING,
+    State.AWAITING_APPROVAL,
+    State.TIMED_OUT,
+]
+# Columns of the cases table: at least this severity, as the queue's filter means it.
+SEVERITY_COLUMNS = [
+    (Severity.CRITICAL, "critical"),
+    (Severity.HIGH, "high+"),
+    (Severity.MEDIUM, "medium+"),
+    (Severity.LOW, "all"),
+]
+# The SVG's geometry, in its own units (it scales to the page's width).
+WIDTH, HEIGHT, LEFT, BOTTOM, TOP = 720, 200, 34, 22, 8
+
+
+@dataclass(frozen=True)
+class Number:
+    """A count and the list it counts."""
+
+    n: int
+    url: str
+    label: str = ""
+
+
+def queue_url(**values: Any) -> str:
+    query = QueueQuery({k: v for k, v in values.items() if v is not None}, {})
+    qs = query.query_string()
+    return f"{reverse('queue')}?{qs}" if qs else reverse("queue")
+
+
+# -- open cases --------------------------------------------------------------------------
+
+
+@dataclass
+class ReasonRow:
+    reason: str
+    # The open cases of this reason at least as severe as each column's severity.
+    cells: list[Number]
+
+
+def open_cases_table(project: Project) -> tuple[list[ReasonRow], list[Number]]:
+    """Open cases by reason and severity (one GROUP BY), and the column totals."""
+    found = (
+        Case.objects.filter(project=project, closed=None)
+        .values_list("reason", "severity")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    counts: dict[tuple[str, int], int] = {(r, s): n for r, s, n in found}
+
+    def at_least(severity: int, reason: str | None = None) -> int:
+        return sum(n for (r, s), n in counts.items() if s >= severity and reason in (None, r))
+
+    def cell(severity: int, reason: str | None = None) -> Number:
+        least = None if severity == Severity.LOW else severity
+        return Number(at_least(severity, reason), queue_url(reason=reason, severity=least))
+
+    rows = [
+        ReasonRow(reason, [cell(s, reason) for s, _ in SEVERITY_COLUMNS])
+        for reason in Reason.values
+        if at_least(Severity.LOW, reason)
+    ]
+    rows.sort(key=lambda row: [-c.n for c in row.cells])
+    return rows, [cell(s) for s, _ in SEVERITY_COLUMNS]
+
+
+def oldest_open_case(project: Project) -> Case | None:
+    """Walks case_queue_open_idx."""
+    return (
+        Case.objects.filter(project=project, closed=None)
+        .select_related("effect")
+        .order_by("opened", "id")
+        .first()
+    )
+
+
+# -- effects by state over time ------------------------------------------------------------
+
+
+@dataclass
+class Segment:
+    state: str
+    n: int
+    y: float
+    height: float
+
+
+@dataclass
+class Bar:
+    x: float
+    width: float
+    start: datetime
+    end: datetime
+    total: int
+    segments: list[Segment] = field(default_factory=list)
+    label: str = ""
+
+
+@dataclass
+class Chart:
+    range: str
+    start: datetime
+    bars: list[Bar]
+    # Effects created in the range, per state, linked to the list of them.
+    legend: list[tuple[str, Number]]
+    ticks: list[tuple[float, int]]
+    ranges: list[str]
+    width: int = WIDTH
+    height: int = HEIGHT
+    left: int = LEFT
+    baseline: int = HEIGHT - BOTTOM
+
+    @property
+    def total(self) -> int:
+        return sum(number.n for _, number in self.legend)
+
+
+def default_range(project: Project, now: datetime) -> str:
+    """The last hour for a project younger than an hour (a fresh demo), else the last day."""
+    first = Effect.objects.filter(project=project).aggregate(first=Min("created"))["first"]
+    return "1h" if first is not None and now - first < timedelta(hours=1) else "24h"
+
+
+def _floor(moment: datetime, step: timedelta) -> datetime:
+    epoch = datetime(2000, 1, 1, tzinfo=moment.tzinfo)
+    return moment - (moment - epoch) % step
+
+
+def _nice_ceiling(n: int) -> int:
+    """The smallest of 1, 2 or 5 × 10^k that is at least n (the y axis' top)."""
+    magnitude = 1
+    while True:
+        for mantissa in (1, 2, 5):
+            if mantissa * magnitude >= n:
+                return mantissa * magnitude
+        magnitude *= 10
+
+
+def effects_chart(project: Project, range_name: str, now: datetime) -> Chart:
+    """Effects created in the range, per time bucket, stacked by the state they are in now.
+
+    One GROUP BY on (truncated created, state) over effect_project_created_idx; the
+    database's minutes or hours are folded into the chart's buckets here.
+    """
+    span, step, trunc = RANGES[range_name]
+    end = _floor(now, step) + step
+    start = end - span
+    rows = (
+        Effect.objects.filter(project=project, created__gte=start)
+        .annotate(at=Trunc("created", trunc))
+        .values_list("at", "state")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    buckets = int(span / step)
+    grid: list[dict[str, int]] = [{} for _ in range(buckets)]
+    per_state: dict[str, int] = {}
+    for at, state, n in rows:
+        index = min(int((at - start) / step), buckets - 1)
+        grid[index][state] = grid[index].get(state, 0) + n
+        per_state[state] = per_state.get(state, 0) + n
+    top = _nice_ceiling(max((sum(b.values()) for b in grid), default=0))
+    plot_height = HEIGHT - BOTTOM - TOP
+    slot = (WIDTH - LEFT) / buckets
+    bars = []
+    label_every = max(1, buckets // 6)
+    for i, counts in enumerate(grid):
+        bar_start = start + i * step
+        bar = Bar(
+            x=round(LEFT + i * slot + slot * 0.1, 2),
+            width=round(slot * 0.8, 2),
+            start=bar_start,
+            end=bar_start + step,
+            total=sum(counts.values()),
+            label=_tick_label(bar_start, range_name) if i % label_every == 0 else "",
+        )
+        y = float(HEIGHT - BOTTOM)
+        for state in CHART_STATES:
+            if n := counts.get(state, 0):
+                height = round(n / top * plot_height, 2)
+                y = round(y - height, 2)
+                bar.segments.append(Segment(state, n, y, height))
+        bars.append(bar)
+    legend = [
+        (
+            str(state),
+            Number(per_state[state], effects_url(project=project.pk, state=state, since=start)),
+        )
+        for state in CHART_STATES
+        if per_state.get(state)
+    ]
+    ticks = [(round(HEIGHT - BOTTOM - plot_height * f, 2), int(top * f)) for f in (0, 0.5, 1)]
+    return Chart(range_name, start, bars, legend, ticks, list(RANGES))
+
+
+def _tick_label(moment: datetime, range_name: str) -> str:
+    return moment.strftime("%a %H:%M" if range_name == "7d" else "%H:%M")
+
+
+# -- the last day, evidence, the busiest -----------------------------------------------------
+
+
+def last_day(project: Project, since: datetime) -> list[tuple[str, Number, Number]]:
+    """Late successes and duplicate effects whose cases opened since `since`: how many,
+    and how many of those cases are still open."""
+    watched = [Reason.LATE_SUCCESS, Reason.DUPLICATE_EFFECT]
+    found = {
+        reason: (n, still_open)
+        for reason, n, still_open in Case.objects.filter(
+            project=project, reason__in=watched, opened__gte=since
+        )
+        .values_list("reason")
+        .annotate(n=Count("id"), still_open=Count("id", filter=Q(closed=None)))
+        .order_by()
+    }
+    return [
+        (
+            reason,
+            Number(
+                found.get(reason, (0, 0))[0],
+                effects_url(project=project.pk, case=reason, since=since),
+            ),
+            Number(found.get(reason, (0, 0))[1], queue_url(reason=reason)),
+        )
+        for reason in watched
+    ]
+
+
+def evidence_strengths(project: Project) -> list[tuple[str, Number]]:
+    """Effects with a receipt of each strength (an effect may count under several)."""
+    found = dict(
+        Receipt.objects.filter(project=project, effect__isnull=False)
+        .values_list("strength")
+        .annotate(n=Count("effect", distinct=True))
+        .order_by()
+    )
+    return [
+        (strength, Number(n, effects_url(project=project.pk, strength=strength)))
+        for strength, n in sorted(found.items())
+    ]
+
+
+@dataclass
+class Busy:
+    name: str
+    effects: Number
+    open_cases: Number
+
+
+def busiest_agents(project: Project, since: datetime) -> list[Busy]:
+    """The agents with the most effects created since `since` (by their first attempt),
+    with their open cases (by the current attempt, as the queue's agent filter sees it)."""
+    top = list(
+        Attempt.objects.filter(effect__project=project, number=1, effect__created__gte=since)
+        .annotate(agent=agent_of_attempt())
+        .exclude(agent=None)
+        .values_list("agent")
+        .annotate(n=Count("id"))
+        .order_by("-n", "agent")[:BUSIEST]
+    )
+    latest = Attempt.objects.filter(
+        effect_id=OuterRef("effect_id"), number=OuterRef("effect__attempt_count")
+    ).annotate(agent=agent_of_attempt())
+    open_counts = dict(
+        Case.objects.filter(project=project, closed=None)
+        .annotate(agent=Subquery(latest.values("agent")[:1]))
+        .filter(agent__in=[name for name, _ in top])
+        .values_list("agent")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    return [
+        Busy(
+            name,
+            Number(n, effects_url(project=project.pk, agent=name, since=since)),
+            Number(open_counts.get(name, 0), queue_url(workflow=name)),
+        )
+        for name, n in top
+    ]
+
+
+def busiest_targets(project: Project, since: datetime) -> list[Busy]:
+    """The target systems with the most effects created since `since`, with open cases."""
+    top = list(
+        Effect.objects.filter(project=project, created__gte=since)
+        .values_list("target")
+        .annotate(n=Count("id"))
+        .order_by("-n", "target")[:BUSIEST]
+    )
+    open_counts = dict(
+        Case.objects.filter(
+            project=project, closed=None, effect__target__in=[name for name, _ in top]
+        )
+        .values_list("effect__target")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    return [
+        Busy(
+            name,
+            Number(n, effects_url(project=project.pk, target=name, since=since)),
+            Number(open_counts.get(name, 0), queue_url(target=name)),
+        )
+        for name, n in top
+    ]
+
+
+# -- the page --------------------------------------------------------------------------------
+
+
+@login_required
+@require_GET
+def index(request: AuthedRequest) -> HttpResponse:
+    """The current project's overview; `?range=1h|24h|7d` picks the chart's range."""
+    membership, _ = current_membership(request)
+    if membership is None:
+        return render(request, "durability/no_project.html")
+    project = membership.project
+    now = timezone.now()
+    range_name = request.GET.get("range", "")
+    if range_name not in RANGES:
+        range_name = default_range(project, now)
+    day_ago = now - DAY
+    reasons, severity_totals = open_cases_table(project)
+    context = {
+        "project": project,
+        "reasons": reasons,
+        "severity_columns": [label for _, label in SEVERITY_COLUMNS],
+        "severity_totals": severity_totals,
+        "open_total": severity_totals[-1],
+        "oldest": oldest_open_case(project),
+        "chart": effects_chart(project, range_name, now),
+        "last_day": last_day(project, day_ago),
+        "strengths": evidence_strengths(project),
+        "agents": busiest_agents(project, day_ago),
+        "targets": busiest_targets(project, day_ago),
+    }
+    return render(request, "durability/overview.html", context)
