@@ -49,7 +49,7 @@ def _post(
     }
 
 
-def _get(summary: str, parameters: list[dict[str, Any]]) -> dict[str, Any]:
+def _get(summary: str, parameters: list[dict[str, Any]], *errors: int) -> dict[str, Any]:
     return {
         "get": {
             "summary": summary,
@@ -57,7 +57,7 @@ def _get(summary: str, parameters: list[dict[str, Any]]) -> dict[str, Any]:
             "parameters": parameters,
             "responses": {
                 "200": _json(schemas.EffectDetailOut, "The effect and the decision it gets now."),
-                **_errors(400, 401, 404),
+                **_errors(401, 404, *errors),
             },
         }
     }
@@ -95,6 +95,18 @@ def openapi_document() -> dict[str, Any]:
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         },
         "paths": {
+            "/api/v1/openapi.json": {
+                "get": {
+                    "summary": "This document",
+                    "security": [],
+                    "responses": {
+                        "200": {
+                            "description": "The OpenAPI 3.1 document of /api/v1/.",
+                            "content": {"application/json": {"schema": {"type": "object"}}},
+                        }
+                    },
+                }
+            },
             "/api/v1/intents": _post(
                 "Record an intent and get a decision",
                 schemas.IntentIn,
@@ -147,6 +159,7 @@ def openapi_document() -> dict[str, Any]:
                         "schema": {"type": "string", "minLength": 1, "maxLength": 255},
                     }
                 ],
+                400,
             ),
         },
     }
