@@ -37,7 +37,7 @@ class AsyncEffect(Block):
     """`async with tb.effect(...) as fx`: the intent on entry, the outcome on exit."""
 
     async def __aenter__(self) -> Self:
-        body = self._intent_body()
+        body = self._begin()
         try:
             answer = await asyncio.to_thread(
                 self._tb._intent, self.key, body, self._options.get("fail_open")

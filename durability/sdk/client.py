@@ -151,7 +151,8 @@ class Block:
         """The effect's page for an operator."""
         return self.effect["url"] if self.effect else None
 
-    def _intent_body(self) -> Json:
+    def _begin(self) -> Json:
+        """Start the effect's span and build its intent."""
         self._span.start()
         scope = _scope.get()
         options = self._options
@@ -564,7 +565,7 @@ class Effect(Block):
     """`with tb.effect(...) as fx`: the intent is recorded on entry, the outcome on exit."""
 
     def __enter__(self) -> Self:
-        body = self._intent_body()
+        body = self._begin()
         try:
             self._answered(self._tb._intent(self.key, body, self._options.get("fail_open")))
         except BaseException as exc:
