@@ -1,7 +1,8 @@
-"""{% project_switcher %}: the header's current project, and the others to switch to."""
+"""The desk's template tags: the header's project switcher, and JSON for people to read."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django import template
@@ -21,3 +22,9 @@ def project_switcher(context: template.Context) -> dict[str, Any]:
         "request": request,
         "csrf_token": context.get("csrf_token"),
     }
+
+
+@register.filter
+def as_json(value: Any) -> str:
+    """A stored JSON value as JSON (not as Python's repr), keys sorted."""
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
