@@ -25,9 +25,11 @@ from durability.effect_filter import agent_of_attempt, effects_url
 from durability.models import Attempt, Case, Effect, Project, Reason, Receipt, Severity, State
 from durability.queue import QueueQuery
 from durability.views import AuthedRequest
+from trajectories.models import Run
 
 DAY = timedelta(days=1)
 BUSIEST = 5
+RECENT_RUNS = 8
 # The chart's ranges: (span, bar width, what the database truncates to before bucketing).
 RANGES = {
     "1h": (timedelta(hours=1), timedelta(minutes=5), "minute"),
@@ -349,6 +351,11 @@ def busiest_targets(project: Project, since: datetime) -> list[Busy]:
     ]
 
 
+def recent_runs(project: Project) -> list[Run]:
+    """The runs started last; walks run_project_started_idx."""
+    return list(Run.objects.filter(project=project).order_by("-started", "-id")[:RECENT_RUNS])
+
+
 # -- the page --------------------------------------------------------------------------------
 
 
@@ -378,5 +385,6 @@ def index(request: AuthedRequest) -> HttpResponse:
         "strengths": evidence_strengths(project),
         "agents": busiest_agents(project, day_ago),
         "targets": busiest_targets(project, day_ago),
+        "runs": recent_runs(project),
     }
     return render(request, "durability/overview.html", context)

@@ -15,6 +15,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from durability.models import ApiKey, Case, Effect, Membership, Project, Role
+from trajectories.models import Run
 
 NUMBER_LINK = re.compile(r'<a[^>]*href="([^"]+)"[^>]*>(\d+)</a>')
 
@@ -163,12 +164,29 @@ def test_every_number_links_to_a_list_of_exactly_that_many(api, client, operator
     for url, n in links:
         response = client.get(url)
         assert response.status_code == 200, url
+        if url.startswith("/runs/"):
+            continue  # a run's spans and errors: its page
         if url.startswith("/queue/"):
             shown = response.context["total"]
         else:
             assert url.startswith("/effects/"), url
             shown = len(response.context["effects"])
         assert shown == n, f"{url} lists {shown}, the overview said {n}"
+
+
+def test_it_lists_the_recent_runs(api, client, operator, project):
+    for n in range(10):
+        Run.objects.create(
+            project=project,
+            run_id=f"run-{n}",
+            agent="refund-bot",
+            started=timezone.now() - timedelta(minutes=10 - n),
+            span_count=n,
+        )
+    response = client.get("/")
+    runs = response.context["runs"]
+    assert [r.run_id for r in runs] == [f"run-{n}" for n in range(9, 1, -1)]
+    assert f'href="/runs/{runs[0].pk}/"' in response.content.decode()
 
 
 def test_it_counts_only_the_current_project(api, client, operator, alice):
