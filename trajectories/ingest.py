@@ -164,11 +164,14 @@ def _span_values(
         for key, size in sizes.items():
             capped[f"{prefix}.{key}"] = {"size": size, "cap": ATTRIBUTE_CAP}
     texts: list[str | None] = []
-    for name, value in (("input", s.input), ("output", s.output)):
+    for name, value, given in (
+        ("input", s.input, s.input_text),
+        ("output", s.output, s.output_text),
+    ):
         if value is None:
             texts.append(None)
             continue
-        text, cut_size = json_text(value, IO_CAP)
+        text, cut_size = json_text(value, IO_CAP, given)
         if cut_size is not None:
             capped[name] = {"size": cut_size, "cap": IO_CAP}
         texts.append(text)
@@ -196,7 +199,7 @@ def _span_values(
         resource[0],
         texts[0],
         texts[1],
-        json.dumps(capped),
+        json.dumps(capped) if capped else "{}",
         now,
     )
 
@@ -341,7 +344,8 @@ def _run_merge(project: Project, *, trace_id: str, source_key: str, target: Run)
 
 
 # Aggregates of runs over their spans. A run inferred from spans takes its end and status
-# from its root spans; a named run keeps what its run events said.
+# from its root spans; a named run keeps what its run events said. Blank names are filled
+# from what the spans just stored say about their run (the `hint` rows).
 RUNS_REFRESH = """
 UPDATE trajectories_run SET
     span_count = agg.n,
@@ -355,6 +359,7 @@ UPDATE trajectories_run SET
     status = CASE WHEN NOT trajectories_run.inferred THEN trajectories_run.status
         WHEN agg.root_errors > 0 THEN 'error' WHEN agg.roots_ended > 0 THEN 'ok'
         ELSE 'running' END,
+    {fills},
     updated = %s
 FROM (
     SELECT run_id,
@@ -367,43 +372,41 @@ FROM (
         sum(CASE WHEN parent_span_id = '' AND "end" IS NOT NULL THEN 1 ELSE 0 END) AS roots_ended,
         sum(CASE WHEN parent_span_id = '' AND status = 'error' THEN 1 ELSE 0 END) AS root_errors
     FROM trajectories_span WHERE run_id IN ({runs}) GROUP BY run_id
-) AS agg
+) AS agg JOIN ({hints}) AS hint ON hint.run = agg.run_id
 WHERE trajectories_run.id = agg.run_id
 """
+_FILLS = ",\n    ".join(
+    f"{name} = CASE WHEN trajectories_run.{name} = '' THEN hint.{name} "
+    f"ELSE trajectories_run.{name} END"
+    for name in RUN_HINTS
+)
+_HINT_ROW = "SELECT %s AS run, " + ", ".join(f"%s AS {name}" for name in RUN_HINTS)
 
 
 def _runs_refresh(runs: Iterable[Run], hints: dict[int, list[SpanData]]) -> None:
     """Recompute the runs' aggregates from their spans; fill blank names from span hints.
 
-    Rescans each run's spans (one index range per run), so counts stay right however
-    often a span is re-sent.
+    One statement. Rescans each run's spans (one index range per run), so counts stay
+    right however often a span is re-sent.
     """
     runs = list(runs)
     if not runs:
         return
-    with connection.cursor() as cursor:
-        cursor.execute(
-            RUNS_REFRESH.format(runs=", ".join(["%s"] * len(runs))),
-            [timezone.now(), *(run.pk for run in runs)],
-        )
-    filled = []
+    hint_values: list[Any] = []
     for run in runs:
         # Roots and agent spans speak for the run before the spans below them.
         ordered = sorted(
             hints.get(run.pk, []),
             key=lambda s: (bool(s.parent_span_id), s.kind != SpanKind.AGENT, s.start),
         )
-        fills = {
-            name: value[:255]
-            for name in RUN_HINTS
-            if not getattr(run, name) and (value := _hint(ordered, name))
-        }
-        if fills:
-            for name, value in fills.items():
-                setattr(run, name, value)
-            filled.append(run)
-    if filled:
-        Run.objects.bulk_update(filled, RUN_HINTS)
+        hint_values += [run.pk, *(_plain(_hint(ordered, name))[:255] for name in RUN_HINTS)]
+    sql = RUNS_REFRESH.format(
+        fills=_FILLS,
+        runs=", ".join(["%s"] * len(runs)),
+        hints=" UNION ALL ".join([_HINT_ROW] * len(runs)),
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [timezone.now(), *(run.pk for run in runs), *hint_values])
 
 
 def _hint(spans: list[SpanData], name: str) -> str:

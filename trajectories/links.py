@@ -62,6 +62,8 @@ def link_resolve(*, effect_id: int) -> EffectLink | None:
                 Span.objects.filter(
                     project_id=link.project_id, tool_call_id=link.tool_call_id, kind=SpanKind.TOOL
                 )
+                # Spelled out so that the partial index on tool_call_id <> '' applies.
+                .exclude(tool_call_id="")
                 .order_by("-start", "-id")
                 .first()
             )

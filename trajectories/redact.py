@@ -170,20 +170,23 @@ def suspect(text: str) -> bool:
     return any(marker in lowered for marker in _LOWER_MARKERS)
 
 
-def json_text(value: Any, limit: int) -> tuple[str, int | None]:
-    """The JSON text to store for `value`: secrets redacted, at most `limit` characters kept.
+def json_text(value: Any, limit: int, text: str | None = None) -> tuple[str, int | None]:
+    """The JSON text to store for `value`: secrets redacted, at most `limit` bytes kept.
 
-    Also returns the full size when the value was cut; the text is ASCII (non-ASCII is
-    escaped), so characters are bytes. A value cut to size is stored as a string.
+    `text` is the value's JSON text when the client sent it as such: it is stored as sent
+    unless it holds a secret. Also returns the full size when the value was cut; a value
+    cut to size is stored as a string.
     """
-    text = json.dumps(value)
+    if text is None:
+        text = json.dumps(value)
     if suspect(text):
         value = redact(value)
         text = json.dumps(value)
-    if len(text) <= limit:
+    size = len(text) if text.isascii() else len(text.encode())
+    if size <= limit:
         return text, None
     kept = value if isinstance(value, str) else text
-    return json.dumps(kept[:limit]), len(text)
+    return json.dumps(kept[:limit]), size
 
 
 def attributes_text(attributes: dict[str, Any], limit: int) -> tuple[str, dict[str, int]]:

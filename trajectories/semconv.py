@@ -57,6 +57,9 @@ class SpanData:
     resource: dict[str, Any] = field(default_factory=dict)
     input: Any = None
     output: Any = None
+    # The JSON text input and output arrived as, when they arrived as JSON text.
+    input_text: str | None = None
+    output_text: str | None = None
     requested_calls: list[str] = field(default_factory=list)
     # The run: an explicit id, else the run of the trace, else one named after the trace.
     run_key: str = ""
@@ -144,14 +147,17 @@ def _count(value: Any) -> int | None:
     return None
 
 
-def _json(value: Any) -> Any:
-    """Messages and arguments are often JSON in a string attribute: store them as JSON."""
+def _json(value: Any) -> tuple[Any, str | None]:
+    """Messages and arguments are often JSON in a string attribute: store them as JSON.
+
+    Returns the value and, when it was JSON text, that text.
+    """
     if isinstance(value, str) and value[:1] in ("{", "["):
         try:
-            return json.loads(value)
+            return json.loads(value), value
         except ValueError:
-            return value
-    return value
+            return value, None
+    return value, None
 
 
 def requested_tool_calls(messages: Any) -> list[str]:
@@ -231,7 +237,8 @@ def span_from_otel(
         # Not this kind of span's input or output: kept as an attribute.
         rest[taken[unused][0]] = taken[unused][1]
     given_input, given_output = (fields.get(field) for field in used)
-    output = _json(given_output)
+    input_value, input_text = _json(given_input)
+    output, output_text = _json(given_output)
     requested = []
     if kind == SpanKind.MODEL:
         requested = requested_tool_calls(output)
@@ -258,8 +265,10 @@ def span_from_otel(
         tool_name=_text(tool_name),
         attributes=rest,
         resource=resource,
-        input=_json(given_input),
+        input=input_value,
         output=output,
+        input_text=input_text,
+        output_text=output_text,
         requested_calls=requested,
         run_key=_text(fields.get("run_key") or resource.get(RUN_ID)),
         agent=_text(agent),
