@@ -4,9 +4,10 @@ inserts of the same span rows, in one run on one PostgreSQL database.
     .venv/bin/python benchmarks/otlp_ingest.py [--batches 240] [--clients 6] [--workers 4]
 
 Each batch is one OTLP/protobuf ExportTraceServiceRequest of 512 GenAI spans (an agent
-span, then model calls that ask for tools and the tool calls that run them). Prints
-spans/s for both paths and their ratio. It creates (and drops at the start) the
-database named by --db.
+span, then model calls that ask for tools and the tool calls that run them). The two
+paths alternate in rounds, so that both see the same machine when other work comes and
+goes. Prints spans/s for both paths and their ratio. It creates (and drops at the start)
+the database named by --db.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import time
 import zlib
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -274,11 +276,24 @@ def _run(
     return elapsed
 
 
+def _http_args(
+    port: int, key: str, share: Callable[[int, int], list[int]], round_: int, client: int
+) -> tuple[object, ...]:
+    return port, key, "http", share(round_, client)
+
+
+def _raw_args(
+    dsn: str, project: int, share: Callable[[int, int], list[int]], round_: int, client: int
+) -> tuple[object, ...]:
+    return dsn, project, "raw", share(round_, client)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--batches", type=int, default=240, help="512-span batches per path")
     parser.add_argument("--clients", type=int, default=6, help="concurrent client processes")
     parser.add_argument("--workers", type=int, default=4, help="gunicorn worker processes")
+    parser.add_argument("--rounds", type=int, default=4, help="alternations of the two paths")
     parser.add_argument("--db", default="tb_bench_otlp")
     options = parser.parse_args()
 
@@ -296,11 +311,12 @@ def main() -> None:
         assert row is not None
         raw_project = row[0]
 
-    per_client = options.batches // options.clients
-    batches = per_client * options.clients
+    per_client = options.batches // (options.clients * options.rounds)
+    batches = per_client * options.clients * options.rounds
 
-    def share(client: int) -> list[int]:
-        return list(range(client * per_client, (client + 1) * per_client))
+    def share(round_: int, client: int) -> list[int]:
+        first = (round_ * options.clients + client) * per_client
+        return list(range(first, first + per_client))
 
     port = _free_port()
     server = subprocess.Popen(
@@ -328,11 +344,17 @@ def main() -> None:
                 time.sleep(0.1)
         # Warm up each worker's imports and connections.
         _run(_http_worker, lambda c: (port, key, "warm", [c]), options.workers)
-        http_time = _run(_http_worker, lambda c: (port, key, "http", share(c)), options.clients)
+        http_time = raw_time = 0.0
+        for r in range(options.rounds):
+            http_time += _run(
+                _http_worker, partial(_http_args, port, key, share, r), options.clients
+            )
+            raw_time += _run(
+                _raw_worker, partial(_raw_args, dsn, raw_project, share, r), options.clients
+            )
     finally:
         server.terminate()
         server.wait()
-    raw_time = _run(_raw_worker, lambda c: (dsn, raw_project, "raw", share(c)), options.clients)
 
     spans = batches * SPANS_PER_BATCH
     with psycopg.connect(dsn) as conn:
