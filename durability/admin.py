@@ -9,17 +9,22 @@ from django.http import HttpRequest
 
 from durability.models import (
     ApiKey,
+    Approval,
     Attempt,
     AuditEntry,
     Case,
     CaseAlert,
     Effect,
+    Grant,
     Membership,
     Probe,
     Project,
     Receipt,
     ReconcilerConfig,
     Resolution,
+    Signoff,
+    WebhookDelivery,
+    WebhookSource,
 )
 
 
@@ -116,3 +121,35 @@ class ProbeAdmin(ReadOnly):
 @admin.register(CaseAlert)
 class CaseAlertAdmin(ReadOnly):
     list_display = ["case", "created", "sent", "tries", "error"]
+
+
+# Grants, approvals and webhook sources change through the authority pages, audited.
+@admin.register(Grant)
+class GrantAdmin(ReadOnly):
+    list_display = ["name", "id", "version", "project", "principal", "granted_by", "created"]
+    list_filter = ["requires_approval"]
+    list_select_related = ["project"]
+
+
+@admin.register(Approval)
+class ApprovalAdmin(ReadOnly):
+    list_display = ["effect", "grant", "needed", "status", "created", "decided"]
+    list_filter = ["status"]
+    list_select_related = ["effect", "grant"]
+
+
+@admin.register(Signoff)
+class SignoffAdmin(ReadOnly):
+    list_display = ["approval", "user", "verdict", "created"]
+
+
+@admin.register(WebhookSource)
+class WebhookSourceAdmin(ReadOnly):
+    list_display = ["name", "project", "kind", "system", "enabled", "created"]
+    exclude = ["secret"]
+
+
+@admin.register(WebhookDelivery)
+class WebhookDeliveryAdmin(ReadOnly):
+    list_display = ["source", "delivery_id", "received", "receipts", "ignored"]
+    list_select_related = ["source"]

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_GET, require_POST
 
 from durability import machine
 from durability.decorators import ApiRequest, authorize, error, parse
-from durability.models import Case, Decision, Effect, Receipt
+from durability.grants import GrantQuery
+from durability.models import Case, Decision, Effect, Grant, Receipt
 from durability.openapi import openapi_document
 from durability.schemas import FailureIn, IntentIn, ReceiptIn, TimeoutIn
 from trajectories.jobs import effect_link_later
@@ -158,3 +160,33 @@ def effects(request: ApiRequest) -> JsonResponse:
 @require_GET
 def openapi(request: HttpRequest) -> JsonResponse:
     return JsonResponse(openapi_document())
+
+
+GRANT_PAGE = 100
+
+
+@require_GET
+@authorize()
+def grants(request: ApiRequest) -> JsonResponse:
+    """The project's grants, every version, newest first; keyset on id (`?before=`)."""
+    query = GrantQuery.parse(request.GET.dict())
+    if isinstance(query, dict):
+        return error("Invalid query", 400, query)
+    rows = list(query.apply(Grant.objects.filter(project=request.project))[: GRANT_PAGE + 1])
+    more = len(rows) > GRANT_PAGE
+    rows = rows[:GRANT_PAGE]
+    next_url = None
+    if more:
+        params = request.GET.copy()
+        params["before"] = str(rows[-1].pk)
+        next_url = f"{settings.SITE_URL}{request.path}?{params.urlencode()}"
+    return JsonResponse({"grants": [g.to_dict() for g in rows], "next": next_url})
+
+
+@require_GET
+@authorize()
+def grant_detail(request: ApiRequest, grant_id: int) -> JsonResponse:
+    grant = Grant.objects.filter(project=request.project, pk=grant_id).first()
+    if grant is None:
+        return error("No such grant in this project", 404)
+    return JsonResponse(grant.to_dict())

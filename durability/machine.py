@@ -11,14 +11,18 @@ import hashlib
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from enum import StrEnum
 from typing import Any
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from durability import grants
 from durability.audit import Trail
 from durability.models import (
+    Approval,
     Attempt,
     Case,
     Decision,
@@ -160,8 +164,9 @@ def _case_open(
         case = Case.objects.filter(effect=effect, reason=reason, closed=None).first()
         if case is not None:
             case.detail.setdefault("repeats", []).append(detail)
+            case.severity = max(case.severity, severity)
             case.version += 1
-            case.save(update_fields=["detail", "version"])
+            case.save(update_fields=["detail", "severity", "version"])
             trail.add("case_repeated", effect=effect, case=case, reason=reason.value)
             return case
     case = Case.objects.create(
@@ -264,6 +269,10 @@ def decide(effect: Effect) -> Outcome:
             "settle the case first.",
             case=case,
         )
+    if state == S.PENDING and n == 0:
+        return Outcome(
+            Decision.PROCEED, effect, "Approved: perform the effect, then send the receipt."
+        )
     if state == S.PENDING:
         return Outcome(
             Decision.WAIT,
@@ -279,12 +288,30 @@ def decide(effect: Effect) -> Outcome:
             case=_open_case(effect, Reason.APPROVAL_REQUIRED),
         )
     if state == S.DENIED:
-        return Outcome(Decision.DENIED, effect, "Authority for this effect was refused.")
+        return Outcome(Decision.DENIED, effect, _denial(effect))
     return Outcome(
         Decision.DENIED,
         effect,
         f"An operator closed this effect as {state}; use a new key to perform it again.",
     )
+
+
+def _denial(effect: Effect) -> str:
+    """Why a denied effect was denied: the grant rule, or the person who refused approval."""
+    case = (
+        effect.cases.filter(reason__in=[Reason.AUTHORITY_DENIED, Reason.APPROVAL_REQUIRED])
+        .select_related("resolution")
+        .order_by("-opened", "-id")
+        .first()
+    )
+    if case is None:
+        return "Authority for this effect was refused."
+    if case.reason == Reason.AUTHORITY_DENIED:
+        return case.summary
+    refused = getattr(case, "resolution", None)
+    if refused is None:
+        return "Approval for this effect was refused."
+    return f"Approval was denied by {refused.actor}: {refused.note}"
 
 
 # -- intents -----------------------------------------------------------------------------
@@ -294,15 +321,20 @@ def _context_of(intent: IntentIn) -> dict[str, Any]:
     return intent.context.model_dump(exclude_none=True) if intent.context else {}
 
 
+def _place(effect: Effect, intent: IntentIn) -> None:
+    """Where in a run and trace the intent was made; the caller saves the effect."""
+    effect.run_id = intent.run_id or effect.run_id
+    effect.tool_call_id = intent.tool_call_id or ""
+    effect.trace_id = intent.trace_id or ""
+    effect.span_id = intent.span_id or ""
+
+
 def _attempt_begin(effect: Effect, intent: IntentIn) -> Attempt:
     """Number, time and place the next attempt; the caller saves the effect."""
     now = timezone.now()
     effect.attempt_count += 1
     effect.deadline = now + timedelta(seconds=effect.timeout_s) if effect.timeout_s else None
-    effect.run_id = intent.run_id or effect.run_id
-    effect.tool_call_id = intent.tool_call_id or ""
-    effect.trace_id = intent.trace_id or ""
-    effect.span_id = intent.span_id or ""
+    _place(effect, intent)
     return Attempt(
         effect=effect,
         number=effect.attempt_count,
@@ -356,8 +388,20 @@ def _retry(effect: Effect, intent: IntentIn, trail: Trail) -> Outcome:
     )
 
 
+def _first_attempt(effect: Effect, intent: IntentIn, trail: Trail) -> Outcome:
+    """The first intent after an approval makes the attempt the approval allowed."""
+    attempt = _attempt_begin(effect, intent)
+    effect.updated = attempt.started
+    effect.save(update_fields=EFFECT_MUTABLE_FIELDS)
+    attempt.save()
+    trail.add("attempt", effect=effect, attempt=attempt.number)
+    return Outcome(Decision.PROCEED, effect, "Approved: perform the effect, then send the receipt.")
+
+
 def _resume(effect: Effect, intent: IntentIn, trail: Trail) -> Outcome:
     """An intent for an effect that is already pending."""
+    if effect.attempt_count == 0:
+        return _first_attempt(effect, intent, trail)
     current = effect.attempts.order_by("-number").first()
     assert current is not None
     if intent.worker and current.worker == intent.worker:
@@ -422,6 +466,7 @@ def intent_record(*, project: Project, actor: str, intent: IntentIn) -> Outcome:
         effect = _locked_or_key_locked(project, intent.key)
         created = False
         if effect is None:
+            check = grants.authority_check(project=project, intent=intent)
             effect = Effect(
                 project=project,
                 key=intent.key,
@@ -430,11 +475,18 @@ def intent_record(*, project: Project, actor: str, intent: IntentIn) -> Outcome:
                 fingerprint=fingerprint,
                 request=intent.request,
                 replay=intent.replay,
-                state=State.PENDING,
+                state=TRANSITIONS[(None, ENTRY[check.ruling])],
                 timeout_s=intent.timeout_s,
                 authority=intent.authority,
+                grant=check.grant,
+                amount=Decimal(intent.amount.value) if intent.amount else None,
+                currency=intent.amount.currency if intent.amount else "",
             )
-            attempt = _attempt_begin(effect, intent)
+            attempt: Attempt | None = None
+            if check.ruling == grants.Ruling.PROCEED:
+                attempt = _attempt_begin(effect, intent)
+            else:
+                _place(effect, intent)
             try:
                 with transaction.atomic():
                     effect.save(force_insert=True)
@@ -443,22 +495,7 @@ def intent_record(*, project: Project, actor: str, intent: IntentIn) -> Outcome:
                 # Another intent for this key committed first: answer as a repeat.
                 effect = Effect.objects.select_for_update().get(project=project, key=intent.key)
         if created:
-            attempt.effect = effect
-            attempt.save()
-            trail.add(
-                Event.INTENT.value,
-                effect=effect,
-                to_state=effect.state,
-                attempt=attempt.number,
-                fingerprint=fingerprint,
-            )
-            outcome = Outcome(
-                Decision.PROCEED,
-                effect,
-                "New effect: perform it, then send the receipt." + _reconciler_missing(effect),
-                created=True,
-            )
-            _adopt_orphans(effect, trail, outcome)
+            outcome = _entered(effect, intent, check, attempt, fingerprint, trail)
         elif effect.fingerprint != fingerprint:
             outcome = _conflict(effect, intent, fingerprint, trail)
         elif effect.state == S.PENDING:
@@ -470,6 +507,101 @@ def intent_record(*, project: Project, actor: str, intent: IntentIn) -> Outcome:
         else:
             outcome = decide(effect)
         trail.append()
+    return outcome
+
+
+# The event that records a new effect, by the grant check's ruling.
+ENTRY = {
+    grants.Ruling.PROCEED: Event.INTENT,
+    grants.Ruling.APPROVAL: Event.REQUIRE_APPROVAL,
+    grants.Ruling.DENY: Event.REFUSE,
+}
+
+
+def _entered(
+    effect: Effect,
+    intent: IntentIn,
+    check: grants.Check,
+    attempt: Attempt | None,
+    fingerprint: str,
+    trail: Trail,
+) -> Outcome:
+    """A new effect's first answer, from its grant check: proceed, wait for approval, or
+    denied, with the case each calls for."""
+    authority: dict[str, Any] = {"grant": check.grant.pk} if check.grant else {}
+    if check.rule:
+        authority["rule"] = check.rule.value
+    data: dict[str, Any] = {"attempt": attempt.number} if attempt else {}
+    trail.add(
+        ENTRY[check.ruling].value,
+        effect=effect,
+        to_state=effect.state,
+        **data,
+        fingerprint=fingerprint,
+        **authority,
+    )
+    project_id = effect.project_id
+    if check.ruling == grants.Ruling.DENY:
+        case = _case_open(
+            effect,
+            Reason.AUTHORITY_DENIED,
+            Severity.MEDIUM,
+            check.reason,
+            trail,
+            project_id=project_id,
+            **authority,
+        )
+        return Outcome(Decision.DENIED, effect, check.reason, case=case, created=True)
+    if check.ruling == grants.Ruling.APPROVAL:
+        assert check.grant is not None
+        approval = Approval.objects.create(
+            project_id=project_id,
+            effect=effect,
+            grant=check.grant,
+            needed=check.approvers,
+            context=_context_of(intent),
+        )
+        url = settings.SITE_URL + approval.get_absolute_url()
+        case = _case_open(
+            effect,
+            Reason.APPROVAL_REQUIRED,
+            Severity.MEDIUM,
+            check.reason,
+            trail,
+            project_id=project_id,
+            approval=approval.pk,
+            approvers=check.approvers,
+            **authority,
+        )
+        return Outcome(
+            Decision.WAIT,
+            effect,
+            f"{check.reason} Wait for approval {approval.pk}: {url}",
+            case=case,
+            created=True,
+        )
+    assert attempt is not None
+    attempt.effect = effect
+    attempt.save()
+    outcome = Outcome(
+        Decision.PROCEED,
+        effect,
+        "New effect: perform it, then send the receipt." + _reconciler_missing(effect),
+        created=True,
+    )
+    if check.unauthorized:
+        outcome.reason += " " + check.reason
+        _case_open(
+            effect,
+            Reason.UNAUTHORIZED_EFFECT,
+            Severity.LOW,
+            f"{effect.key!r} was attempted with no grant; the project's audit policy let it "
+            "proceed.",
+            trail,
+            project_id=project_id,
+            policy="audit",
+        )
+    _adopt_orphans(effect, trail, outcome)
     return outcome
 
 
@@ -516,6 +648,15 @@ def _adopt_orphans(effect: Effect, trail: Trail, outcome: Outcome) -> None:
 # -- receipts, failures, timeouts ----------------------------------------------------------
 
 
+# How much a receipt proves: the provider's own word outranks a person's, which outranks
+# the agent's report about itself.
+STRENGTH_RANK = {
+    Strength.AGENT_REPORTED: 1,
+    Strength.OPERATOR_ATTESTED: 2,
+    Strength.PROVIDER_CONFIRMED: 3,
+}
+
+
 @dataclass
 class ReceiptOutcome:
     receipt: Receipt
@@ -549,6 +690,18 @@ def receipt_record(
             project=project, key=receipt.key, system=receipt.system, external_id=receipt.external_id
         ).first()
         if existing is not None:
+            if STRENGTH_RANK[strength] > STRENGTH_RANK[Strength(existing.strength)]:
+                # The provider confirms what the agent reported: the same evidence, stronger.
+                trail.add(
+                    "receipt_confirmed",
+                    effect=effect,
+                    receipt=existing.pk,
+                    was=existing.strength,
+                    strength=strength.value,
+                )
+                existing.strength = strength
+                existing.save(update_fields=["strength"])
+                trail.append()
             return ReceiptOutcome(existing, effect, None, created=False)
         row = Receipt(
             project=project,
@@ -558,6 +711,9 @@ def receipt_record(
             external_id=receipt.external_id,
             observed_at=_aware(receipt.observed_at),
             data=receipt.data,
+            amount=Decimal(receipt.amount.value) if receipt.amount else None,
+            currency=receipt.amount.currency if receipt.amount else "",
+            target=receipt.target or "",
             strength=strength,
             attempt=receipt.attempt,
             trace_id=receipt.trace_id or "",
@@ -580,8 +736,26 @@ def receipt_record(
             trail.append()
             return ReceiptOutcome(row, None, case, created=True)
         settled = _settle(effect, row, trail)
+        flagged = _authority_of_evidence(effect, row, trail)
         trail.append()
-        return ReceiptOutcome(row, effect, settled, created=True)
+        return ReceiptOutcome(row, effect, settled or flagged, created=True)
+
+
+def _authority_of_evidence(effect: Effect, row: Receipt, trail: Trail) -> Case | None:
+    """Compare new evidence with the effect's grant: none, or beyond it, opens a case."""
+    finding = grants.evidence_finding(effect, row)
+    if finding is None:
+        return None
+    return _case_open(
+        effect,
+        finding.reason,
+        finding.severity,
+        finding.summary,
+        trail,
+        project_id=effect.project_id,
+        receipt=row,
+        **finding.detail,
+    )
 
 
 def _settle(effect: Effect, row: Receipt, trail: Trail) -> Case | None:
@@ -804,3 +978,28 @@ def effect_settle(
             case_close(case, event.value, note, trail)
         trail.append()
     return EffectOutcome(effect, None, changed=True)
+
+
+# -- approvals -----------------------------------------------------------------------------
+
+
+def effect_approval_decide(
+    *, project: Project, effect_id: int, actor: str, approve: bool, note: str
+) -> EffectOutcome:
+    """Release an effect awaiting approval (`pending`, no attempt yet: the agent's next
+    intent makes it) or deny it, closing its `approval_required` case.
+
+    Who may decide and how many must agree is the approvals service's business; it
+    calls this once the decision is final.
+    """
+    trail = Trail(project.pk, actor)
+    with transaction.atomic():
+        effect = Effect.objects.select_for_update().filter(project=project, pk=effect_id).first()
+        if effect is None:
+            raise UnknownEffect(str(effect_id))
+        _apply(effect, Event.APPROVE if approve else Event.DENY, trail, note=note)
+        case = _open_case(effect, Reason.APPROVAL_REQUIRED)
+        if case is not None:
+            case_close(case, "approved" if approve else "denied", note, trail)
+        trail.append()
+    return EffectOutcome(effect, case, changed=True)

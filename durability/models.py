@@ -5,7 +5,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import uuid
 from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import Any, TypedDict
 
 from django.conf import settings
@@ -24,6 +26,13 @@ API_KEY_PREFIX = "tb_"
 LAST_USED_RESOLUTION = timedelta(seconds=60)
 
 
+class AuthorityPolicy(models.TextChoices):
+    """What an intent that names no grant gets."""
+
+    AUDIT = "audit", "audit (proceed, and open an unauthorized_effect case)"
+    ENFORCE = "enforce", "enforce (deny)"
+
+
 class Project(models.Model):
     name = models.CharField(max_length=100, unique=True)
     created = models.DateTimeField(default=timezone.now)
@@ -32,6 +41,10 @@ class Project(models.Model):
     audit_head = models.CharField(max_length=64, default="0" * 64, editable=False)
     members = models.ManyToManyField(
         settings.AUTH_USER_MODEL, through="Membership", related_name="projects"
+    )
+    # What an intent that names no grant gets (durability.grants).
+    authority_policy = models.CharField(
+        max_length=8, choices=AuthorityPolicy.choices, default=AuthorityPolicy.AUDIT
     )
 
     class Meta:
@@ -175,6 +188,18 @@ class Effect(models.Model):
     timeout_s = models.PositiveIntegerField(null=True, blank=True)
     deadline = models.DateTimeField(null=True, blank=True)
     authority = models.JSONField(null=True, blank=True)
+    # The grant version the intent was checked against, whatever the verdict.
+    grant = models.ForeignKey(
+        "Grant",
+        models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="effects",
+        db_index=False,  # effect_grant_created_idx leads with it
+    )
+    # The amount the intent asked for, checked against the grant's limits.
+    amount = models.DecimalField(max_digits=20, decimal_places=6, null=True, blank=True)
+    currency = models.CharField(max_length=3, blank=True)
     run_id = models.CharField(max_length=255, blank=True)
     tool_call_id = models.CharField(max_length=255, blank=True)
     trace_id = models.CharField(max_length=32, blank=True)
@@ -205,6 +230,10 @@ class Effect(models.Model):
             models.Index(fields=["project", "-id"], name="effect_project_recent_idx"),
             # The effects page filtered by state.
             models.Index(fields=["project", "state", "-id"], name="effect_project_state_idx"),
+            # The authority audit: one project's effects created in a time range.
+            models.Index(fields=["project", "created"], name="effect_project_created_idx"),
+            # Grant limits: effects under a grant in the last day or count period.
+            models.Index(fields=["grant", "created"], name="effect_grant_created_idx"),
         ]
 
     def __str__(self) -> str:
@@ -282,6 +311,10 @@ class Receipt(models.Model):
     external_id = models.CharField(max_length=255)
     observed_at = models.DateTimeField(null=True, blank=True)
     data = models.JSONField(null=True, blank=True)
+    # What the evidence says was moved and where, compared with the effect's grant.
+    amount = models.DecimalField(max_digits=20, decimal_places=6, null=True, blank=True)
+    currency = models.CharField(max_length=3, blank=True)
+    target = models.CharField(max_length=255, blank=True)
     strength = models.CharField(
         max_length=20, choices=Strength.choices, default=Strength.AGENT_REPORTED
     )
@@ -644,3 +677,292 @@ class CaseAlert(models.Model):
 
     def __str__(self) -> str:
         return f"alert for case {self.case_id}"
+
+
+class GrantDict(TypedDict):
+    id: int
+    lineage: str
+    version: int
+    supersedes: int | None
+    name: str
+    principal: str
+    kinds: list[str]
+    targets: list[str]
+    currency: str
+    max_amount: str | None
+    max_daily_amount: str | None
+    max_count: int | None
+    count_period_s: int | None
+    requires_approval: bool
+    second_approval_above: str | None
+    expires: str | None
+    note: str
+    granted_by: str
+    created: str
+    superseded_at: str | None
+    revoked: str | None
+    revoked_by: str
+    status: str
+    url: str
+
+
+def _decimal(value: Decimal | None) -> str | None:
+    return None if value is None else format(value.normalize(), "f")
+
+
+class Grant(models.Model):
+    """Authority: which agents or workflows may perform which effects where, within which
+    limits, until when, and whether a person must approve each one first.
+
+    Never edited in place: a change is a new version that supersedes this one. Every
+    version of a grant shares its `lineage`, and the limits count effects across versions.
+    """
+
+    project = models.ForeignKey(Project, models.CASCADE, related_name="grants")
+    lineage = models.UUIDField(default=uuid.uuid4, editable=False)
+    version = models.PositiveIntegerField(default=1)
+    supersedes = models.OneToOneField(
+        "self", models.PROTECT, null=True, blank=True, related_name="superseded_by"
+    )
+    name = models.CharField(max_length=100)
+    # fnmatch patterns, matched case-sensitively.
+    principal = models.CharField(
+        max_length=255,
+        default="*",
+        help_text="The agent or workflow allowed (context.agent or context.workflow), a pattern.",
+    )
+    kinds = models.JSONField(default=list, help_text="Effect kinds allowed, as patterns.")
+    targets = models.JSONField(default=list, help_text="Target systems allowed, as patterns.")
+    currency = models.CharField(max_length=3, blank=True)
+    max_amount = models.DecimalField(max_digits=20, decimal_places=6, null=True, blank=True)
+    # Over the last 24 hours, a rolling window: no reset at midnight to race.
+    max_daily_amount = models.DecimalField(max_digits=20, decimal_places=6, null=True, blank=True)
+    max_count = models.PositiveIntegerField(null=True, blank=True)
+    count_period_s = models.PositiveIntegerField(null=True, blank=True)
+    requires_approval = models.BooleanField(default=False)
+    # Amounts above this need a second approver, a different person from the first.
+    second_approval_above = models.DecimalField(
+        max_digits=20, decimal_places=6, null=True, blank=True
+    )
+    expires = models.DateTimeField(null=True, blank=True)
+    note = models.TextField(blank=True)
+    granted_by = models.CharField(max_length=150)
+    created = models.DateTimeField(default=timezone.now)
+    superseded_at = models.DateTimeField(null=True, blank=True)
+    revoked = models.DateTimeField(null=True, blank=True)
+    revoked_by = models.CharField(max_length=150, blank=True)
+
+    class Meta:
+        constraints = [
+            # Also the look-up of a lineage's versions.
+            models.UniqueConstraint(
+                fields=["lineage", "version"], name="grant_lineage_version_uniq"
+            ),
+            # An intent naming any version is checked against the one current version.
+            models.UniqueConstraint(
+                fields=["lineage"],
+                condition=Q(superseded_at__isnull=True),
+                name="grant_one_current_per_lineage",
+            ),
+            models.CheckConstraint(
+                condition=Q(
+                    max_amount__isnull=True,
+                    max_daily_amount__isnull=True,
+                    second_approval_above__isnull=True,
+                )
+                | ~Q(currency=""),
+                name="grant_amounts_have_currency",
+            ),
+            models.CheckConstraint(
+                condition=Q(max_count__isnull=True, count_period_s__isnull=True)
+                | Q(max_count__isnull=False, count_period_s__isnull=False),
+                name="grant_count_has_period",
+            ),
+            models.CheckConstraint(
+                condition=Q(second_approval_above__isnull=True) | Q(requires_approval=True),
+                name="grant_second_approval_needs_approval",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} (grant {self.pk} v{self.version})"
+
+    def get_absolute_url(self) -> str:
+        return reverse("grant", args=[self.pk])
+
+    def status(self, now: datetime | None = None) -> str:
+        if self.revoked:
+            return "revoked"
+        if self.superseded_at:
+            return "superseded"
+        if self.expires and self.expires <= (now or timezone.now()):
+            return "expired"
+        return "live"
+
+    def to_dict(self) -> GrantDict:
+        return {
+            "id": self.pk,
+            "lineage": str(self.lineage),
+            "version": self.version,
+            "supersedes": self.supersedes_id,
+            "name": self.name,
+            "principal": self.principal,
+            "kinds": self.kinds,
+            "targets": self.targets,
+            "currency": self.currency,
+            "max_amount": _decimal(self.max_amount),
+            "max_daily_amount": _decimal(self.max_daily_amount),
+            "max_count": self.max_count,
+            "count_period_s": self.count_period_s,
+            "requires_approval": self.requires_approval,
+            "second_approval_above": _decimal(self.second_approval_above),
+            "expires": _iso(self.expires),
+            "note": self.note,
+            "granted_by": self.granted_by,
+            "created": self.created.isoformat(),
+            "superseded_at": _iso(self.superseded_at),
+            "revoked": _iso(self.revoked),
+            "revoked_by": self.revoked_by,
+            "status": self.status(),
+            "url": settings.SITE_URL + self.get_absolute_url(),
+        }
+
+
+class ApprovalStatus(models.TextChoices):
+    OPEN = "open"
+    APPROVED = "approved"
+    DENIED = "denied"
+
+
+class Approval(models.Model):
+    """The go-ahead an effect waits for: one person's, or two people's above the grant's
+    threshold."""
+
+    project = models.ForeignKey(Project, models.CASCADE, related_name="approvals")
+    effect = models.OneToOneField(Effect, models.CASCADE, related_name="approval")
+    grant = models.ForeignKey(Grant, models.PROTECT, related_name="approvals")
+    needed = models.PositiveSmallIntegerField(default=1)
+    # The asking intent's context: no attempt exists until the effect is approved.
+    context = models.JSONField(default=dict, blank=True)
+    status = models.CharField(
+        max_length=8, choices=ApprovalStatus.choices, default=ApprovalStatus.OPEN
+    )
+    created = models.DateTimeField(default=timezone.now)
+    decided = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(needed__in=[1, 2]), name="approval_needed_1_or_2"),
+            models.CheckConstraint(
+                condition=Q(status__in=ApprovalStatus.values), name="approval_status_valid"
+            ),
+        ]
+        indexes = [
+            # The approvals inbox: a project's open approvals, oldest first.
+            models.Index(
+                fields=["project", "created", "id"],
+                name="approval_inbox_idx",
+                condition=Q(status="open"),
+            ),
+            # The inbox's "recently decided" list.
+            models.Index(
+                fields=["project", "-decided"],
+                name="approval_decided_idx",
+                condition=~Q(status="open"),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"approval {self.pk} of {self.effect_id} ({self.status})"
+
+    def get_absolute_url(self) -> str:
+        return reverse("approval", args=[self.pk])
+
+
+class SignoffVerdict(models.TextChoices):
+    APPROVE = "approve"
+    DENY = "deny"
+
+
+class Signoff(models.Model):
+    """One person's verdict on an approval. Immutable; one per person per approval."""
+
+    approval = models.ForeignKey(Approval, models.CASCADE, related_name="signoffs")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, models.PROTECT, related_name="+")
+    verdict = models.CharField(max_length=8, choices=SignoffVerdict.choices)
+    reason = models.TextField()
+    created = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["created", "id"]
+        constraints = [
+            # Two approvals must come from two people.
+            models.UniqueConstraint(fields=["approval", "user"], name="signoff_one_per_person"),
+            models.CheckConstraint(
+                condition=Q(verdict__in=SignoffVerdict.values), name="signoff_verdict_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.verdict} by {self.user_id}"
+
+
+class WebhookKind(models.TextChoices):
+    GENERIC = "generic", "generic JSON"
+    GITHUB = "github", "GitHub push"
+
+
+class WebhookSource(models.Model):
+    """A provider that posts signed evidence to /hooks/<name>/ (docs/webhooks.md)."""
+
+    project = models.ForeignKey(Project, models.CASCADE, related_name="webhook_sources")
+    # Unique over all projects: the URL names the source, and the source its project.
+    name = models.SlugField(max_length=50, unique=True)
+    kind = models.CharField(max_length=8, choices=WebhookKind.choices)
+    system = models.CharField(max_length=100, help_text="The system its receipts come from.")
+    # Kept as given: verifying an HMAC needs the key itself, not a digest of it.
+    secret = models.CharField(max_length=200)
+    mapping = models.JSONField(
+        default=dict, blank=True, help_text="Where the payload holds each field."
+    )
+    tolerance_s = models.PositiveIntegerField(
+        default=300, help_text="How far the signed timestamp may be from now, in seconds."
+    )
+    enabled = models.BooleanField(default=True)
+    created = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(kind__in=WebhookKind.values), name="webhook_kind_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class WebhookDelivery(models.Model):
+    """A verified delivery, recorded once: the same delivery id again changes nothing."""
+
+    source = models.ForeignKey(WebhookSource, models.CASCADE, related_name="deliveries")
+    delivery_id = models.CharField(max_length=255)
+    received = models.DateTimeField(default=timezone.now)
+    receipts = models.PositiveIntegerField(default=0)
+    # Items of the payload that named no effect key (e.g. commits without the trailer).
+    ignored = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["source", "delivery_id"], name="webhook_delivery_once_uniq"
+            ),
+        ]
+        indexes = [
+            # The source page: its latest deliveries.
+            models.Index(fields=["source", "-received"], name="webhook_delivery_recent_idx"),
+        ]
+        verbose_name_plural = "webhook deliveries"
+
+    def __str__(self) -> str:
+        return f"{self.source_id}:{self.delivery_id}"

@@ -63,6 +63,28 @@ def _get(summary: str, parameters: list[dict[str, Any]], *errors: int) -> dict[s
     }
 
 
+def _query(name: str, schema: dict[str, Any], description: str = "") -> dict[str, Any]:
+    parameter = {"name": name, "in": "query", "required": False, "schema": schema}
+    return parameter | ({"description": description} if description else {})
+
+
+def _grants_get(
+    summary: str, answer: type[BaseModel], parameters: list[dict[str, Any]]
+) -> dict[str, Any]:
+    return {
+        "get": {
+            "summary": summary,
+            "security": [{"bearer": []}],
+            "parameters": parameters,
+            "responses": {
+                "200": _json(answer, summary),
+                **_errors(400, 401),
+                "404": _json(schemas.ErrorOut, "No such grant in this project."),
+            },
+        }
+    }
+
+
 @cache
 def openapi_document() -> dict[str, Any]:
     models: list[type[BaseModel]] = [
@@ -74,6 +96,8 @@ def openapi_document() -> dict[str, Any]:
         schemas.ReceiptResultOut,
         schemas.EffectResultOut,
         schemas.EffectDetailOut,
+        schemas.GrantOut,
+        schemas.GrantListOut,
         schemas.ErrorOut,
     ]
     _, defs = models_json_schema(
@@ -143,6 +167,27 @@ def openapi_document() -> dict[str, Any]:
                 [
                     {
                         "name": "effect_id",
+                        "in": "path",
+                        "required": True,
+                        "schema": {"type": "integer"},
+                    }
+                ],
+            ),
+            "/api/v1/grants": _grants_get(
+                "The project's grants, every version, newest first (100 a page)",
+                schemas.GrantListOut,
+                [
+                    _query("status", {"enum": ["live", "expired", "revoked", "superseded"]}),
+                    _query("lineage", {"type": "string", "format": "uuid"}),
+                    _query("before", {"type": "integer"}, "Grant id to continue before."),
+                ],
+            ),
+            "/api/v1/grants/{grant_id}": _grants_get(
+                "One grant version",
+                schemas.GrantOut,
+                [
+                    {
+                        "name": "grant_id",
                         "in": "path",
                         "required": True,
                         "schema": {"type": "integer"},

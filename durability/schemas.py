@@ -32,6 +32,18 @@ ReplayPolicy = Literal["never", "safe", "idempotent", "reconcile"]
 DecisionName = Literal["proceed", "completed", "wait", "denied", "conflict"]
 
 
+Money = Annotated[
+    str,
+    StringConstraints(pattern=r"^[0-9]{1,14}(\.[0-9]{1,6})?$"),
+    Field(description='A non-negative decimal as a string, e.g. "12.50".', examples=["12.50"]),
+]
+Currency = Annotated[
+    str,
+    StringConstraints(pattern=r"^[A-Z]{3}$"),
+    Field(description="ISO 4217 code, e.g. EUR", examples=["EUR"]),
+]
+
+
 def _not_all_zero(value: str) -> str:
     if set(value) == {"0"}:
         raise ValueError("an all-zero id is invalid")
@@ -84,6 +96,31 @@ class Strict(BaseModel):
         return value
 
 
+class AmountIn(Strict):
+    value: Money
+    currency: Currency
+
+
+def _grant_id(authority: dict[str, Any]) -> dict[str, Any]:
+    grant = authority.get("grant")
+    if grant is not None and (type(grant) is not int or grant < 1):
+        raise ValueError("`grant` must be a grant's id, a positive integer")
+    return authority
+
+
+Authority = Annotated[
+    dict[str, Any],
+    AfterValidator(_grant_id),
+    Field(
+        description='The authority the intent claims: `{"grant": <id>}` names a grant, which '
+        "the ledger checks (scope, limits, expiry, approval); other keys are stored as given. "
+        "Without a grant the project's policy applies: `audit` proceeds and opens an "
+        "`unauthorized_effect` case, `enforce` denies.",
+        examples=[{"grant": 12}],
+    ),
+]
+
+
 class Context(BaseModel):
     """What the agent ran under; free extra keys are kept."""
 
@@ -121,7 +158,10 @@ class IntentIn(Strict):
         "of the same run, it is an interrupted attempt.",
     )
     context: Context | None = None
-    authority: dict[str, Any] | None = None
+    authority: Authority | None = None
+    amount: AmountIn | None = Field(
+        default=None, description="What the effect moves, for the grant's amount limits."
+    )
 
 
 class ReceiptIn(Strict):
@@ -132,6 +172,14 @@ class ReceiptIn(Strict):
         default=None, description="The external system's own timestamp (ISO 8601)."
     )
     data: Any = None
+    amount: AmountIn | None = Field(
+        default=None, description="What the evidence says was moved, compared with the grant."
+    )
+    target: Annotated[str, StringConstraints(min_length=1, max_length=255)] | None = Field(
+        default=None,
+        description="Where the evidence says the effect landed, when it may differ from the "
+        "intent's target; compared with the grant.",
+    )
     attempt: AttemptNumber | None = None
     trace_id: TraceId | None = None
     span_id: SpanId | None = None
@@ -246,3 +294,37 @@ class EffectDetailOut(BaseModel):
 class ErrorOut(BaseModel):
     error: str
     fields: dict[str, str] | None = None
+
+
+class GrantOut(BaseModel):
+    id: int
+    lineage: str = Field(description="Shared by every version of one grant.")
+    version: int
+    supersedes: int | None = Field(description="The version this one replaced.")
+    name: str
+    principal: str = Field(description="Agent or workflow pattern (fnmatch).")
+    kinds: list[str] = Field(description="Effect kind patterns (fnmatch).")
+    targets: list[str] = Field(description="Target system patterns (fnmatch).")
+    currency: str
+    max_amount: str | None
+    max_daily_amount: str | None = Field(description="Over the last 24 hours, rolling.")
+    max_count: int | None
+    count_period_s: int | None
+    requires_approval: bool
+    second_approval_above: str | None = Field(
+        description="Amounts above this need a second, different approver."
+    )
+    expires: str | None
+    note: str
+    granted_by: str
+    created: str
+    superseded_at: str | None
+    revoked: str | None
+    revoked_by: str
+    status: Literal["live", "expired", "revoked", "superseded"]
+    url: str
+
+
+class GrantListOut(BaseModel):
+    grants: list[GrantOut]
+    next: str | None = Field(description="The URL of the next page, or null on the last.")

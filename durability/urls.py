@@ -4,7 +4,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from durability import api, desk, overview, views
+from durability import api, authority_views, desk, overview, views, webhooks
 from durability.reconcilers import views as probe_views
 
 api_v1 = [
@@ -15,10 +15,43 @@ api_v1 = [
     path("api/v1/effects", api.effects, name="api-effects"),
     path("api/v1/effects/<int:effect_id>", api.effect_detail, name="api-effect"),
     path("api/v1/openapi.json", api.openapi, name="api-openapi"),
+    path("api/v1/grants", api.grants, name="api-grants"),
+    path("api/v1/grants/<int:grant_id>", api.grant_detail, name="api-grant"),
 ]
+
+authority = [
+    path("hooks/<slug:name>/", webhooks.hook, name="hook"),
+    path("authority/", authority_views.authority, name="authority"),
+    path("authority/policy/", authority_views.policy, name="authority-policy"),
+    path("authority/grants/new/", authority_views.grant_new, name="grant-new"),
+    path("authority/grants/<int:grant_id>/", authority_views.grant, name="grant"),
+    path(
+        "authority/grants/<int:grant_id>/supersede/",
+        authority_views.grant_supersede,
+        name="grant-supersede",
+    ),
+    path(
+        "authority/grants/<int:grant_id>/revoke/",
+        authority_views.grant_revoke,
+        name="grant-revoke",
+    ),
+    path("authority/webhooks/", authority_views.webhook_sources, name="webhook-sources"),
+    path(
+        "authority/webhooks/<int:source_id>/toggle/",
+        authority_views.webhook_source_toggle,
+        name="webhook-source-toggle",
+    ),
+    path("authority/audit/", authority_views.authority_audit_page, name="authority-audit"),
+    path("authority/audit.csv", authority_views.authority_audit_csv, name="authority-audit-csv"),
+    path("approvals/", authority_views.approvals_inbox, name="approvals"),
+    path("approvals/<int:approval_id>/", authority_views.approval, name="approval"),
+    path("approvals/<int:approval_id>/sign/", authority_views.approval_sign, name="approval-sign"),
+]
+
 
 urlpatterns = [
     *api_v1,
+    *authority,
     path("", overview.index, name="index"),
     path("effects/", views.effects, name="effects"),
     path("effects/<int:effect_id>/", views.effect, name="effect"),

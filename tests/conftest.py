@@ -11,6 +11,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from durability.models import ApiKey, Membership, Project, Role
+from tests import ledger
 
 
 @dataclass
@@ -35,8 +36,12 @@ class Api:
         )
 
     def intent(self, key: str = "k1", **fields: Any) -> Any:
+        """An intent naming the project's catch-all grant unless `authority` is given."""
         body = {"key": key, "kind": "payment", "target": "stripe", "request": {"amount": 1}}
         body.update(fields)
+        if "authority" not in body:
+            project = Project.objects.get(api_keys__prefix=self.key[:11])
+            body["authority"] = {"grant": ledger.everything(project).pk}
         return self.post("intents", body)
 
     def receipt(self, key: str = "k1", external_id: str = "ext-1", **fields: Any) -> Any:

@@ -6,20 +6,41 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from durability import machine
-from durability.models import AuditEntry, Effect, Project, State
+from durability.models import AuditEntry, Case, Effect, Grant, Project, Reason, State
 from durability.schemas import FailureIn, IntentIn, ReceiptIn, TimeoutIn
 
 ACTOR = "test:agent"
 OPERATOR = "user:operator"
 
 
+EVERYTHING = "test: every effect"
+
+
+def everything(project: Project) -> Grant:
+    """The project's catch-all grant. Intents made through the helpers name it unless the
+    test passes `authority` (None for none), so that specifications not about authority
+    stay free of the audit policy's `unauthorized_effect` cases."""
+    live = Grant.objects.filter(project=project, name=EVERYTHING, revoked=None).first()
+    return live or Grant.objects.create(
+        project=project, name=EVERYTHING, kinds=["*"], targets=["*"], granted_by="test"
+    )
+
+
+def cases() -> QuerySet[Case]:
+    """Cases other than the audit policy's flags on intents that named no grant (the SDK's
+    and raw HTTP intents name none)."""
+    return Case.objects.exclude(reason=Reason.UNAUTHORIZED_EFFECT)
+
+
 def intent(project: Project, key: str = "k1", **fields: Any) -> machine.Outcome:
     body: dict[str, Any] = {"key": key, "kind": "payment", "target": "stripe"}
     body.setdefault("request", {"amount": 1})
     body.update(fields)
+    body.setdefault("authority", {"grant": everything(project).pk})
     return machine.intent_record(project=project, actor=ACTOR, intent=IntentIn(**body))
 
 

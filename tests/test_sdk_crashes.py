@@ -12,6 +12,7 @@ import pytest
 
 from durability.models import Case, Effect, Receipt
 from durability.sdk import IntentNotRecorded, Tallybook
+from tests import ledger
 from tests.sdk_support import FAST, run_agent, wait_until
 
 pytest_plugins = ["tests.sdk_fixtures"]
@@ -68,7 +69,7 @@ def test_a_receipt_spooled_before_a_kill_is_delivered_by_the_next_start_exactly_
     assert agent.ledger.read_text() == "42\n"
     assert Receipt.objects.filter(key="refund:42").count() == 1
     assert Effect.objects.get(key="refund:42").state == "succeeded"
-    assert not Case.objects.exists(), "the replayed receipt looked late or the run interrupted"
+    assert not ledger.cases().exists(), "the replayed receipt looked late or the run interrupted"
     assert not list(spool_root.glob("*/*.json"))
 
 
@@ -98,4 +99,4 @@ def test_a_server_away_for_a_while_loses_no_receipt(server, api_key, spool_root)
         "msg-2",
     ]
     assert set(Effect.objects.values_list("state", flat=True)) == {"succeeded"}
-    assert not Case.objects.exists()
+    assert not ledger.cases().exists()

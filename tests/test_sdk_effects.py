@@ -21,6 +21,7 @@ from durability.sdk import (
     RequestRejected,
     Tallybook,
 )
+from tests import ledger
 from tests.sdk_support import FAST, ROOT, free_port
 
 pytest_plugins = ["tests.sdk_fixtures"]
@@ -137,7 +138,7 @@ def test_a_definitive_failure_lets_the_next_attempt_proceed(tb):
         fx.fail("declined again", definitive=True)
 
     assert Effect.objects.get(key="refund:42").state == "failed"
-    assert not Case.objects.exists()
+    assert not ledger.cases().exists()
 
 
 def test_leaving_the_block_without_receipt_or_failure_raises_and_opens_a_case(tb):
@@ -190,7 +191,7 @@ def test_asking_again_from_the_same_worker_is_the_same_attempt(worker):
         fx.receipt(system="fakepay", external_id="re_1")
 
     assert Receipt.objects.count() == 1
-    assert not Case.objects.exists()
+    assert not ledger.cases().exists()
 
 
 def test_the_same_run_in_another_worker_finds_the_attempt_interrupted(worker):
@@ -202,7 +203,7 @@ def test_the_same_run_in_another_worker_finds_the_attempt_interrupted(worker):
 
     # The interrupted attempt's receipt still counts, as a late success.
     assert late.late
-    assert Case.objects.get(closed=None).reason == "late_success"
+    assert ledger.cases().get(closed=None).reason == "late_success"
 
 
 def test_a_timeout_then_a_late_receipt_is_a_late_success(tb):

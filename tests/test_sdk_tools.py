@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from durability.models import Case, Effect
+from durability.models import Effect
 from durability.models import Receipt as ReceiptRow
 from durability.sdk import EffectInDoubt, Receipt, Tallybook
+from tests import ledger
 
 pytest_plugins = ["tests.sdk_fixtures"]
 
@@ -67,7 +68,7 @@ def test_a_tool_that_raises_reports_an_uncertain_failure_and_the_retry_is_in_dou
     with pytest.raises(EffectInDoubt):
         charge(1)
 
-    assert Case.objects.get(closed=None).reason == "uncertain"
+    assert ledger.cases().get(closed=None).reason == "uncertain"
 
 
 def test_a_tool_that_returns_no_receipt_is_a_bug_reported_loudly(tb: Tallybook):

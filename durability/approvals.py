@@ -1,0 +1,114 @@
+"""Approvals: people's go-ahead for effects whose grant requires it.
+
+An approval is decided by the first `deny`, or by `needed` approvals from different
+people (the same person twice is refused). The decision itself is the state machine's
+(machine.effect_approval_decide); this module says who may sign and when it is final.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.contrib.auth.models import User
+from django.db import transaction
+from django.db.models import Prefetch, QuerySet
+from django.utils import timezone
+
+from durability import machine
+from durability.audit import Trail
+from durability.models import (
+    Approval,
+    ApprovalStatus,
+    Effect,
+    Project,
+    Signoff,
+    SignoffVerdict,
+)
+
+
+class SignoffRefused(Exception):
+    """The approval cannot take this person's verdict; the message says why."""
+
+
+@dataclass
+class SignoffOutcome:
+    approval: Approval
+    signoff: Signoff
+    # True once the approval is decided and the effect released or denied.
+    final: bool
+
+
+def approval_sign(
+    *, project: Project, approval_id: int, user: User, verdict: SignoffVerdict, reason: str
+) -> SignoffOutcome:
+    """Record one person's verdict and, when it is final, apply it to the effect.
+
+    Locks the effect row first, then the approval, in the state machine's order, so
+    two people signing at once are taken one after the other.
+    """
+    actor = f"user:{user.get_username()}"
+    with transaction.atomic():
+        found = Approval.objects.filter(project=project, pk=approval_id).only("effect_id").first()
+        if found is None:
+            raise SignoffRefused(f"No approval {approval_id} in {project}.")
+        effect = Effect.objects.select_for_update().get(pk=found.effect_id)
+        approval = Approval.objects.select_for_update().get(pk=approval_id)
+        if approval.status != ApprovalStatus.OPEN:
+            raise SignoffRefused(f"Approval {approval.pk} was already decided: {approval.status}.")
+        if approval.signoffs.filter(user=user).exists():
+            raise SignoffRefused(
+                "You have already signed this approval; the next approval must come from "
+                "someone else."
+            )
+        signoff = Signoff.objects.create(
+            approval=approval, user=user, verdict=verdict, reason=reason
+        )
+        approvals = approval.signoffs.filter(verdict=SignoffVerdict.APPROVE).count()
+        final = verdict == SignoffVerdict.DENY or approvals >= approval.needed
+        trail = Trail(project.pk, actor)
+        trail.add(
+            "approval_signed",
+            effect=effect,
+            approval=approval.pk,
+            verdict=verdict.value,
+            reason=reason,
+            approvals=approvals,
+            needed=approval.needed,
+        )
+        trail.append()
+        if final:
+            approval.status = (
+                ApprovalStatus.DENIED if verdict == SignoffVerdict.DENY else ApprovalStatus.APPROVED
+            )
+            approval.decided = timezone.now()
+            approval.save(update_fields=["status", "decided"])
+            machine.effect_approval_decide(
+                project=project,
+                effect_id=effect.pk,
+                actor=actor,
+                approve=verdict == SignoffVerdict.APPROVE,
+                note=reason,
+            )
+    return SignoffOutcome(approval, signoff, final)
+
+
+def approvals_of(project: Project) -> QuerySet[Approval]:
+    """A project's approvals with what their pages show, in a fixed number of queries."""
+    return (
+        Approval.objects.filter(project=project)
+        .select_related("effect", "grant")
+        .prefetch_related(
+            Prefetch("signoffs", queryset=Signoff.objects.select_related("user").order_by("id"))
+        )
+    )
+
+
+def inbox(project: Project) -> list[Approval]:
+    """Open approvals, oldest first: the ones waiting longest come first."""
+    return list(approvals_of(project).filter(status=ApprovalStatus.OPEN).order_by("created", "id"))
+
+
+def recently_decided(project: Project, limit: int = 20) -> list[Approval]:
+    return list(
+        approvals_of(project).exclude(status=ApprovalStatus.OPEN).order_by("-decided")[:limit]
+    )

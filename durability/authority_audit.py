@@ -1,0 +1,254 @@
+"""Authority against evidence: the four quadrants and the table of the authority audit.
+
+An effect is *authorized* when it was recorded under a grant and neither denied nor
+still awaiting approval; it *has evidence* when any receipt names it. Orphan receipts
+(evidence for a key no intent named) count as evidence without authority, because
+nothing authorized them; they only open `orphan_receipt` (not `unauthorized_effect`)
+since their intent may still arrive and be checked then.
+
+Counts are one aggregate query; the table is one query whatever its length (the
+strongest receipt and the mismatch are subqueries, not per-row look-ups).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import (
+    Case,
+    Count,
+    Exists,
+    IntegerField,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    Value,
+    When,
+)
+from django.utils import timezone
+
+from durability.machine import STRENGTH_RANK
+from durability.models import Case as LedgerCase
+from durability.models import Effect, Project, Reason, Receipt, State
+
+PAGE_SIZE = 100
+DEFAULT_SPAN = timedelta(days=7)
+
+
+class Quadrant:
+    AUTHORIZED_EVIDENCE = "authorized_evidence"
+    AUTHORIZED_WAITING = "authorized_waiting"
+    EVIDENCE_UNAUTHORIZED = "evidence_unauthorized"
+    DENIED_UNATTEMPTED = "denied_unattempted"
+
+
+QUADRANTS = [
+    (Quadrant.AUTHORIZED_EVIDENCE, "Authorized, with evidence"),
+    (Quadrant.AUTHORIZED_WAITING, "Authorized, no evidence yet"),
+    (Quadrant.EVIDENCE_UNAUTHORIZED, "Evidence without authority"),
+    (Quadrant.DENIED_UNATTEMPTED, "Denied or never attempted"),
+]
+QUADRANT_LABEL = dict(QUADRANTS)
+
+AUTHORIZED = Q(grant__isnull=False) & ~Q(state__in=[State.DENIED, State.AWAITING_APPROVAL])
+QUADRANT_FILTER = {
+    Quadrant.AUTHORIZED_EVIDENCE: AUTHORIZED & Q(evidenced=True),
+    Quadrant.AUTHORIZED_WAITING: AUTHORIZED & Q(evidenced=False),
+    Quadrant.EVIDENCE_UNAUTHORIZED: ~AUTHORIZED & Q(evidenced=True),
+    Quadrant.DENIED_UNATTEMPTED: ~AUTHORIZED & Q(evidenced=False),
+}
+
+_RANK = Case(
+    *[When(strength=strength, then=Value(rank)) for strength, rank in STRENGTH_RANK.items()],
+    output_field=IntegerField(),
+)
+
+
+@dataclass(frozen=True)
+class AuditQuery:
+    """What the page shows: a time range over effects' creation, and filters."""
+
+    since: datetime
+    until: datetime
+    kind: str = ""
+    target: str = ""
+    grant: int | None = None
+    quadrant: str = ""
+
+    @classmethod
+    def default(cls, now: datetime | None = None) -> AuditQuery:
+        now = now or timezone.now()
+        return cls(since=now - DEFAULT_SPAN, until=now)
+
+    @property
+    def narrowed(self) -> bool:
+        """Filters that orphan receipts (no effect: no kind, no grant) cannot satisfy."""
+        return bool(self.kind or self.target or self.grant)
+
+
+def _effects(project: Project, query: AuditQuery) -> QuerySet[Effect]:
+    effects = Effect.objects.filter(
+        project=project, created__gte=query.since, created__lt=query.until
+    ).annotate(evidenced=Exists(Receipt.objects.filter(effect=OuterRef("pk"))))
+    if query.kind:
+        effects = effects.filter(kind=query.kind)
+    if query.target:
+        effects = effects.filter(target=query.target)
+    if query.grant:
+        effects = effects.filter(grant=query.grant)
+    return effects
+
+
+def _orphans(project: Project, query: AuditQuery) -> QuerySet[Receipt]:
+    if query.narrowed:
+        return Receipt.objects.none()
+    return Receipt.objects.filter(
+        project=project, effect=None, received__gte=query.since, received__lt=query.until
+    )
+
+
+def quadrant_counts(project: Project, query: AuditQuery) -> dict[str, int]:
+    """Effects per quadrant (orphan receipts added to evidence without authority)."""
+    counts = _effects(project, query).aggregate(
+        **{name: Count("pk", filter=condition) for name, condition in QUADRANT_FILTER.items()}
+    )
+    counts[Quadrant.EVIDENCE_UNAUTHORIZED] += _orphans(project, query).count()
+    return counts
+
+
+def _strongest() -> QuerySet[Receipt]:
+    return (
+        Receipt.objects.filter(effect=OuterRef("pk"))
+        .annotate(rank=_RANK)
+        .order_by("-rank", "received", "id")
+    )
+
+
+def rows(project: Project, query: AuditQuery) -> QuerySet[Effect]:
+    """The table: every effect the query matches, newest first, with its authority, its
+    strongest evidence and whether evidence went beyond the grant."""
+    effects = _effects(project, query)
+    if query.quadrant:
+        effects = effects.filter(QUADRANT_FILTER[query.quadrant])
+    return (
+        effects.select_related("grant")
+        .annotate(
+            strongest=Subquery(_strongest().values("strength")[:1]),
+            strongest_id=Subquery(_strongest().values("external_id")[:1]),
+            strongest_system=Subquery(_strongest().values("system")[:1]),
+            exceeded=Exists(
+                LedgerCase.objects.filter(effect=OuterRef("pk"), reason=Reason.AUTHORITY_EXCEEDED)
+            ),
+            denied_rule=Subquery(
+                LedgerCase.objects.filter(effect=OuterRef("pk"), reason=Reason.AUTHORITY_DENIED)
+                .order_by("-id")
+                .values("detail__rule")[:1]
+            ),
+        )
+        .order_by("-id")
+    )
+
+
+def page(
+    project: Project, query: AuditQuery, before: int | None
+) -> tuple[list[Effect], int | None]:
+    """One page of the table, keyset on id; and the id to continue before, if any."""
+    found = rows(project, query)
+    if before:
+        found = found.filter(pk__lt=before)
+    taken = list(found[: PAGE_SIZE + 1])
+    more = len(taken) > PAGE_SIZE
+    taken = taken[:PAGE_SIZE]
+    return taken, taken[-1].pk if more and taken else None
+
+
+def orphan_rows(project: Project, query: AuditQuery, limit: int = PAGE_SIZE) -> list[Receipt]:
+    """Evidence for keys no intent named, newest first, unless the query looks elsewhere."""
+    if query.quadrant not in ("", Quadrant.EVIDENCE_UNAUTHORIZED):
+        return []
+    return list(_orphans(project, query).order_by("-received", "-id")[:limit])
+
+
+def authorized(effect: Effect) -> bool:
+    return effect.grant_id is not None and effect.state not in (
+        State.DENIED,
+        State.AWAITING_APPROVAL,
+    )
+
+
+def quadrant_of(effect: Any) -> str:
+    yes = authorized(effect)
+    if yes:
+        return Quadrant.AUTHORIZED_EVIDENCE if effect.evidenced else Quadrant.AUTHORIZED_WAITING
+    return Quadrant.EVIDENCE_UNAUTHORIZED if effect.evidenced else Quadrant.DENIED_UNATTEMPTED
+
+
+def authority_of(effect: Any) -> str:
+    """The authority column: the grant and what became of the ask."""
+    if effect.grant_id is None:
+        return f"denied: {effect.denied_rule}" if effect.denied_rule else "no grant"
+    grant = f"{effect.grant.name} (grant {effect.grant_id} v{effect.grant.version})"
+    if effect.state == State.DENIED:
+        return f"{grant}: denied" + (f" ({effect.denied_rule})" if effect.denied_rule else "")
+    if effect.state == State.AWAITING_APPROVAL:
+        return f"{grant}: awaiting approval"
+    return grant
+
+
+def mismatch_of(effect: Any) -> str:
+    """Where authority and evidence disagree, in a few words; empty when they agree."""
+    if effect.exceeded:
+        return "evidence beyond the grant"
+    if not effect.evidenced or authorized(effect):
+        return ""
+    if effect.state == State.DENIED:
+        return "happened although denied"
+    if effect.state == State.AWAITING_APPROVAL:
+        return "happened before approval"
+    return "happened with no grant"
+
+
+HEADER = [
+    "effect",
+    "key",
+    "kind",
+    "target",
+    "state",
+    "amount",
+    "authority",
+    "strongest evidence",
+    "evidence id",
+    "mismatch",
+    "quadrant",
+    "created",
+]
+
+
+def line(effect: Any) -> list[str]:
+    """One row of the table, as the page and the CSV show it."""
+    amount = f"{effect.amount.normalize():f} {effect.currency}" if effect.amount else ""
+    evidence = f"{effect.strongest_system}:{effect.strongest_id}" if effect.strongest else ""
+    return [
+        str(effect.pk),
+        effect.key,
+        effect.kind,
+        effect.target,
+        effect.state,
+        amount,
+        authority_of(effect),
+        effect.strongest or "none",
+        evidence,
+        mismatch_of(effect),
+        QUADRANT_LABEL[quadrant_of(effect)],
+        effect.created.isoformat(),
+    ]
+
+
+def lines(effects: QuerySet[Effect]) -> Iterator[list[str]]:
+    yield HEADER
+    for effect in effects.iterator(chunk_size=2000):
+        yield line(effect)

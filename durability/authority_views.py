@@ -1,0 +1,406 @@
+"""Authority pages: grants and the project's policy (/authority/), webhook sources, the
+authority audit, and the approvals inbox (/approvals/).
+
+Everything is in the user's current project (durability.desk). Reading needs a
+membership; approving needs the operator's right to resolve cases; grants, the policy and
+webhook sources are for admins. Services do the changes and write the audit entries.
+"""
+
+from __future__ import annotations
+
+import csv
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.db import IntegrityError
+from django.db.models import Count
+from django.http import Http404, HttpResponse, StreamingHttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from durability import approvals, authority_audit, grants, webhooks
+from durability.authority_forms import (
+    AuditForm,
+    GrantForm,
+    PolicyForm,
+    RevokeForm,
+    SignoffForm,
+    WebhookSourceForm,
+)
+from durability.desk import actor_of, current_membership
+from durability.models import (
+    Approval,
+    AuthorityPolicy,
+    Grant,
+    SignoffVerdict,
+    WebhookKind,
+    WebhookSource,
+)
+from durability.roles import Access, Perm, access_from
+from durability.views import AuthedRequest
+
+RECENT_EFFECTS = 20
+
+
+def _access(request: AuthedRequest, perm: Perm = Perm.VIEW) -> Access:
+    """The user's access to their current project, which must allow `perm`."""
+    membership, _ = current_membership(request)
+    if membership is None:
+        raise Http404("You are not a member of any project")
+    access = access_from(membership)
+    if not access.can(perm):
+        raise PermissionDenied(
+            f"Your role in {access.project} ({access.role}) does not allow this action."
+        )
+    return access
+
+
+def _grant(access: Access, grant_id: int) -> Grant:
+    grant = Grant.objects.filter(project=access.project, pk=grant_id).first()
+    if grant is None:
+        raise Http404("No such grant in your current project")
+    return grant
+
+
+# -- grants and policy -----------------------------------------------------------------
+
+
+@login_required
+@require_GET
+def authority(request: AuthedRequest) -> HttpResponse:
+    """The project's grants (current versions unless `?status=` says otherwise) and policy."""
+    access = _access(request)
+    query = grants.GrantQuery.parse(request.GET.dict())
+    if isinstance(query, dict):
+        query = grants.GrantQuery()
+    rows = query.apply(Grant.objects.filter(project=access.project))
+    if not query.status:
+        rows = rows.filter(superseded_at=None)
+    return render(
+        request,
+        "durability/authority/grants.html",
+        {
+            "access": access,
+            "grants": list(rows[:500]),
+            "status": query.status,
+            "statuses": grants.GRANT_STATUSES,
+            "policy_form": PolicyForm(
+                initial={"authority_policy": access.project.authority_policy}
+            ),
+            "can_manage": access.can(Perm.MANAGE),
+        },
+    )
+
+
+@login_required
+@require_POST
+def policy(request: AuthedRequest) -> HttpResponse:
+    access = _access(request, Perm.MANAGE)
+    form = PolicyForm(request.POST)
+    if form.is_valid():
+        new = AuthorityPolicy(form.cleaned_data["authority_policy"])
+        if grants.project_policy_set(project=access.project, actor=actor_of(request), policy=new):
+            messages.success(request, f"Intents that name no grant now get: {new.label}.")
+    return redirect("authority")
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def grant_new(request: AuthedRequest) -> HttpResponse:
+    access = _access(request, Perm.MANAGE)
+    form = GrantForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        grant = grants.grant_create(
+            project=access.project, actor=actor_of(request), terms=form.terms()
+        )
+        messages.success(request, f"Grant {grant.pk} created.")
+        return redirect(grant)
+    status = 400 if request.method == "POST" else 200
+    return render(
+        request,
+        "durability/authority/grant_form.html",
+        {"form": form, "access": access},
+        status=status,
+    )
+
+
+def _grant_page(
+    request: AuthedRequest,
+    access: Access,
+    grant: Grant,
+    form: GrantForm | None = None,
+    revoke: RevokeForm | None = None,
+    status: int = 200,
+) -> HttpResponse:
+    versions = list(Grant.objects.filter(lineage=grant.lineage).order_by("-version"))
+    effects = list(
+        grant.effects.select_related("grant").order_by("-id")[:RECENT_EFFECTS] if grant.pk else []
+    )
+    context: dict[str, Any] = {
+        "access": access,
+        "grant": grant,
+        "versions": versions,
+        "effects": effects,
+        "can_manage": access.can(Perm.MANAGE),
+        "form": form or GrantForm.of(grant),
+        "revoke_form": revoke or RevokeForm(),
+        "current": grant.superseded_at is None and grant.revoked is None,
+    }
+    return render(request, "durability/authority/grant.html", context, status=status)
+
+
+@login_required
+@require_GET
+def grant(request: AuthedRequest, grant_id: int) -> HttpResponse:
+    access = _access(request)
+    return _grant_page(request, access, _grant(access, grant_id))
+
+
+@login_required
+@require_POST
+def grant_supersede(request: AuthedRequest, grant_id: int) -> HttpResponse:
+    access = _access(request, Perm.MANAGE)
+    old = _grant(access, grant_id)
+    form = GrantForm(request.POST)
+    if not form.is_valid():
+        return _grant_page(request, access, old, form=form, status=400)
+    try:
+        new = grants.grant_supersede(grant=old, actor=actor_of(request), terms=form.terms())
+    except grants.GrantClosed as exc:
+        messages.error(request, str(exc))
+        return redirect(old)
+    messages.success(request, f"Version {new.version} supersedes version {old.version}.")
+    return redirect(new)
+
+
+@login_required
+@require_POST
+def grant_revoke(request: AuthedRequest, grant_id: int) -> HttpResponse:
+    access = _access(request, Perm.MANAGE)
+    grant = _grant(access, grant_id)
+    form = RevokeForm(request.POST)
+    if not form.is_valid():
+        return _grant_page(request, access, grant, revoke=form, status=400)
+    try:
+        grants.grant_revoke(grant=grant, actor=actor_of(request), note=form.cleaned_data["note"])
+    except grants.GrantClosed as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, f"Grant {grant.pk} revoked: intents naming it are denied.")
+    return redirect(grant)
+
+
+# -- webhook sources ---------------------------------------------------------------------
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def webhook_sources(request: AuthedRequest) -> HttpResponse:
+    """The project's webhook sources; admins add them and see their secrets."""
+    access = _access(request, Perm.MANAGE)
+    form = WebhookSourceForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        data = form.cleaned_data
+        try:
+            source = webhooks.webhook_source_create(
+                project=access.project,
+                actor=actor_of(request),
+                name=data["name"],
+                kind=WebhookKind(data["kind"]),
+                system=data["system"],
+                mapping=data["mapping"],
+                tolerance_s=data["tolerance_s"],
+            )
+        except IntegrityError:
+            form.add_error("name", "A webhook source of that name exists already.")
+        else:
+            messages.success(request, f"Webhook source {source.name} created.")
+            return redirect("webhook-sources")
+    sources = list(
+        WebhookSource.objects.filter(project=access.project)
+        .annotate(delivery_count=Count("deliveries"))
+        .order_by("name")
+    )
+    return render(
+        request,
+        "durability/authority/webhooks.html",
+        {
+            "access": access,
+            "sources": sources,
+            "form": form,
+            "base_url": request.build_absolute_uri("/hooks/"),
+        },
+        status=400 if form.errors else 200,
+    )
+
+
+@login_required
+@require_POST
+def webhook_source_toggle(request: AuthedRequest, source_id: int) -> HttpResponse:
+    access = _access(request, Perm.MANAGE)
+    source = WebhookSource.objects.filter(project=access.project, pk=source_id).first()
+    if source is None:
+        raise Http404("No such webhook source in your current project")
+    webhooks.webhook_source_enable(
+        source=source, actor=actor_of(request), enabled=not source.enabled
+    )
+    return redirect("webhook-sources")
+
+
+# -- the authority audit -------------------------------------------------------------------
+
+
+def _audit_query(request: AuthedRequest) -> tuple[AuditForm, authority_audit.AuditQuery]:
+    form = AuditForm(request.GET)
+    query = form.query() if form.is_valid() else authority_audit.AuditQuery.default()
+    return form, query
+
+
+@login_required
+@require_GET
+def authority_audit_page(request: AuthedRequest) -> HttpResponse:
+    """The four quadrants for a time range and filters, and the effects behind them."""
+    access = _access(request)
+    form, query = _audit_query(request)
+    before = request.GET.get("before", "")
+    effects, next_before = authority_audit.page(
+        access.project, query, int(before) if before.isdigit() else None
+    )
+    counts = authority_audit.quadrant_counts(access.project, query)
+    params = request.GET.copy()
+    params.pop("before", None)
+    params.pop("quadrant", None)
+    quadrants = [
+        {
+            "name": name,
+            "label": label,
+            "count": counts[name],
+            "current": name == query.quadrant,
+            "qs": f"{params.urlencode()}&quadrant={name}".lstrip("&"),
+        }
+        for name, label in authority_audit.QUADRANTS
+    ]
+    context = {
+        "access": access,
+        "form": form,
+        "query": query,
+        "quadrants": quadrants,
+        "header": authority_audit.HEADER,
+        "rows": [(effect, authority_audit.line(effect)) for effect in effects],
+        "orphans": authority_audit.orphan_rows(access.project, query) if not before else [],
+        "next_before": next_before,
+        "filters": params.urlencode(),
+        "here": request.GET.urlencode(),
+    }
+    return render(request, "durability/authority/audit.html", context)
+
+
+class _Echo:
+    """A file-like object whose write hands back what it was given, for streaming CSV."""
+
+    def write(self, value: str) -> str:
+        return value
+
+
+@login_required
+@require_GET
+def authority_audit_csv(request: AuthedRequest) -> StreamingHttpResponse:
+    """The table as CSV: the same filter, columns and order as the page; the page's rows
+    when the link carries its cursor (`before`) and `page=1`, else every matching row."""
+    access = _access(request)
+    _, query = _audit_query(request)
+    effects = authority_audit.rows(access.project, query)
+    before = request.GET.get("before", "")
+    if before.isdigit():
+        effects = effects.filter(pk__lt=int(before))
+    if request.GET.get("page") == "1":
+        effects = effects[: authority_audit.PAGE_SIZE]
+    writer = csv.writer(_Echo())
+    response = StreamingHttpResponse(
+        (writer.writerow(line) for line in authority_audit.lines(effects)),
+        content_type="text/csv; charset=utf-8",
+    )
+    stamp = f"{query.since:%Y%m%d%H%M}-{query.until:%Y%m%d%H%M}"
+    response["Content-Disposition"] = f'attachment; filename="authority-audit-{stamp}.csv"'
+    return response
+
+
+# -- approvals -----------------------------------------------------------------------------
+
+
+@login_required
+@require_GET
+def approvals_inbox(request: AuthedRequest) -> HttpResponse:
+    access = _access(request)
+    return render(
+        request,
+        "durability/authority/approvals.html",
+        {
+            "access": access,
+            "open": approvals.inbox(access.project),
+            "decided": approvals.recently_decided(access.project),
+        },
+    )
+
+
+def _approval(access: Access, approval_id: int) -> Approval:
+    approval = approvals.approvals_of(access.project).filter(pk=approval_id).first()
+    if approval is None:
+        raise Http404("No such approval in your current project")
+    return approval
+
+
+def _approval_page(
+    request: AuthedRequest,
+    access: Access,
+    approval: Approval,
+    form: SignoffForm | None = None,
+    status: int = 200,
+) -> HttpResponse:
+    signed = any(s.user_id == request.user.pk for s in approval.signoffs.all())
+    context = {
+        "access": access,
+        "approval": approval,
+        "effect": approval.effect,
+        "form": form or SignoffForm(),
+        "can_sign": access.can(Perm.RESOLVE) and approval.status == "open" and not signed,
+        "signed": signed,
+        "approved": sum(s.verdict == SignoffVerdict.APPROVE for s in approval.signoffs.all()),
+    }
+    return render(request, "durability/authority/approval.html", context, status=status)
+
+
+@login_required
+@require_GET
+def approval(request: AuthedRequest, approval_id: int) -> HttpResponse:
+    access = _access(request)
+    return _approval_page(request, access, _approval(access, approval_id))
+
+
+@login_required
+@require_POST
+def approval_sign(request: AuthedRequest, approval_id: int) -> HttpResponse:
+    access = _access(request, Perm.RESOLVE)
+    found = _approval(access, approval_id)
+    form = SignoffForm(request.POST)
+    if not form.is_valid():
+        return _approval_page(request, access, found, form=form, status=400)
+    try:
+        outcome = approvals.approval_sign(
+            project=access.project,
+            approval_id=found.pk,
+            user=request.user,
+            verdict=SignoffVerdict(form.cleaned_data["verdict"]),
+            reason=form.cleaned_data["reason"],
+        )
+    except approvals.SignoffRefused as exc:
+        form.add_error(None, str(exc))
+        return _approval_page(request, access, _approval(access, approval_id), form, status=409)
+    if outcome.final:
+        messages.success(request, f"Approval {found.pk} {outcome.approval.status}.")
+    else:
+        left = outcome.approval.needed - 1
+        messages.success(request, f"Signed; {left} more approval from someone else is needed.")
+    return redirect("approval", approval_id=found.pk)
