@@ -16,8 +16,12 @@ from durability.models import (
     Signoff,
     State,
 )
+from tests import otlp_support as otlp
 from tests.authority import grant, under
 from tests.desk import logged_in, member
+from tests.otlp_support import post_traces, queue, request, work
+
+__all__ = ["queue"]  # the RQ queue fixture, used by name
 
 
 @pytest.fixture
@@ -172,3 +176,18 @@ def test_the_approval_page_shows_the_request_and_its_place_in_the_run(api, proje
     page = logged_in(alice).get(f"/approvals/{approval.pk}/").content.decode()
     assert "A-17" in page and "call_9" in page and "run-7" in page
     assert "refund-bot" in page
+
+
+def test_the_approval_links_the_tool_call_and_the_model_run_that_asked(
+    api, project, alice, queue, django_capture_on_commit_callbacks
+):
+    model, tool_span = "1" * 16, "2" * 16
+    with django_capture_on_commit_callbacks(execute=True):
+        spans = request(otlp.chat(model), otlp.tool(tool_span))
+        assert post_traces(api.client, api.key, spans).status_code == 200
+        _, approval = _ask(api, project, trace_id=otlp.TRACE, span_id=tool_span)
+    work(queue)
+    html = logged_in(alice).get(f"/approvals/{approval.pk}/").content.decode()
+    trajectory = html[html.index('aria-label="Trajectory"') :]
+    assert "execute_tool refund" in trajectory and tool_span in trajectory
+    assert "chat gpt-4o" in trajectory and model in trajectory
