@@ -68,12 +68,12 @@ def _current_access(request: AuthedRequest, perm: Perm) -> Access | None:
     if membership is None:
         return None
     access = access_from(membership)
-    if not access.can(perm):
-        raise PermissionDenied(f"Your role in {access.project} does not allow this.")
+    _require(access, perm)
     return access
 
 
 def _require(access: Access, perm: Perm) -> None:
+    """Refuse (403) what the user's role in the project does not allow."""
     if not access.can(perm):
         raise PermissionDenied(
             f"Your role in {access.project} ({access.role}) does not allow this action."

@@ -13,7 +13,15 @@ from urllib.parse import urlencode
 
 from django import forms
 from django.contrib.auth.models import User
-from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery
+from django.db.models import (
+    BooleanField,
+    Count,
+    ExpressionWrapper,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+)
 from django.db.models.fields.json import KT
 
 from durability.models import Attempt, Case, Project, Reason, Severity
@@ -102,9 +110,15 @@ def open_cases(
     if "target" in v:
         qs = qs.filter(effect__target=v["target"])
     if "workflow" in v:
+        # One subquery per case on its current attempt (an index probe each): an EXISTS or
+        # a join here is planned as a scan of every attempt or effect of the project.
         name = v["workflow"]
-        named = _latest_attempt().filter(Q(context__workflow=name) | Q(context__agent=name))
-        qs = qs.filter(Exists(named) | Q(effect__run_id=name))
+        named = ExpressionWrapper(
+            Q(context__workflow=name) | Q(context__agent=name) | Q(run_id=name),
+            output_field=BooleanField(),
+        )
+        current = _latest_attempt().annotate(named=named).values("named")[:1]
+        qs = qs.alias(named=Subquery(current)).filter(named=True)
     if "assignee" in v:
         who = v["assignee"]
         if who == "me":
@@ -117,10 +131,9 @@ def open_cases(
 
 
 def _latest_attempt() -> QuerySet[Attempt]:
-    """The current attempt of the outer case's effect (a correlated subquery)."""
-    return Attempt.objects.filter(
-        effect_id=OuterRef("effect_id"), number=OuterRef("effect__attempt_count")
-    )
+    """The current attempt of the outer case's effect (a correlated subquery that walks
+    attempt_effect_number_uniq backwards; it needs no join to the effect)."""
+    return Attempt.objects.filter(effect_id=OuterRef("effect_id")).order_by("-number")
 
 
 def _micros(value: datetime) -> int:

@@ -7,12 +7,16 @@ import pytest
 
 from durability.models import AuditEntry, Case, Comment, Effect, Reason, Receipt, State
 from tests import ledger
+from tests import otlp_support as otlp
 from tests.desk import (
     late_success_case,
     logged_in,
     member,
     uncertain_case,
 )
+from tests.otlp_support import post_traces, queue, request, work
+
+__all__ = ["queue"]  # the RQ queue fixture, used by name
 
 
 def _resolve(client, case, verdict, note="checked the provider's dashboard", **fields):
@@ -213,7 +217,7 @@ def test_the_story_tells_intent_attempts_and_their_context_changes_in_order(proj
         "k1",
         run_id="run-1",
         worker="w1",
-        authority={"grant": ledger.everything(project).pk, "ticket": "refunds-under-50"},
+        authority={"grant": "refunds-under-50"},
         context={"workflow": "refund-bot", "workflow_version": "2.3.0", "model": "m-1"},
     )
     ledger.failure(project, "k1", definitive=True)
@@ -260,3 +264,20 @@ def test_members_of_another_project_are_not_assignable(project, desk):
     r = desk.post(f"/cases/{case.pk}/assign/", {"version": case.version, "assignee": "gus"})
     assert r.status_code == 409
     assert Case.objects.get(pk=case.pk).assignee is None
+
+
+def test_beside_the_story_the_case_links_the_tool_call_and_the_model_run(
+    desk, api, queue, django_capture_on_commit_callbacks
+):
+    model, tool_span = "1" * 16, "2" * 16
+    with django_capture_on_commit_callbacks(execute=True):
+        spans = request(otlp.chat(model), otlp.tool(tool_span))
+        assert post_traces(api.client, api.key, spans).status_code == 200
+        api.intent("k1", trace_id=otlp.TRACE, span_id=tool_span)
+        api.timeout("k1")
+    work(queue)
+    case = Case.objects.get(reason=Reason.UNCERTAIN)
+    html = desk.get(f"/cases/{case.pk}/").content.decode()
+    trajectory = html[html.index('aria-label="Trajectory"') :]
+    assert "execute_tool refund" in trajectory and tool_span in trajectory
+    assert "chat gpt-4o" in trajectory and model in trajectory

@@ -1,0 +1,238 @@
+"""Server time of the queue page at 10,000 open cases over 1,000,000 effects.
+
+    .venv/bin/python benchmarks/queue_page.py [--effects 1000000] [--open 10000] [--repeat 40]
+
+Creates (dropping it first) the PostgreSQL database named by --db, migrates it, fills it
+with generate_series SQL (effects, their attempts, open and closed cases), then requests
+the queue page through Django's test client with a logged-in operator, for each filter
+and sort, and prints the median and p95 of the server time (view, queries and template;
+no network). --explain prints the plans of the page's queries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+ROOT = Path(__file__).resolve().parent.parent
+PG = "postgres://root@127.0.0.1:5432"
+WORKFLOWS = ["refund-bot", "release-bot", "mail-bot", "repo-bot"]
+KINDS = ["payment", "email", "deploy", "git_push"]
+TARGETS = ["stripe", "smtp", "k8s", "github", "fakepay"]
+
+
+def _fresh_database(name: str) -> None:
+    with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def _insert_select(model: Any, series: str, overrides: dict[str, str]) -> tuple[str, list[Any]]:
+    """INSERT … SELECT over `series` (a FROM clause binding g) for every column of `model`:
+    the overrides' SQL where given, else the field's default, so new columns need nothing."""
+    from django.db import connection
+
+    columns, exprs, params = [], [], []
+    for field in model._meta.concrete_fields:
+        if field.primary_key:
+            continue
+        columns.append(connection.ops.quote_name(field.column))
+        if field.attname in overrides:
+            exprs.append(overrides[field.attname])
+        elif field.null:
+            exprs.append("NULL")
+        else:
+            exprs.append("%s")
+            params.append(field.get_db_prep_save(field.get_default(), connection))
+    table = connection.ops.quote_name(model._meta.db_table)
+    sql = f"INSERT INTO {table} ({', '.join(columns)}) SELECT {', '.join(exprs)} FROM {series}"
+    return sql, params
+
+
+def _fill(effects: int, open_cases: int) -> dict[str, Any]:
+    """The data set, in a few statements; returns the operator and the project."""
+    from django.contrib.auth.models import User
+    from django.db import connection, transaction
+
+    from durability.models import Attempt, Case, Effect, Membership, Project, Role
+
+    project = Project.objects.create(name="bench")
+    operator = User.objects.create_user("operator")
+    Membership.objects.create(project=project, user=operator, role=Role.OPERATOR)
+    closed_cases = open_cases * 9
+    # Effects 1..open_cases have the open cases; the next 9× that many had cases, closed.
+    reasons = (
+        "CASE WHEN g %% 10 < 7 THEN 'uncertain' WHEN g %% 10 < 8 THEN 'late_success' "
+        "WHEN g %% 10 < 9 THEN 'version_drift' ELSE 'duplicate_effect' END"
+    )
+    effect_sql, effect_params = _insert_select(
+        Effect,
+        "generate_series(1, %s) AS g",
+        {
+            "project_id": str(project.pk),
+            "key": "'bench:' || g",
+            "kind": f"(ARRAY{KINDS!r})[1 + g %% {len(KINDS)}]",
+            "target": f"(ARRAY{TARGETS!r})[1 + g %% {len(TARGETS)}]",
+            "fingerprint": "md5(g::text)",
+            "request": "jsonb_build_object('order', g, 'amount', 1250)",
+            "state": f"CASE WHEN g <= {open_cases} AND g %% 10 < 7 THEN 'timed_out' "
+            "ELSE 'succeeded' END",
+            "run_id": "'run-' || (g %% 50000)",
+            "attempt_count": "1",
+            "created": "now() - make_interval(secs => g)",
+            "updated": "now() - make_interval(secs => g)",
+        },
+    )
+    attempt_sql, attempt_params = _insert_select(
+        Attempt,
+        f"generate_series(1, %s) AS g JOIN {Effect._meta.db_table} e "
+        "ON e.key = 'bench:' || g AND e.project_id = %s",
+        {
+            "effect_id": "e.id",
+            "number": "1",
+            "started": "e.created",
+            "context": f"jsonb_build_object('workflow', (ARRAY{WORKFLOWS!r})[1 + g %% "
+            f"{len(WORKFLOWS)}], 'workflow_version', '2.' || (g %% 7), 'model', 'gpt-5')",
+            "run_id": "e.run_id",
+        },
+    )
+    case_sql, case_params = _insert_select(
+        Case,
+        f"generate_series(1, %s) AS g JOIN {Effect._meta.db_table} e "
+        "ON e.key = 'bench:' || g AND e.project_id = %s",
+        {
+            "project_id": str(project.pk),
+            "effect_id": "e.id",
+            "reason": reasons,
+            "severity": "CASE WHEN g %% 10 = 9 THEN 4 WHEN g %% 10 = 8 THEN 1 ELSE 3 END",
+            "summary": "'Attempt 1 timed out: no answer in 30s (' || g || ')'",
+            "opened": "now() - make_interval(secs => g * 7)",
+            "closed": f"CASE WHEN g > {open_cases} THEN now() ELSE NULL END",
+            "assignee_id": f"CASE WHEN g %% 10 = 3 THEN {operator.pk} ELSE NULL END",
+            "version": "1",
+        },
+    )
+    with transaction.atomic(), connection.cursor() as cursor:
+        started = time.perf_counter()
+        cursor.execute(effect_sql, [*effect_params, effects])
+        cursor.execute(attempt_sql, [*attempt_params, effects, project.pk])
+        cursor.execute(case_sql, [*case_params, open_cases + closed_cases, project.pk])
+        print(f"filled in {time.perf_counter() - started:.1f}s", file=sys.stderr)
+    with connection.cursor() as cursor:
+        cursor.execute("VACUUM ANALYZE")
+    return {"operator": operator, "project": project}
+
+
+def _paths(client: Any) -> dict[str, str]:
+    """The page under each filter a triager uses, and a second page of each sort."""
+    import re
+
+    paths = {
+        "all, oldest first": "/queue/",
+        "all, most severe first": "/queue/?sort=severity",
+        "reason=uncertain": "/queue/?reason=uncertain",
+        "reason=duplicate_effect": "/queue/?reason=duplicate_effect",
+        "severity>=critical": "/queue/?severity=4",
+        "kind=deploy": "/queue/?kind=deploy",
+        "target=k8s": "/queue/?target=k8s",
+        "workflow=refund-bot": "/queue/?workflow=refund-bot",
+        "assignee=me": "/queue/?assignee=me",
+        "assignee=none, severity": "/queue/?assignee=none&sort=severity",
+        "kind+target+reason": "/queue/?kind=deploy&target=k8s&reason=uncertain",
+    }
+    seconds = [("page 2, oldest", "/queue/"), ("page 2, severe", "/queue/?sort=severity")]
+    for label, first in seconds:
+        html = client.get(first).content.decode()
+        after = re.search(r'hx-get="(\?[^"]*after=[^"]+)"', html)
+        assert after, f"{first} has no second page"
+        paths[label] = "/queue/" + after.group(1).replace("&amp;", "&")
+    since = re.search(r"since=(\d+)", client.get("/queue/").content.decode())
+    paths["pulse (polled every 5s)"] = f"/queue/pulse/?since={since.group(1) if since else 0}"
+    return paths
+
+
+def _time(client: Any, path: str, repeat: int) -> list[float]:
+    headers = {"HX-Request": "true"} if "after=" in path else {}
+    client.get(path, headers=headers)  # warm: the first request compiles templates
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        response = client.get(path, headers=headers)
+        times.append(time.perf_counter() - started)
+        assert response.status_code == 200, (path, response.status_code)
+    return times
+
+
+def _p95(values: list[float]) -> float:
+    return statistics.quantiles(values, n=20, method="inclusive")[-1]
+
+
+def _explain(client: Any, path: str) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as captured:
+        client.get(path)
+    print(f"\n== {path}: {len(captured)} queries")
+    with connection.cursor() as cursor:
+        for query in captured:
+            sql = query["sql"]
+            if not sql.lstrip().upper().startswith("SELECT") or "durability_case" not in sql:
+                continue
+            cursor.execute("EXPLAIN (ANALYZE, COSTS OFF) " + sql)
+            print("--", sql[:160].replace("\n", " "), "…")
+            for (line,) in cursor.fetchall():
+                print("   ", line)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--effects", type=int, default=1_000_000)
+    parser.add_argument("--open", type=int, default=10_000, help="open cases")
+    parser.add_argument("--repeat", type=int, default=40, help="requests per filter")
+    parser.add_argument("--db", default="tb_bench_queue")
+    parser.add_argument("--explain", action="store_true", help="print the query plans")
+    args = parser.parse_args()
+
+    _fresh_database(args.db)
+    os.environ["DATABASE_URL"] = f"{PG}/{args.db}"
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "durability.settings")
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+    from django.test import Client
+
+    call_command("migrate", verbosity=0)
+    data = _fill(args.effects, args.open)
+    client = Client()
+    client.force_login(data["operator"])
+    page = client.get("/queue/").content.decode()
+    assert f"{args.open} open cases" in page, "the data set is not what the page shows"
+
+    print(f"{args.effects:,} effects, {args.open:,} open cases, {args.repeat} requests each")
+    print(f"{'filter':<28} {'median ms':>10} {'p95 ms':>8}")
+    everything = []
+    for label, path in _paths(client).items():
+        times = _time(client, path, args.repeat)
+        everything += times
+        print(f"{label:<28} {statistics.median(times) * 1000:>10.1f} {_p95(times) * 1000:>8.1f}")
+    print(
+        f"{'all requests':<28} {statistics.median(everything) * 1000:>10.1f} "
+        f"{_p95(everything) * 1000:>8.1f}"
+    )
+    if args.explain:
+        for path in ["/queue/", "/queue/?sort=severity", "/queue/?workflow=refund-bot"]:
+            _explain(client, path)
+
+
+if __name__ == "__main__":
+    main()
