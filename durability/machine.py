@@ -281,10 +281,11 @@ def decide(effect: Effect) -> Outcome:
             "receipt or its deadline.",
         )
     if state == S.AWAITING_APPROVAL:
+        approval = Approval.objects.filter(effect=effect).first()
         return Outcome(
             Decision.WAIT,
             effect,
-            "The effect awaits a person's approval.",
+            "The effect awaits a person's approval." + (_where(approval) if approval else ""),
             case=_open_case(effect, Reason.APPROVAL_REQUIRED),
         )
     if state == S.DENIED:
@@ -294,6 +295,10 @@ def decide(effect: Effect) -> Outcome:
         effect,
         f"An operator closed this effect as {state}; use a new key to perform it again.",
     )
+
+
+def _where(approval: Approval) -> str:
+    return f" Wait for approval {approval.pk}: {settings.SITE_URL}{approval.get_absolute_url()}"
 
 
 def _denial(effect: Effect) -> str:
@@ -561,7 +566,6 @@ def _entered(
             needed=check.approvers,
             context=_context_of(intent),
         )
-        url = settings.SITE_URL + approval.get_absolute_url()
         case = _case_open(
             effect,
             Reason.APPROVAL_REQUIRED,
@@ -574,11 +578,7 @@ def _entered(
             **authority,
         )
         return Outcome(
-            Decision.WAIT,
-            effect,
-            f"{check.reason} Wait for approval {approval.pk}: {url}",
-            case=case,
-            created=True,
+            Decision.WAIT, effect, check.reason + _where(approval), case=case, created=True
         )
     assert attempt is not None
     attempt.effect = effect

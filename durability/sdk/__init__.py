@@ -18,7 +18,7 @@ Django is not needed.
 from __future__ import annotations
 
 from durability.sdk.aio import AsyncEffect, AsyncTallybook
-from durability.sdk.client import Effect, ReceiptSlot, Tallybook
+from durability.sdk.client import Amount, Effect, ReceiptSlot, Tallybook
 from durability.sdk.errors import (
     EffectConflict,
     EffectDenied,
@@ -33,6 +33,7 @@ from durability.sdk.errors import (
 from durability.sdk.records import Case, EffectStatus, Receipt
 
 __all__ = [
+    "Amount",
     "AsyncEffect",
     "AsyncTallybook",
     "Case",

@@ -38,10 +38,13 @@ class AsyncEffect(Block):
 
     async def __aenter__(self) -> Self:
         body = self._begin()
+        fail_open = self._options.get("fail_open")
         try:
-            answer = await asyncio.to_thread(
-                self._tb._intent, self.key, body, self._options.get("fail_open")
-            )
+            answer = await asyncio.to_thread(self._tb._intent, self.key, body, fail_open)
+            if (patience := self._awaits_approval(answer)) is not None:
+                assert isinstance(self._tb, AsyncTallybook)
+                await self._tb.wait_for(self.key, timeout=patience)
+                answer = await asyncio.to_thread(self._tb._intent, self.key, body, fail_open)
             self._answered(answer)
         except BaseException as exc:
             self._span.end(exc)

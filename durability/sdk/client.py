@@ -46,10 +46,18 @@ VERSION = "0.1.0"
 DEFAULT_URL = "http://127.0.0.1:8000"
 NO_RETRY = Retry(retries=0)
 MAX_ERROR = 4000  # what the server keeps of a failure's error
+APPROVAL = "approval_required"  # the case of an effect that waits for a person's approval
 log = logging.getLogger("durability.sdk")
 
 ReplayPolicy = Literal["never", "safe", "idempotent", "reconcile"]
 Observed = datetime | float | str | None
+
+
+class Amount(TypedDict):
+    """What an effect moves, for its grant's limits: `{"value": "12.50", "currency": "EUR"}`."""
+
+    value: str
+    currency: str
 
 
 class ToolOptions(TypedDict):
@@ -60,6 +68,10 @@ class ToolOptions(TypedDict):
     replay: NotRequired[ReplayPolicy]
     timeout_s: NotRequired[int]
     authority: NotRequired[dict[str, Any]]
+    amount: NotRequired[Amount]
+    # Seconds to wait for a person's approval when the grant requires one; without it (or
+    # once it has passed) the block raises EffectInDoubt naming the approval.
+    wait_for_approval: NotRequired[float]
     # Exceptions that mean the provider did nothing: reported as definitive failures.
     definitive_on: NotRequired[tuple[type[BaseException], ...]]
     fail_open: NotRequired[bool]
@@ -173,8 +185,16 @@ class Block:
                 "worker": self._tb.worker,
                 "context": scope.context or None,
                 "authority": options.get("authority"),
+                "amount": options.get("amount"),
             }
         )
+
+    def _awaits_approval(self, answer: Json | None) -> float | None:
+        """How long to wait for the approval this answer asks for, if the block waits."""
+        case = (answer or {}).get("case") or {}
+        if answer is None or answer["decision"] != "wait" or case.get("reason") != APPROVAL:
+            return None
+        return self._options.get("wait_for_approval")
 
     def _answered(self, answer: Json | None) -> None:
         """Take the intent's answer: carry on, or raise the interruption report."""
@@ -566,8 +586,15 @@ class Effect(Block):
 
     def __enter__(self) -> Self:
         body = self._begin()
+        fail_open = self._options.get("fail_open")
         try:
-            self._answered(self._tb._intent(self.key, body, self._options.get("fail_open")))
+            answer = self._tb._intent(self.key, body, fail_open)
+            if (patience := self._awaits_approval(answer)) is not None:
+                # Approved (or denied) in time: ask again, and the answer says which.
+                assert isinstance(self._tb, Tallybook)
+                self._tb.wait_for(self.key, timeout=patience)
+                answer = self._tb._intent(self.key, body, fail_open)
+            self._answered(answer)
         except BaseException as exc:
             self._span.end(exc)
             raise
