@@ -1,4 +1,4 @@
-"""The OpenAPI 3.1 document of /api/v1/, generated from the validation schemas."""
+"""The OpenAPI 3.1 document of /api/v1/ and /v1/traces, generated from the validation schemas."""
 
 from __future__ import annotations
 
@@ -9,6 +9,9 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from durability import schemas
+from trajectories import api as trajectories_api
+from trajectories import otlp
+from trajectories import schemas as trajectories_schemas
 
 REF = "#/components/schemas/{model}"
 
@@ -85,6 +88,101 @@ def _grants_get(
     }
 
 
+RETRY_AFTER = {
+    "Retry-After": {
+        "description": "Seconds to wait before sending the same request again.",
+        "schema": {"type": "integer"},
+    }
+}
+OVERLOAD = {
+    429: "The project's concurrent ingest slots are all taken; retry after Retry-After.",
+    503: "The database is unavailable or too slow; retry after Retry-After.",
+}
+
+
+def _events() -> dict[str, Any]:
+    """POST /api/v1/events: a multi-status answer, one result per event."""
+    answers = {
+        "207": _json(
+            trajectories_schemas.EventBatchOut,
+            "Each event's own result, in order: stored, duplicate (an id seen before: "
+            "nothing changed) or rejected with its reason.",
+        ),
+        "400": _json(schemas.ErrorOut, "Malformed JSON, or not a batch of 1 to 1,000 events."),
+        "401": _json(schemas.ErrorOut, "Missing, wrong or revoked API key."),
+        "413": _json(schemas.ErrorOut, f"Body over {trajectories_api.EVENTS_MAX_BODY:,} bytes."),
+        "415": _json(schemas.ErrorOut, "Content-Type is not application/json."),
+    }
+    for status, text in OVERLOAD.items():
+        answers[str(status)] = {
+            **_json(schemas.ErrorOut, f"{text} Nothing stored."),
+            "headers": RETRY_AFTER,
+        }
+    return {
+        "post": {
+            "summary": "Record run and span events (a trajectory), each accepted on its own",
+            "security": [{"bearer": []}],
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {"schema": _ref(trajectories_schemas.EventBatchIn)}
+                },
+            },
+            "responses": answers,
+        }
+    }
+
+
+def _otlp(json_schema: dict[str, Any], message: str) -> dict[str, Any]:
+    """A body in both OTLP encodings: protobuf `message`, or JSON following `json_schema`."""
+    return {
+        otlp.PROTOBUF: {"schema": {"description": f"A serialized {message}."}},
+        otlp.JSON: {"schema": json_schema},
+    }
+
+
+def _rpc_status(description: str, *content_types: str) -> dict[str, Any]:
+    """An OTLP error: a google.rpc.Status in the request's encoding (or the ones given)."""
+    content = _otlp(_ref(trajectories_schemas.OtlpStatusOut), "google.rpc.Status")
+    return {
+        "description": description,
+        "content": {t: content[t] for t in content_types or content},
+    }
+
+
+def _traces() -> dict[str, Any]:
+    """POST /v1/traces, as OTLP/HTTP wants it; the key and size checks answer JSON errors."""
+    answers = {
+        "200": {
+            "description": "Stored; `partialSuccess` counts the spans rejected and says why.",
+            "content": _otlp(
+                _ref(trajectories_schemas.OtlpExportOut),
+                "opentelemetry.proto.collector.trace.v1.ExportTraceServiceResponse",
+            ),
+        },
+        "400": _rpc_status("Not an OTLP export request, or a body that does not inflate."),
+        "401": _json(schemas.ErrorOut, "Missing, wrong or revoked API key."),
+        "413": _json(schemas.ErrorOut, f"Body over {trajectories_api.OTLP_MAX_BODY:,} bytes."),
+        "415": _rpc_status(f"Content-Type is neither {otlp.PROTOBUF} nor {otlp.JSON}.", otlp.JSON),
+    }
+    for code, text in OVERLOAD.items():
+        answers[str(code)] = {**_rpc_status(f"{text} Nothing stored."), "headers": RETRY_AFTER}
+    return {
+        "post": {
+            "summary": "Export OpenTelemetry spans (OTLP/HTTP, protobuf or JSON, gzip allowed)",
+            "security": [{"bearer": []}],
+            "requestBody": {
+                "required": True,
+                "content": _otlp(
+                    _ref(trajectories_schemas.OtlpExportIn),
+                    "opentelemetry.proto.collector.trace.v1.ExportTraceServiceRequest",
+                ),
+            },
+            "responses": answers,
+        }
+    }
+
+
 @cache
 def openapi_document() -> dict[str, Any]:
     models: list[type[BaseModel]] = [
@@ -99,6 +197,11 @@ def openapi_document() -> dict[str, Any]:
         schemas.GrantOut,
         schemas.GrantListOut,
         schemas.ErrorOut,
+        trajectories_schemas.EventBatchIn,
+        trajectories_schemas.EventBatchOut,
+        trajectories_schemas.OtlpExportIn,
+        trajectories_schemas.OtlpExportOut,
+        trajectories_schemas.OtlpStatusOut,
     ]
     _, defs = models_json_schema(
         [(m, "validation" if m.__name__.endswith("In") else "serialization") for m in models],
@@ -111,7 +214,8 @@ def openapi_document() -> dict[str, Any]:
             "title": "Tallybook ingest API",
             "version": "1",
             "description": "Record intents before external effects and receipts after them; "
-            "ask whether an effect already happened.",
+            "ask whether an effect already happened; send the trajectories (runs, model "
+            "requests, tool calls) that the effects link to.",
         },
         "servers": [{"url": "/"}],
         "components": {
@@ -125,7 +229,7 @@ def openapi_document() -> dict[str, Any]:
                     "security": [],
                     "responses": {
                         "200": {
-                            "description": "The OpenAPI 3.1 document of /api/v1/.",
+                            "description": "This OpenAPI 3.1 document.",
                             "content": {"application/json": {"schema": {"type": "object"}}},
                         }
                     },
@@ -194,6 +298,8 @@ def openapi_document() -> dict[str, Any]:
                     }
                 ],
             ),
+            "/api/v1/events": _events(),
+            "/v1/traces": _traces(),
             "/api/v1/effects": _get(
                 "The effect with this key",
                 [

@@ -1,4 +1,5 @@
-"""OTLP requests for the trajectory tests: hand-built spans, OTLP/JSON encoding, posting."""
+"""OTLP requests for the trajectory tests: hand-built spans, OTLP/JSON encoding, posting;
+a Redis queue, and an ingest path kept busy by another connection."""
 
 from __future__ import annotations
 
@@ -8,12 +9,16 @@ import time
 from typing import Any, cast
 
 import django_rq
+import psycopg
 import pytest
+from django.db import connection
 from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from rq import SimpleWorker
+
+from trajectories import ingest
 
 PROTOBUF = "application/x-protobuf"
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -163,3 +168,35 @@ def queue(settings):
 
 def work(queue: Any) -> None:
     SimpleWorker([queue], connection=queue.connection).work(burst=True)
+
+
+def _other_connection() -> psycopg.Connection[Any]:
+    dsn = connection.settings_dict
+    return psycopg.connect(
+        dbname=dsn["NAME"], user=dsn["USER"], host=dsn["HOST"], port=dsn["PORT"] or 5432
+    )
+
+
+@pytest.fixture
+def slots_taken(project):
+    """Another connection holds every ingest slot of the project, as busy batches would."""
+    with _other_connection() as held, held.transaction():
+        for slot in range(ingest.SLOTS_PER_PROJECT):
+            held.execute(
+                "SELECT pg_advisory_xact_lock(%s, ((%s::bigint * %s + %s) %% 2147483647)::int)",
+                [ingest.SLOT_LOCK_CLASS, project.pk, ingest.SLOTS_PER_PROJECT, slot],
+            )
+        yield
+
+
+@pytest.fixture
+def ingest_stalled(db, monkeypatch):
+    """Another connection locks the runs and event ids, so that ingest times out waiting.
+
+    Use before the test's own transaction has touched those tables.
+    """
+    monkeypatch.setattr(ingest, "LOCK_TIMEOUT", "50ms")
+    with _other_connection() as held, held.transaction():
+        held.execute("SET LOCAL lock_timeout = '5s'")
+        held.execute("LOCK TABLE trajectories_run, trajectories_seenevent IN ACCESS EXCLUSIVE MODE")
+        yield

@@ -1,4 +1,5 @@
-"""GET /api/v1/openapi.json describes the API truthfully: paths, methods, bodies and answers."""
+"""GET /api/v1/openapi.json describes the API truthfully: paths, methods, bodies and answers,
+the ledger's and the trajectories' (/api/v1/events, OTLP's /v1/traces) alike."""
 
 from __future__ import annotations
 
@@ -8,12 +9,28 @@ from typing import Any
 
 import pytest
 from django.urls import URLPattern
-from pydantic import BaseModel
+from google.rpc import status_pb2
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+from pydantic import BaseModel, TypeAdapter
 
 from durability import schemas, urls
 from durability.decorators import MiB
 from durability.models import ApiKey
 from durability.openapi import REF
+from tests.otlp_support import (
+    PROTOBUF,
+    ingest_stalled,
+    post_traces,
+    request,
+    slots_taken,
+    span,
+    to_json,
+)
+from trajectories import schemas as trajectories_schemas
+from trajectories import urls as trajectories_urls
+from trajectories.api import EVENTS_MAX_BODY, OTLP_MAX_BODY
+
+__all__ = ["ingest_stalled", "slots_taken"]
 
 # The ledger's endpoints (issue 2); every status documented for them is produced below.
 LEDGER_PATHS = {
@@ -25,7 +42,11 @@ LEDGER_PATHS = {
     "/api/v1/effects/{effect_id}",
     "/api/v1/openapi.json",
 }
+# The trajectories' endpoints (issue 4).
+TRAJECTORY_PATHS = {"/api/v1/events", "/v1/traces"}
 METHODS = {"get", "post", "put", "patch", "delete"}
+# The protobuf message of each OTLP answer: the export response, or a google.rpc.Status.
+PROTOBUF_ANSWERS = {"200": ExportTraceServiceResponse}
 
 
 @pytest.fixture
@@ -43,7 +64,7 @@ def _openapi_path(route: str) -> str:
 
 def _model(ref: str) -> type[BaseModel]:
     name = ref.removeprefix(REF.format(model=""))
-    model: type[BaseModel] = getattr(schemas, name)
+    model: type[BaseModel] = getattr(schemas, name, None) or getattr(trajectories_schemas, name)
     assert issubclass(model, BaseModel)
     return model
 
@@ -56,7 +77,7 @@ def test_it_is_an_openapi_3_1_document(document):
         "scheme": "bearer",
     }
     for path, item in document["paths"].items():
-        assert path.startswith("/api/v1/")
+        assert path.startswith("/api/v1/") or path == "/v1/traces"
         for method, operation in item.items():
             assert method in METHODS, (path, method)
             assert operation["summary"]
@@ -89,14 +110,14 @@ def test_every_reference_resolves(document):
 
 
 def test_every_api_path_in_the_urls_is_documented_and_nothing_else(document):
-    # durability/urls.py's own patterns: the apps it includes document their own endpoints.
+    # durability/urls.py's own patterns and those of trajectories/urls.py, which it includes.
     routed = {
         _openapi_path(str(pattern.pattern))
-        for pattern in urls.urlpatterns
-        if isinstance(pattern, URLPattern) and str(pattern.pattern).startswith("api/v1/")
+        for pattern in [*urls.urlpatterns, *trajectories_urls.urlpatterns]
+        if isinstance(pattern, URLPattern) and str(pattern.pattern).startswith(("api/", "v1/"))
     }
     assert routed == set(document["paths"])
-    assert set(document["paths"]) >= LEDGER_PATHS
+    assert set(document["paths"]) >= LEDGER_PATHS | TRAJECTORY_PATHS
 
 
 def test_the_documented_methods_are_the_ones_the_endpoints_accept(api, document):
@@ -124,6 +145,8 @@ def test_the_request_bodies_are_the_validation_schemas(document):
         "ReceiptIn",
         "FailureIn",
         "TimeoutIn",
+        "EventBatchIn",
+        "OtlpExportIn",
     }
     for ref in bodies:
         model = _model(ref)
@@ -133,12 +156,21 @@ def test_the_request_bodies_are_the_validation_schemas(document):
         assert components[model.__name__] == expected, model.__name__
 
 
-def test_the_bodies_are_required_and_json(document):
+def test_the_bodies_are_required_and_json_or_for_otlp_also_protobuf(document):
     for path, item in document["paths"].items():
         for method, operation in item.items():
             if method == "post":
                 assert operation["requestBody"]["required"] is True, path
-                assert list(operation["requestBody"]["content"]) == ["application/json"]
+                content = set(operation["requestBody"]["content"])
+                otlp = {"application/json", PROTOBUF}
+                assert content == (otlp if path == "/v1/traces" else {"application/json"})
+
+
+def test_the_overloaded_answers_document_retry_after(document):
+    for path in TRAJECTORY_PATHS:
+        responses = document["paths"][path]["post"]["responses"]
+        for status in ("429", "503"):
+            assert responses[status]["headers"]["Retry-After"]["schema"] == {"type": "integer"}
 
 
 # -- real answers against the documented ones --------------------------------------------
@@ -190,12 +222,39 @@ def test_real_answers_validate_against_the_documented_schemas(api, client, docum
     ]
     for path in ("intents", "receipts", "failures", "timeouts"):
         calls += [("post", f"/api/v1/{path}", r) for r in _post_badly(api, path)]
+    assert _checked(document, calls) == _documented(document, LEDGER_PATHS)
+
+
+def _documented(document: dict[str, Any], paths: set[str]) -> set[tuple[str, str, str]]:
+    return {
+        (method, path, status)
+        for path, item in document["paths"].items()
+        if path in paths
+        for method, operation in item.items()
+        for status in operation["responses"]
+    }
+
+
+def _checked(document: dict[str, Any], calls: list[tuple[str, str, Any]]) -> set[Any]:
+    """Check each answer against its documented status, content type and schema.
+
+    Returns the (method, path, status) seen.
+    """
     seen = set()
     for method, path, response in calls:
         status = str(response.status_code)
         documented = document["paths"][path][method]["responses"]
         assert status in documented, (method, path, status, response.content[:200])
-        schema = documented[status]["content"]["application/json"]["schema"]
+        content_type = response["Content-Type"]
+        assert content_type in documented[status]["content"], (path, status, content_type)
+        if "Retry-After" in documented[status].get("headers", {}):
+            assert response["Retry-After"].isdigit(), (path, status)
+        if content_type == PROTOBUF:
+            message = PROTOBUF_ANSWERS.get(status, status_pb2.Status)
+            assert message.FromString(response.content).SerializeToString() == response.content
+            seen.add((method, path, status))
+            continue
+        schema = documented[status]["content"][content_type]["schema"]
         body = response.json()
         if "$ref" in schema:
             parsed = _model(schema["$ref"]).model_validate(body)
@@ -204,14 +263,106 @@ def test_real_answers_validate_against_the_documented_schemas(api, client, docum
         else:
             assert schema == {"type": "object"} and isinstance(body, dict)
         seen.add((method, path, status))
-    documented_statuses = {
-        (method, path, status)
-        for path, item in document["paths"].items()
-        if path in LEDGER_PATHS
-        for method, operation in item.items()
-        for status in operation["responses"]
+    return seen
+
+
+def _events_badly(api: Any) -> list[Any]:
+    """Malformed JSON, an oversized body, no key, and the wrong Content-Type."""
+    return [
+        api.post("events", b"{"),
+        api.post("events", b"x" * (EVENTS_MAX_BODY + 1)),
+        api.client.post("/api/v1/events", "{}", content_type="application/json"),
+        api.client.post(
+            "/api/v1/events",
+            "{}",
+            content_type="text/plain",
+            headers={"Authorization": f"Bearer {api.key}"},
+        ),
+    ]
+
+
+def _traces_badly(api: Any) -> list[Any]:
+    """Undecodable protobuf and JSON, an oversized body, no key, and the wrong Content-Type."""
+    return [
+        post_traces(api.client, api.key, b"\xff\xff not protobuf"),
+        api.client.post(
+            "/v1/traces",
+            "{not json",
+            content_type="application/json",
+            headers={"Authorization": f"Bearer {api.key}"},
+        ),
+        post_traces(api.client, api.key, b"x" * (OTLP_MAX_BODY + 1)),
+        api.client.post("/v1/traces", b"", content_type=PROTOBUF),
+        api.client.post(
+            "/v1/traces",
+            "x",
+            content_type="text/plain",
+            headers={"Authorization": f"Bearer {api.key}"},
+        ),
+    ]
+
+
+EVENT = {
+    "id": "e1",
+    "type": "span",
+    "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736",
+    "span_id": "00f067aa0ba902b7",
+    "kind": "model",
+    "name": "chat gpt-4o",
+    "start": "2026-11-29T10:00:00Z",
+    "input_tokens": 12,
+}
+RUN_EVENT = {"id": "e0", "type": "run", "run_id": "run-1", "agent": "refunds", "status": "ok"}
+
+
+def _overloaded(api: Any) -> list[tuple[str, str, Any]]:
+    """Both endpoints, in each OTLP encoding, while ingest cannot go on."""
+    message = request(span("1111111111111111"))
+    return [
+        ("post", "/api/v1/events", api.post("events", {"events": [EVENT]})),
+        ("post", "/v1/traces", post_traces(api.client, api.key, message)),
+        ("post", "/v1/traces", post_traces(api.client, api.key, message, as_json=True)),
+    ]
+
+
+def test_the_trajectory_endpoints_answer_429_as_documented(api, document, slots_taken):
+    seen = _checked(document, _overloaded(api))
+    assert {status for _, _, status in seen} == {"429"}
+
+
+def test_the_trajectory_endpoints_answer_503_as_documented(api, document, ingest_stalled):
+    seen = _checked(document, _overloaded(api))
+    assert {status for _, _, status in seen} == {"503"}
+
+
+def test_the_trajectory_endpoints_real_answers_validate_against_the_documented_schemas(
+    api, document
+):
+    """Drive every other documented status of the trajectories' endpoints, and check the
+    requests sent against the documented request schemas."""
+    good = request(
+        span("00f067aa0ba902b7", "root", attributes={"gen_ai.operation.name": "chat"}),
+        span("0000000000000000", "a span id of zeros is rejected"),
+    )
+    batch = {"events": [RUN_EVENT, EVENT, {"id": "bad", "type": "span"}, EVENT]}
+    calls: list[tuple[str, str, Any]] = [
+        ("post", "/api/v1/events", api.post("events", batch)),
+        ("post", "/v1/traces", post_traces(api.client, api.key, good)),
+        ("post", "/v1/traces", post_traces(api.client, api.key, good, as_json=True)),
+    ]
+    calls += [("post", "/api/v1/events", r) for r in _events_badly(api)]
+    calls += [("post", "/v1/traces", r) for r in _traces_badly(api)]
+    seen = _checked(document, calls)
+    assert seen == _documented(document, TRAJECTORY_PATHS) - {
+        ("post", path, status) for path in TRAJECTORY_PATHS for status in ("429", "503")
     }
-    assert documented_statuses == seen
+    assert calls[0][2].json()["results"][2]["result"] == "rejected"
+    assert calls[2][2].json()["partialSuccess"]["rejectedSpans"] == "1"
+    trajectories_schemas.EventBatchIn.model_validate(batch)
+    event = TypeAdapter(trajectories_schemas.EventIn)
+    for item in (RUN_EVENT, EVENT):
+        event.validate_python(item)
+    trajectories_schemas.OtlpExportIn.model_validate(to_json(good))
 
 
 def test_the_document_needs_no_key(client, db):

@@ -5,15 +5,25 @@ from __future__ import annotations
 import gzip
 import threading
 
-import psycopg
 import pytest
 from django.db import connection, transaction
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from tests.otlp_support import PROTOBUF, TRACE, chat, post_traces, request, span, tool
+from tests.otlp_support import (
+    PROTOBUF,
+    TRACE,
+    chat,
+    post_traces,
+    request,
+    slots_taken,
+    span,
+    tool,
+)
 from trajectories import ingest
 from trajectories.models import RequestedToolCall, Run, RunTrace, Span
+
+__all__ = ["slots_taken"]
 
 ROOT = "00f067aa0ba902b7"
 
@@ -315,23 +325,6 @@ def test_the_other_projects_spans_are_apart(api, other_api):
     post_traces(other_api.client, other_api.key, request(span(ROOT, "theirs")))
     assert sorted(Span.objects.values_list("name", flat=True)) == ["mine", "theirs"]
     assert Run.objects.count() == 2
-
-
-@pytest.fixture
-def slots_taken(project, settings):
-    """Another connection holds every ingest slot of the project, as busy batches would."""
-    dsn = connection.settings_dict
-    held = psycopg.connect(
-        dbname=dsn["NAME"], user=dsn["USER"], host=dsn["HOST"], port=dsn["PORT"] or 5432
-    )
-    with held.transaction():
-        for slot in range(ingest.SLOTS_PER_PROJECT):
-            held.execute(
-                "SELECT pg_advisory_xact_lock(%s, ((%s::bigint * %s + %s) %% 2147483647)::int)",
-                [ingest.SLOT_LOCK_CLASS, project.pk, ingest.SLOTS_PER_PROJECT, slot],
-            )
-        yield
-    held.close()
 
 
 def test_it_answers_429_with_retry_after_when_the_projects_slots_are_taken(api, slots_taken):

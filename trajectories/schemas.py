@@ -1,11 +1,12 @@
-"""Validation schemas of POST /api/v1/events: run and span events, each with its own id."""
+"""Schemas of POST /api/v1/events (run and span events, each with its own id) and of the
+OTLP/JSON bodies of POST /v1/traces; the OpenAPI document is generated from them."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, SkipValidation, Strict, StringConstraints
 
 from durability.schemas import SpanId, Text, TraceId
 from durability.schemas import Strict as StrictModel
@@ -83,13 +84,18 @@ EVENT_SCHEMAS: dict[str, type[RunEventIn | SpanEventIn]] = {
 }
 
 
+EventIn = Annotated[RunEventIn | SpanEventIn, Field(discriminator="type")]
+
+
 class EventBatchIn(BaseModel):
     """The envelope only: each event is validated on its own, so one bad event fails alone."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    events: Annotated[list[Any], Field(min_length=1, max_length=MAX_EVENTS)] = Field(
-        description="Run and span events; each is accepted or rejected on its own."
+    # Documented as run and span events, but left as parsed from JSON: ingest validates
+    # each one alone (EVENT_SCHEMAS), so that a bad event is rejected in its result.
+    events: Annotated[list[SkipValidation[EventIn]], Field(min_length=1, max_length=MAX_EVENTS)] = (
+        Field(description="Run and span events; each is accepted or rejected on its own.")
     )
 
 
@@ -109,3 +115,108 @@ class EventBatchOut(BaseModel):
     duplicates: int
     rejected: int
     results: list[EventResultOut]
+
+
+# -- OTLP/JSON (POST /v1/traces) ---------------------------------------------------------
+# The OTLP/HTTP JSON encoding of ExportTraceServiceRequest, for the OpenAPI document;
+# trajectories.otlp decodes it. Unknown fields are ignored, as OTLP requires.
+
+OtlpInt = Annotated[
+    int | Annotated[str, StringConstraints(pattern=r"^[0-9]+$")],
+    Field(description="A 64-bit integer, as a number or a decimal string."),
+]
+
+
+class OtlpArrayValue(BaseModel):
+    values: list[OtlpAnyValue] = []
+
+
+class OtlpKeyValueList(BaseModel):
+    values: list[OtlpKeyValue] = []
+
+
+class OtlpAnyValue(BaseModel):
+    """One of its fields is set."""
+
+    stringValue: str | None = None
+    boolValue: bool | None = None
+    intValue: OtlpInt | None = None
+    doubleValue: float | str | None = None
+    arrayValue: OtlpArrayValue | None = None
+    kvlistValue: OtlpKeyValueList | None = None
+    bytesValue: str | None = Field(default=None, description="Base64; stored as sent.")
+
+
+class OtlpKeyValue(BaseModel):
+    key: str
+    value: OtlpAnyValue | None = None
+
+
+class OtlpResource(BaseModel):
+    attributes: list[OtlpKeyValue] = []
+
+
+class OtlpStatus(BaseModel):
+    code: int | Literal["STATUS_CODE_UNSET", "STATUS_CODE_OK", "STATUS_CODE_ERROR"] = Field(
+        default=0, description="0 unset, 1 ok, 2 error."
+    )
+    message: str = ""
+
+
+class OtlpSpan(BaseModel):
+    """A span; one that breaks these rules is rejected alone, in `partialSuccess`."""
+
+    traceId: Annotated[str, StringConstraints(pattern=r"^[0-9a-fA-F]{32}$")] = Field(
+        description="32 hex digits, not all zero."
+    )
+    spanId: Annotated[str, StringConstraints(pattern=r"^[0-9a-fA-F]{16}$")] = Field(
+        description="16 hex digits, not all zero."
+    )
+    parentSpanId: Annotated[str, StringConstraints(pattern=r"^([0-9a-fA-F]{16})?$")] = Field(
+        default="", description="16 hex digits; empty for a root span."
+    )
+    name: str = ""
+    startTimeUnixNano: OtlpInt = Field(description="Required, after the epoch.")
+    endTimeUnixNano: OtlpInt | None = Field(
+        default=None, description="Absent while running; not before the start."
+    )
+    attributes: list[OtlpKeyValue] = Field(
+        default=[],
+        description="GenAI semantic conventions (and OpenInference, Traceloop aliases) map "
+        "onto the span's fields; the other attributes are kept.",
+    )
+    status: OtlpStatus | None = None
+
+
+class OtlpScopeSpans(BaseModel):
+    spans: list[OtlpSpan] = []
+
+
+class OtlpResourceSpans(BaseModel):
+    resource: OtlpResource | None = None
+    scopeSpans: list[OtlpScopeSpans] = []
+
+
+class OtlpExportIn(BaseModel):
+    """An ExportTraceServiceRequest in OTLP/JSON: ids are hex, not base64."""
+
+    resourceSpans: list[OtlpResourceSpans] = []
+
+
+class OtlpPartialSuccessOut(BaseModel):
+    rejectedSpans: str = Field(description="How many spans were rejected (an int64 string).")
+    errorMessage: str = Field(description="Why, for the first few reasons.")
+
+
+class OtlpExportOut(BaseModel):
+    """ExportTraceServiceResponse: empty when every span was stored."""
+
+    partialSuccess: OtlpPartialSuccessOut | None = None
+
+
+class OtlpStatusOut(BaseModel):
+    """A google.rpc.Status: the gRPC code (3 invalid argument, 8 resource exhausted,
+    14 unavailable) and a message."""
+
+    code: int
+    message: str
