@@ -8,6 +8,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from durability.models import Membership, Project, Role
 from tests.otlp_support import TRACE, chat, post_traces, request, span, tool
 from trajectories.links import effect_link_record
 from trajectories.models import Run, Span
@@ -61,6 +62,46 @@ def test_a_stranger_sees_no_runs(client, mallory, run):
     client.force_login(mallory)
     assert "invoke_agent" not in client.get("/runs/").content.decode()
     assert client.get(f"/runs/{run.pk}/").status_code == 404
+
+
+def test_a_stranger_with_a_project_of_their_own_sees_none_of_these_runs(client, outsider, run):
+    client.force_login(outsider)
+    model = Span.objects.get(span_id=MODEL)
+    assert TRACE not in client.get("/runs/").content.decode()
+    assert client.get(f"/runs/{run.pk}/").status_code == 404
+    assert client.get(f"/runs/{run.pk}/spans/{model.pk}/").status_code == 404
+    htmx = {"HX-Request": "true"}
+    assert client.get(f"/runs/{run.pk}/spans/{model.pk}/", headers=htmx).status_code == 404
+
+
+def test_the_runs_pages_follow_the_current_project(client, alice, run, other_api):
+    beta = Project.objects.get(name="beta")
+    Membership.objects.create(project=beta, user=alice, role=Role.VIEWER)
+    theirs = "5" * 32
+    post_traces(other_api.client, other_api.key, request(chat(MODEL, trace_id=theirs)))
+    beta_run = Run.objects.get(project=beta)
+    beta_span = Span.objects.get(run=beta_run)
+    alpha_span = Span.objects.get(run=run, span_id=MODEL)
+    client.force_login(alice)
+
+    def pages(of: Run, span: Span) -> list[int]:
+        urls = [f"/runs/{of.pk}/", f"/runs/{of.pk}/spans/{span.pk}/"]
+        return [client.get(url).status_code for url in urls] + [
+            client.get(urls[1], headers={"HX-Request": "true"}).status_code
+        ]
+
+    listed = client.get("/runs/").content.decode()
+    assert f'<option value="{run.project_id}" selected>alpha</option>' in listed
+    assert TRACE in listed and theirs not in listed
+    assert pages(run, alpha_span) == [200, 200, 200]
+    assert pages(beta_run, beta_span) == [404, 404, 404]
+
+    client.post("/projects/switch/", {"project": beta.pk})
+    listed = client.get("/runs/").content.decode()
+    assert f'<option value="{beta.pk}" selected>beta</option>' in listed
+    assert theirs in listed and TRACE not in listed
+    assert pages(beta_run, beta_span) == [200, 200, 200]
+    assert pages(run, alpha_span) == [404, 404, 404]
 
 
 def test_the_runs_list_shows_the_last_24_hours_with_counts(client, alice, run):

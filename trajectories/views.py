@@ -1,6 +1,7 @@
 """Run pages: the runs list, and a run's span tree beside its waterfall timeline.
 
-Every page needs a login and shows only the runs of the user's projects.
+Every page needs a login and shows only the runs of the user's current project (the
+header's project switcher, as on the desk's pages); another project's run is a 404.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.contrib.auth.decorators import login_required
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, Q
 from django.http import Http404, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 
+from durability.desk import current_membership
+from durability.models import Project
 from durability.views import AuthedRequest
 from trajectories.models import EffectLink, Run, RunStatus, Span
 
@@ -48,8 +51,9 @@ TREE_FIELDS = [
 FILTERS = ["agent", "workflow", "version", "status"]
 
 
-def _runs_of(request: AuthedRequest) -> QuerySet[Run]:
-    return Run.objects.filter(project__members=request.user)
+def _current_project(request: AuthedRequest) -> Project | None:
+    membership, _ = current_membership(request)
+    return membership.project if membership else None
 
 
 def _when(value: str, default: datetime | None) -> tuple[datetime | None, str | None]:
@@ -79,12 +83,15 @@ def _cursor_of(run: Run) -> str:
 @login_required
 def runs(request: AuthedRequest) -> HttpResponse:
     """Runs in a time range (the last 24 hours unless given), newest first, keyset-paginated."""
+    project = _current_project(request)
+    if project is None:
+        return render(request, "durability/no_project.html")
     now = timezone.now()
     errors = {}
     since, errors["since"] = _when(request.GET.get("since", ""), now - timedelta(hours=24))
     until, errors["until"] = _when(request.GET.get("until", ""), None)
     chosen = {name: request.GET.get(name, "").strip() for name in FILTERS}
-    qs = _runs_of(request).filter(started__gte=since)
+    qs = Run.objects.filter(project=project, started__gte=since)
     if until is not None:
         qs = qs.filter(started__lt=until)
     if chosen["agent"]:
@@ -103,7 +110,7 @@ def runs(request: AuthedRequest) -> HttpResponse:
     if position is not None:
         started, pk = position
         qs = qs.filter(Q(started__lt=started) | Q(started=started, pk__lt=pk))
-    page = list(qs.select_related("project").order_by("-started", "-pk")[: PAGE_SIZE + 1])
+    page = list(qs.order_by("-started", "-pk")[: PAGE_SIZE + 1])
     more = len(page) > PAGE_SIZE
     page = page[:PAGE_SIZE]
     effects = dict(
@@ -248,9 +255,13 @@ def _tree(run: Run) -> Tree:
 
 
 def _run_or_404(request: AuthedRequest, run_pk: int) -> Run:
-    run = _runs_of(request).select_related("project").filter(pk=run_pk).first()
+    project = _current_project(request)
+    if project is None:
+        raise Http404("You are not a member of any project")
+    run = Run.objects.filter(project=project, pk=run_pk).first()
     if run is None:
-        raise Http404("No such run in your projects")
+        raise Http404("No such run in your current project")
+    run.project = project
     return run
 
 
