@@ -12,8 +12,10 @@ from durability.models import (
     Approval,
     Attempt,
     AuditEntry,
+    BulkAction,
     Case,
     CaseAlert,
+    Comment,
     Effect,
     Grant,
     Membership,
@@ -92,6 +94,16 @@ class CaseAdmin(ReadOnly):
 @admin.register(Resolution)
 class ResolutionAdmin(ReadOnly):
     list_display = ["case", "action", "actor", "created"]
+
+
+@admin.register(Comment)
+class CommentAdmin(ReadOnly):
+    list_display = ["case", "actor", "created"]
+
+
+@admin.register(BulkAction)
+class BulkActionAdmin(ReadOnly):
+    list_display = ["verb", "project", "actor", "total", "done", "skipped", "created", "finished"]
 
 
 @admin.register(AuditEntry)

@@ -217,7 +217,7 @@ def test_the_story_tells_intent_attempts_and_their_context_changes_in_order(proj
         "k1",
         run_id="run-1",
         worker="w1",
-        authority={"grant": "refunds-under-50"},
+        authority={"grant": ledger.everything(project).pk, "ticket": "refunds-under-50"},
         context={"workflow": "refund-bot", "workflow_version": "2.3.0", "model": "m-1"},
     )
     ledger.failure(project, "k1", definitive=True)
