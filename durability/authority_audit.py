@@ -18,9 +18,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.models import (
+    BooleanField,
     Case,
     Count,
     Exists,
+    ExpressionWrapper,
     IntegerField,
     OuterRef,
     Q,
@@ -55,6 +57,12 @@ QUADRANTS = [
 QUADRANT_LABEL = dict(QUADRANTS)
 
 AUTHORIZED = Q(grant__isnull=False) & ~Q(state__in=[State.DENIED, State.AWAITING_APPROVAL])
+QUADRANT_OF = {
+    (True, True): Quadrant.AUTHORIZED_EVIDENCE,
+    (True, False): Quadrant.AUTHORIZED_WAITING,
+    (False, True): Quadrant.EVIDENCE_UNAUTHORIZED,
+    (False, False): Quadrant.DENIED_UNATTEMPTED,
+}
 QUADRANT_FILTER = {
     Quadrant.AUTHORIZED_EVIDENCE: AUTHORIZED & Q(evidenced=True),
     Quadrant.AUTHORIZED_WAITING: AUTHORIZED & Q(evidenced=False),
@@ -90,10 +98,16 @@ class AuditQuery:
         return bool(self.kind or self.target or self.grant)
 
 
-def _effects(project: Project, query: AuditQuery) -> QuerySet[Effect]:
+def _effects(
+    project: Project, query: AuditQuery, evidence: Q | Exists | None = None
+) -> QuerySet[Effect]:
+    """The effects in the query's range and filters, each marked `evidenced` or not (by
+    default a look-up per effect, which a page that stops after its rows prefers)."""
+    if evidence is None:
+        evidence = Exists(Receipt.objects.filter(effect=OuterRef("pk")))
     effects = Effect.objects.filter(
         project=project, created__gte=query.since, created__lt=query.until
-    ).annotate(evidenced=Exists(Receipt.objects.filter(effect=OuterRef("pk"))))
+    ).annotate(evidenced=ExpressionWrapper(evidence, output_field=BooleanField()))
     if query.kind:
         effects = effects.filter(kind=query.kind)
     if query.target:
@@ -112,10 +126,22 @@ def _orphans(project: Project, query: AuditQuery) -> QuerySet[Receipt]:
 
 
 def quadrant_counts(project: Project, query: AuditQuery) -> dict[str, int]:
-    """Effects per quadrant (orphan receipts added to evidence without authority)."""
-    counts = _effects(project, query).aggregate(
-        **{name: Count("pk", filter=condition) for name, condition in QUADRANT_FILTER.items()}
+    """Effects per quadrant (orphan receipts added to evidence without authority).
+
+    One GROUP BY over the range; evidence is a semi-join against the project's receipts
+    (hashed once), not a look-up per effect.
+    """
+    evidenced = Receipt.objects.filter(project=project, effect__isnull=False).values("effect_id")
+    groups = (
+        _effects(project, query, evidence=Q(pk__in=evidenced))
+        .annotate(authorized=ExpressionWrapper(AUTHORIZED, output_field=BooleanField()))
+        .values("authorized", "evidenced")
+        .annotate(n=Count("pk"))
+        .order_by()
     )
+    counts = dict.fromkeys(QUADRANT_LABEL, 0)
+    for group in groups:
+        counts[QUADRANT_OF[group["authorized"], group["evidenced"]]] += group["n"]
     counts[Quadrant.EVIDENCE_UNAUTHORIZED] += _orphans(project, query).count()
     return counts
 
@@ -181,10 +207,7 @@ def authorized(effect: Effect) -> bool:
 
 
 def quadrant_of(effect: Any) -> str:
-    yes = authorized(effect)
-    if yes:
-        return Quadrant.AUTHORIZED_EVIDENCE if effect.evidenced else Quadrant.AUTHORIZED_WAITING
-    return Quadrant.EVIDENCE_UNAUTHORIZED if effect.evidenced else Quadrant.DENIED_UNATTEMPTED
+    return QUADRANT_OF[authorized(effect), bool(effect.evidenced)]
 
 
 def authority_of(effect: Any) -> str:

@@ -232,8 +232,13 @@ class Effect(models.Model):
             models.Index(fields=["project", "state", "-id"], name="effect_project_state_idx"),
             # The authority audit: one project's effects created in a time range.
             models.Index(fields=["project", "created"], name="effect_project_created_idx"),
-            # Grant limits: effects under a grant in the last day or count period.
-            models.Index(fields=["grant", "created"], name="effect_grant_created_idx"),
+            # Grant limits: effects under a grant in the last day or count period, summed
+            # from the index alone.
+            models.Index(
+                fields=["grant", "created"],
+                include=["state", "amount"],
+                name="effect_grant_created_idx",
+            ),
         ]
 
     def __str__(self) -> str:

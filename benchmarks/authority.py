@@ -1,0 +1,183 @@
+"""What authority costs: the grant check on the intent path, and the authority audit page.
+
+    .venv/bin/python benchmarks/authority.py [--effects 1000000] [--intents 300] [--repeat 10]
+
+Creates (dropping it first) the PostgreSQL database named by --db and migrates it. First
+records --intents intents through the state machine (in process, no HTTP) under each kind
+of authority and prints the median and p95 time of one intent; the limited grant already
+has 80% of --effects (spread over a week) under it, and its limits sum its last day.
+Then requests the authority audit over those effects (a week, 80% under that grant, 60%
+with a receipt) through Django's test client and prints the server time of each view.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+# The script's folder is on sys.path: the queue benchmark's helpers build the data set.
+from queue_page import PG, _fresh_database, _insert_select, _p95
+
+ROOT = Path(__file__).resolve().parent.parent
+WEEK = 7 * 24 * 3600
+
+
+def _fill(project: Any, limited: Any, effects: int) -> None:
+    """`effects` effects over the last week; 80% under `limited`, 60% with a receipt."""
+    from django.db import connection, transaction
+
+    from durability.models import Effect, Receipt
+
+    effect_sql, effect_params = _insert_select(
+        Effect,
+        "generate_series(1, %s) AS g",
+        {
+            "project_id": str(project.pk),
+            "key": "'bench:' || g",
+            "kind": "'payment'",
+            "target": "'stripe'",
+            "fingerprint": "md5(g::text)",
+            "state": "CASE WHEN g %% 10 < 6 THEN 'succeeded' WHEN g %% 10 < 9 THEN 'pending' "
+            "ELSE 'denied' END",
+            "grant_id": f"CASE WHEN g %% 5 = 0 THEN NULL ELSE {limited.pk} END",
+            "amount": "CASE WHEN g %% 5 = 0 THEN NULL ELSE 0.01 END",
+            "currency": "CASE WHEN g %% 5 = 0 THEN '' ELSE 'EUR' END",
+            "attempt_count": "1",
+            "created": f"now() - make_interval(secs => g * {WEEK - 60}.0 / {effects})",
+            "updated": "now()",
+        },
+    )
+    receipt_sql, receipt_params = _insert_select(
+        Receipt,
+        f"{Effect._meta.db_table} e CROSS JOIN LATERAL (SELECT substr(e.key, 7)::int AS g) n",
+        {
+            "project_id": "e.project_id",
+            "effect_id": "e.id",
+            "key": "e.key",
+            "system": "'stripe'",
+            "external_id": "'re_' || n.g",
+            "strength": "CASE WHEN n.g %% 3 = 0 THEN 'provider_confirmed' "
+            "ELSE 'agent_reported' END",
+            "received": "e.created",
+        },
+    )
+    receipt_sql += " WHERE e.state = 'succeeded' AND e.project_id = %s"
+    with transaction.atomic(), connection.cursor() as cursor:
+        started = time.perf_counter()
+        cursor.execute(effect_sql, [*effect_params, effects])
+        cursor.execute(receipt_sql, [*receipt_params, project.pk])
+        print(f"filled in {time.perf_counter() - started:.1f}s", file=sys.stderr)
+    with connection.cursor() as cursor:
+        cursor.execute("VACUUM ANALYZE")
+
+
+def _times(run: Callable[[int], Any], n: int) -> list[float]:
+    run(-1)  # warm
+    times = []
+    for i in range(n):
+        started = time.perf_counter()
+        run(i)
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def _line(label: str, times: list[float]) -> None:
+    print(f"{label:<44} {statistics.median(times) * 1000:>10.2f} {_p95(times) * 1000:>8.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--effects", type=int, default=1_000_000)
+    parser.add_argument("--intents", type=int, default=300, help="intents per authority")
+    parser.add_argument("--repeat", type=int, default=10, help="requests per page")
+    parser.add_argument("--db", default="tb_bench_authority")
+    args = parser.parse_args()
+
+    _fresh_database(args.db)
+    sys.path.insert(0, str(ROOT))
+    os.environ["DATABASE_URL"] = f"{PG}/{args.db}"
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "durability.settings")
+    import django
+
+    django.setup()
+    from decimal import Decimal
+
+    from django.contrib.auth.models import User
+    from django.core.management import call_command
+    from django.test import Client
+
+    from durability import grants, machine
+    from durability.models import Membership, Project, Role
+    from durability.schemas import IntentIn
+
+    call_command("migrate", verbosity=0)
+    project = Project.objects.create(name="bench")
+    operator = User.objects.create_user("operator")
+    Membership.objects.create(project=project, user=operator, role=Role.OPERATOR)
+
+    def grant(name: str, **terms: Any) -> Any:
+        terms = {"kinds": ["*"], "targets": ["*"], **terms}
+        return grants.grant_create(
+            project=project, actor="bench", terms=grants.Terms(name=name, **terms)
+        )
+
+    everything = grant("everything")
+    limited = grant(
+        "limited",
+        currency="EUR",
+        max_amount=Decimal(100),
+        max_daily_amount=Decimal(10**9),
+        max_count=10**9,
+        count_period_s=86400,
+    )
+    approval = grant("approval", requires_approval=True)
+    _fill(project, limited, args.effects)
+
+    authorities: dict[str, dict[str, Any]] = {
+        "no grant (audit policy: proceeds, opens a case)": {},
+        "a grant without limits": {"authority": {"grant": everything.pk}},
+        f"a grant with limits, {args.effects * 4 // 35:,} effects/day": {
+            "authority": {"grant": limited.pk},
+            "amount": {"value": "1.00", "currency": "EUR"},
+        },
+        "a grant that requires approval (answers wait)": {"authority": {"grant": approval.pk}},
+    }
+    print(f"one intent through the state machine, {args.intents} each")
+    print(f"{'authority':<44} {'median ms':>10} {'p95 ms':>8}")
+    for n, (label, fields) in enumerate(authorities.items()):
+
+        def intent(i: int, prefix: str = f"a{n}", fields: dict[str, Any] = fields) -> None:
+            body = {"key": f"{prefix}:{i}", "kind": "payment", "target": "stripe", **fields}
+            machine.intent_record(project=project, actor="bench", intent=IntentIn(**body))
+
+        _line(label, _times(intent, args.intents))
+
+    client = Client()
+    client.force_login(operator)
+    pages = {
+        "audit, last 7 days": "/authority/audit/",
+        "audit, evidence without authority": "/authority/audit/?quadrant=evidence_unauthorized",
+        "audit, one grant": f"/authority/audit/?grant={limited.pk}",
+        "CSV of the page on screen": "/authority/audit.csv?page=1",
+    }
+    print(f"\nthe authority audit over {args.effects:,} effects, {args.repeat} requests each")
+    print(f"{'page':<44} {'median ms':>10} {'p95 ms':>8}")
+    for label, path in pages.items():
+
+        def get(i: int, path: str = path) -> None:
+            response = client.get(path)
+            assert response.status_code == 200, (path, response.status_code)
+            if path.endswith("page=1"):
+                response.getvalue()
+
+        _line(label, _times(get, args.repeat))
+
+
+if __name__ == "__main__":
+    main()
