@@ -67,7 +67,7 @@ def test_the_quick_start_works_on_sqlite_without_redis(tmp_path):
         "SITE_URL": f"http://127.0.0.1:{port}",
     }
     _manage(env, "migrate", "--verbosity", "0")
-    printed = _manage(env, "demo")
+    printed = _manage(env, "demo", "--dir", str(tmp_path / "demo"))
     found = re.search(r"^API key: (tb_\S+)$", printed, re.M)
     assert found, printed
     key = found[1]

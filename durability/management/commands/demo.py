@@ -1,27 +1,358 @@
+"""Seed a fresh demo project: an operator, an API key, the agents' grants, reconcilers for
+the fake provider and the local git repository, and a history of effects in every state
+with a case of every reason. `manage.py demoagents` then brings it to life."""
+
 from __future__ import annotations
 
 import secrets
-from datetime import timedelta
+import shutil
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandParser, OutputWrapper
 from django.db import transaction
 from django.utils import timezone
 
-from durability import machine
-from durability.models import ApiKey, Effect, Membership, Project, Role
+from durability import grants, machine
+from durability.demo import DEMO_DIR, PROVIDER_PORT, repository
+from durability.models import (
+    ApiKey,
+    Approval,
+    Effect,
+    Grant,
+    Membership,
+    Project,
+    ReconcilerConfig,
+    Role,
+)
 from durability.schemas import FailureIn, IntentIn, ReceiptIn, TimeoutIn
 
 ACTOR = "system:demo"
+OPERATOR = "user:operator"
+# name -> (agent, kinds, targets, requires approval)
+GRANTS = {
+    "refunds": ("refund-bot", ["payment"], ["payments"], False),
+    "large refunds": ("refund-bot", ["payment"], ["payments"], True),
+    "releases": ("release-bot", ["commit", "deploy"], ["release-repo", "deployer"], False),
+    "production deploys": ("release-bot", ["deploy"], ["deployer"], True),
+    "support replies": ("support-bot", ["message"], ["chat"], False),
+}
+
+
+class Progress:
+    """A progress bar on a terminal; one line at the end anywhere else."""
+
+    WIDTH = 32
+
+    def __init__(self, out: OutputWrapper, total: int, label: str) -> None:
+        self.out, self.total, self.label, self.done = out, total, label, 0
+        self.live = out.isatty()
+
+    def advance(self) -> None:
+        self.done += 1
+        if self.live:
+            filled = self.WIDTH * self.done // self.total
+            bar = "█" * filled + "░" * (self.WIDTH - filled)
+            self.out.write(f"\r{self.label} {bar} {self.done}/{self.total}", ending="")
+            self.out.flush()
+
+    def finish(self, summary: str) -> None:
+        self.out.write(("\r" if self.live else "") + f"{self.label}: {summary}".ljust(70))
+
+
+@dataclass
+class History:
+    """The demo project's past, written through the state machine's services."""
+
+    project: Project
+    grant_ids: dict[str, int]
+
+    def intent(self, key: str, agent: str, kind: str, target: str, **extra: Any) -> Effect:
+        grant = extra.pop("grant", None)
+        fields: dict[str, Any] = {
+            "key": key,
+            "kind": kind,
+            "target": target,
+            "request": extra.pop("request", {"ticket": key}),
+            "run_id": f"history-{key}",
+            "worker": f"{agent}-history",
+            "context": {"workflow": agent, "workflow_version": "1.0.0", "model": "demo-planner-1"},
+            "authority": {"grant": self.grant_ids[grant]} if grant else None,
+        }
+        fields.update(extra)
+        outcome = machine.intent_record(
+            project=self.project, actor=ACTOR, intent=IntentIn.model_validate(fields)
+        )
+        return outcome.effect
+
+    def receipt(self, key: str, system: str, external_id: str, **extra: Any) -> None:
+        fields = {"key": key, "system": system, "external_id": external_id, **extra}
+        machine.receipt_record(
+            project=self.project, actor=ACTOR, receipt=ReceiptIn.model_validate(fields)
+        )
+
+    def timeout(self, key: str) -> None:
+        machine.timeout_record(
+            project=self.project, actor=ACTOR, timeout=TimeoutIn(key=key, reason="no answer")
+        )
+
+    def settle(
+        self, effect: Effect, event: machine.Event, note: str, evidence: ReceiptIn | None = None
+    ) -> None:
+        machine.effect_settle(
+            project=self.project,
+            effect_id=effect.pk,
+            actor=OPERATOR,
+            event=event,
+            note=note,
+            evidence=evidence,
+        )
+
+    def refund(self, n: int, grant: str = "refunds", **extra: Any) -> Effect:
+        request = {"order": f"H-{n}", "amount": 1000 + n * 37 % 9000, "currency": "EUR"}
+        extra.setdefault("replay", "reconcile")
+        return self.intent(
+            f"refund:H-{n}",
+            "refund-bot",
+            "payment",
+            "payments",
+            grant=grant,
+            request=request,
+            **extra,
+        )
+
+    def reply(self, n: int, **extra: Any) -> Effect:
+        request = {"customer": f"C-{n}", "text": "Your parcel is on its way."}
+        return self.intent(
+            f"reply:H-{n}",
+            "support-bot",
+            "message",
+            "chat",
+            grant="support replies",
+            request=request,
+            replay="idempotent",
+            **extra,
+        )
+
+    def release(self, n: int) -> None:
+        version = f"0.{n}.0"
+        request = {"service": "web", "version": version}
+        self.intent(
+            f"tag:web@{version}",
+            "release-bot",
+            "commit",
+            "release-repo",
+            grant="releases",
+            request=request,
+            replay="reconcile",
+        )
+        self.receipt(f"tag:web@{version}", "git", secrets.token_hex(20))
+        key = f"deploy:web@{version}:staging"
+        self.intent(
+            key,
+            "release-bot",
+            "deploy",
+            "deployer",
+            grant="releases",
+            request={**request, "environment": "staging"},
+            replay="idempotent",
+        )
+        self.receipt(key, "deployer", f"dep_{secrets.token_hex(6)}")
+
+    def script(self) -> list[Callable[[], None]]:
+        """Every episode of the past, in order: routine work and one of each kind of trouble."""
+        routine: list[Callable[[], None]] = []
+        for n in range(1, 31):
+            routine.append(partial(self.done_refund, n))
+            routine.append(partial(self.done_reply, n))
+            if n % 3 == 0:
+                routine.append(partial(self.release, n))
+        trouble = [
+            self.pending_deploy,
+            self.declined,
+            self.uncertain_reply,
+            self.late_success,
+            self.not_happened,
+            self.attested,
+            self.compensated,
+            self.abandoned,
+            self.duplicate,
+            self.key_reuse,
+            self.orphan,
+            self.version_drift,
+            self.awaiting_approval,
+            self.approved,
+            self.denied,
+            self.unauthorized,
+            self.exceeded,
+        ]
+        return routine + trouble
+
+    def done_refund(self, n: int) -> None:
+        self.refund(n)
+        self.receipt(f"refund:H-{n}", "payments", f"re_h{n}")
+
+    def done_reply(self, n: int) -> None:
+        self.reply(n)
+        self.receipt(f"reply:H-{n}", "chat", f"msg_h{n}")
+
+    def pending_deploy(self) -> None:
+        self.intent(
+            "deploy:web@0.99.0:staging",
+            "release-bot",
+            "deploy",
+            "deployer",
+            grant="releases",
+            timeout_s=3600,
+            replay="idempotent",
+            request={"service": "web", "version": "0.99.0"},
+        )
+
+    def declined(self) -> None:
+        self.refund(101)
+        machine.failure_record(
+            project=self.project,
+            actor=ACTOR,
+            failure=FailureIn(key="refund:H-101", error="card_closed", definitive=True),
+        )
+
+    def uncertain_reply(self) -> None:
+        self.intent(
+            "reply:H-102",
+            "support-bot",
+            "message",
+            "chat",
+            grant="support replies",
+            request={"customer": "C-102", "text": "Refund on its way."},
+        )
+        self.timeout("reply:H-102")
+
+    def late_success(self) -> None:
+        self.refund(103)
+        self.timeout("refund:H-103")
+        self.receipt("refund:H-103", "payments", "re_h103")
+
+    def not_happened(self) -> None:
+        effect = self.refund(104)
+        self.timeout("refund:H-104")
+        self.settle(effect, machine.Event.ATTEST_NOT_HAPPENED, "No such refund at the provider.")
+
+    def attested(self) -> None:
+        effect = self.refund(116)
+        self.timeout("refund:H-116")
+        found = ReceiptIn(key="refund:H-116", system="payments", external_id="re_h116")
+        self.settle(effect, machine.Event.ATTEST_HAPPENED, "Found in the dashboard.", found)
+
+    def compensated(self) -> None:
+        effect = self.refund(105)
+        self.receipt("refund:H-105", "payments", "re_h105")
+        self.settle(effect, machine.Event.COMPENSATE, "Refunded twice by mistake; reversed.")
+
+    def abandoned(self) -> None:
+        effect = self.refund(106)
+        self.timeout("refund:H-106")
+        self.settle(effect, machine.Event.ABANDON, "Order cancelled upstream; nothing to do.")
+
+    def duplicate(self) -> None:
+        self.reply(107)
+        self.receipt("reply:H-107", "chat", "msg_h107a")
+        self.receipt("reply:H-107", "chat", "msg_h107b")
+
+    def key_reuse(self) -> None:
+        self.done_refund(108)
+        self.intent(
+            "refund:H-108",
+            "refund-bot",
+            "payment",
+            "payments",
+            grant="refunds",
+            request={"order": "H-108", "amount": 1},
+            replay="reconcile",
+        )
+
+    def orphan(self) -> None:
+        self.receipt("refund:H-manual-1", "payments", "re_manual1")
+
+    def version_drift(self) -> None:
+        self.reply(110)
+        machine.failure_record(
+            project=self.project,
+            actor=ACTOR,
+            failure=FailureIn(key="reply:H-110", error="HTTP 502", definitive=True),
+        )
+        self.reply(110, context={"workflow": "support-bot", "workflow_version": "1.1.0"})
+        self.receipt("reply:H-110", "chat", "msg_h110")
+
+    def awaiting_approval(self) -> None:
+        self.refund(111, grant="large refunds")
+
+    def approved(self) -> None:
+        effect = self.refund(112, grant="large refunds")
+        approval = Approval.objects.get(effect=effect)
+        machine.effect_approval_decide(
+            project=self.project,
+            effect_id=approval.effect_id,
+            actor=OPERATOR,
+            approve=True,
+            note="Customer is a long-standing account.",
+        )
+        self.refund(112, grant="large refunds")
+        self.receipt("refund:H-112", "payments", "re_h112")
+
+    def denied(self) -> None:
+        self.intent(
+            "payout:H-113",
+            "refund-bot",
+            "payout",
+            "payments",
+            grant="refunds",
+            request={"order": "H-113", "iban": "DE00…"},
+        )
+
+    def unauthorized(self) -> None:
+        self.intent(
+            "email:H-114", "support-bot", "email", "mailer", request={"to": "team@example.com"}
+        )
+        self.receipt("email:H-114", "mailer", "mail_h114")
+
+    def exceeded(self) -> None:
+        self.refund(115, amount={"value": "40.00", "currency": "EUR"})
+        self.receipt(
+            "refund:H-115", "payments", "re_h115", amount={"value": "400.00", "currency": "EUR"}
+        )
+
+
+def repository_fresh(path: Path) -> None:
+    """An empty git repository with one commit, for the release bot and the git reconciler."""
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(path), *args], check=True, capture_output=True)
+
+    git("init", "--quiet", "--initial-branch=main")
+    git("config", "user.name", "release-bot")
+    git("config", "user.email", "release-bot@example.com")
+    (path / "CHANGELOG.md").write_text("# web\n\n")
+    git("add", "CHANGELOG.md")
+    git("commit", "--quiet", "-m", "Start the changelog")
 
 
 class Command(BaseCommand):
-    help = "Seed a fresh demo project with effects in every state; print the login and key."
+    help = "Seed a fresh demo project with a history in every state; print the login and key."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--project", default="demo")
         parser.add_argument("--username", default="operator")
+        parser.add_argument("--provider-port", type=int, default=PROVIDER_PORT)
+        parser.add_argument(
+            "--dir", type=Path, default=DEMO_DIR, help="where the demo keeps its git repository"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         with transaction.atomic():
@@ -32,12 +363,16 @@ class Command(BaseCommand):
             user.save()
             Membership.objects.create(project=project, user=user, role=Role.ADMIN)
             _, raw_key = ApiKey.issue(project, name="demo")
-        self._seed(project)
-        counts = {
-            s: project.effects.filter(state=s).count()
-            for s in sorted(set(project.effects.values_list("state", flat=True)))
-        }
-        self.stdout.write(f"Seeded project {project.name!r}: {counts}")
+            grant_ids = self._grants(project)
+            self._reconcilers(project, options["provider_port"], repository(options["dir"]))
+        repository_fresh(repository(options["dir"]))
+        history = History(project, grant_ids)
+        episodes = history.script()
+        progress = Progress(self.stdout, len(episodes), "Seeding the demo's history")
+        for episode in episodes:
+            episode()
+            progress.advance()
+        progress.finish(f"{project.effects.count()} effects, {project.cases.count()} cases.")
         self.stdout.write(f"Operator login: {user.get_username()} / {password}")
         self.stdout.write(f"API key: {raw_key}")
 
@@ -49,82 +384,51 @@ class Command(BaseCommand):
             old.name = f"{name} (archived {stamp})"
             old.save(update_fields=["name"])
             Membership.objects.filter(project=old).delete()
+            # Its reconcilers would keep asking a provider that no longer knows its effects.
+            ReconcilerConfig.objects.filter(project=old).update(enabled=False)
         return Project.objects.create(name=name)
 
-    def _seed(self, project: Project) -> None:
-        def intent(key: str, **extra: Any) -> machine.Outcome:
-            fields: dict[str, Any] = {
-                "key": key,
-                "kind": "payment",
-                "target": "stripe",
-                "request": {"order": key, "amount": 1250},
-                "run_id": "refund-run-1",
-                "worker": "demo-worker",
-                "context": {"workflow": "refund-bot", "workflow_version": "2.3.0"},
-            }
-            fields.update(extra)
-            return machine.intent_record(
-                project=project, actor=ACTOR, intent=IntentIn.model_validate(fields)
+    def _grants(self, project: Project) -> dict[str, int]:
+        made: dict[str, int] = {}
+        for name, (agent, kinds, targets, approval) in GRANTS.items():
+            terms = grants.Terms(
+                name=name,
+                principal=agent,
+                kinds=kinds,
+                targets=targets,
+                requires_approval=approval,
+                note="Seeded by the demo.",
             )
+            grant: Grant = grants.grant_create(project=project, actor=ACTOR, terms=terms)
+            made[name] = grant.pk
+        return made
 
-        def receipt(key: str, external_id: str) -> None:
-            machine.receipt_record(
-                project=project,
-                actor=ACTOR,
-                receipt=ReceiptIn(key=key, system="stripe", external_id=external_id),
-            )
-
-        def timeout(key: str) -> None:
-            machine.timeout_record(
-                project=project, actor=ACTOR, timeout=TimeoutIn(key=key, reason="no answer in 30s")
-            )
-
-        def settle(key: str, event: machine.Event, note: str) -> None:
-            effect = Effect.objects.get(project=project, key=key)
-            machine.effect_settle(
-                project=project, effect_id=effect.pk, actor="user:operator", event=event, note=note
-            )
-
-        intent("refund:1001", timeout_s=3600)  # pending
-        intent("refund:1002")
-        receipt("refund:1002", "re_1002")  # succeeded
-        intent("refund:1003")
-        machine.failure_record(
+    def _reconcilers(self, project: Project, port: int, git_repository: Path) -> None:
+        ReconcilerConfig.objects.create(
             project=project,
-            actor=ACTOR,
-            failure=FailureIn(key="refund:1003", error="card_declined", definitive=True),
-        )  # failed
-        intent("refund:1004", timeout_s=30)
-        timeout("refund:1004")  # timed_out, uncertain case
-        intent("refund:1005")
-        timeout("refund:1005")
-        receipt("refund:1005", "re_1005")  # late success
-        intent("refund:1006")
-        timeout("refund:1006")
-        settle("refund:1006", machine.Event.ATTEST_NOT_HAPPENED, "no refund in Stripe dashboard")
-        intent("refund:1007")
-        receipt("refund:1007", "re_1007")
-        settle("refund:1007", machine.Event.COMPENSATE, "refund reversed by finance")
-        intent("refund:1008")
-        timeout("refund:1008")
-        settle("refund:1008", machine.Event.ABANDON, "order cancelled upstream")
-        intent("refund:1009")
-        receipt("refund:1009", "re_1009a")
-        receipt("refund:1009", "re_1009b")  # duplicate effect
-        intent("refund:1010")
-        intent("refund:1010", request={"order": "refund:1010", "amount": 9999})  # key reuse
-        receipt("refund:9999", "re_9999")  # orphan receipt
-        intent("refund:1011", worker="w1")
-        machine.failure_record(
-            project=project,
-            actor=ACTOR,
-            failure=FailureIn(key="refund:1011", error="HTTP 502", definitive=True),
+            target="payments",
+            kind="http",
+            config={
+                "url": f"http://127.0.0.1:{port}/refunds?idempotency_key={{key}}",
+                "external_id_path": "data.0.id",
+                "status_path": "data.0.status",
+                "found": ["succeeded"],
+                "absent_means_not_found": True,
+                "observed_at_path": "data.0.created",
+                "timeout_s": 5,
+            },
+            # Two minutes after a timeout, the provider's "no such refund" is trusted.
+            grace_s=120,
+            interval_s=10,
         )
-        intent(
-            "refund:1011",
-            worker="w2",
-            context={"workflow": "refund-bot", "workflow_version": "2.4.0"},
-        )  # version drift on the retry
-        intent("refund:1012", timeout_s=1)
-        # The sweep, as it will run two seconds from now, times it out.
-        machine.deadlines_sweep(now=timezone.now() + timedelta(seconds=2))
+        ReconcilerConfig.objects.create(
+            project=project,
+            target="release-repo",
+            kind="git",
+            config={
+                "repository": str(git_repository),
+                "tag": "v{request[version]}",
+                "timeout_s": 10,
+            },
+            interval_s=10,
+        )
