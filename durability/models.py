@@ -174,6 +174,10 @@ def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value else None
 
 
+# An effect that names a run, a trace or a tool call: its trajectory link is due.
+EFFECT_NAMES_TRAJECTORY = ~Q(trace_id="") | ~Q(tool_call_id="") | ~Q(run_id="")
+
+
 class Effect(models.Model):
     project = models.ForeignKey(Project, models.CASCADE, related_name="effects")
     key = models.CharField(max_length=255)
@@ -238,6 +242,13 @@ class Effect(models.Model):
                 fields=["grant", "created"],
                 include=["state", "amount"],
                 name="effect_grant_created_idx",
+            ),
+            # The link repair pass (trajectories.links.links_repair): recent effects that
+            # name a trajectory, newest first.
+            models.Index(
+                fields=["created"],
+                name="effect_link_repair_idx",
+                condition=EFFECT_NAMES_TRAJECTORY,
             ),
         ]
 

@@ -3,9 +3,16 @@ order intents, receipts and spans arrive in."""
 
 from __future__ import annotations
 
-import pytest
+from datetime import timedelta
 
+import django_rq
+import pytest
+from django.utils import timezone
+
+from durability.jobs import enqueue
+from durability.models import Effect
 from tests.otlp_support import TRACE, chat, post_traces, queue, request, span, tool, work
+from trajectories import ingest, jobs, links, otlp
 from trajectories.models import EffectLink
 
 __all__ = ["queue"]
@@ -143,3 +150,73 @@ def test_spans_of_another_project_never_link(send, other_api):
 def test_the_openapi_document_describes_the_trajectory_ids(api):
     schema = api.get("openapi.json").json()["components"]["schemas"]["EffectDetailOut"]
     assert {"run_id", "tool_span_id", "model_span_id"} <= set(schema["properties"])
+
+
+# -- the repair pass: PostgreSQL holds the truth, a lost job is put right ----------------
+
+
+def test_a_link_job_lost_with_redis_is_put_right_by_the_next_scheduled_pass(
+    send, api, queue, django_capture_on_commit_callbacks
+):
+    send.spans(*genai())
+    with django_capture_on_commit_callbacks(execute=True):
+        api.intent("refund:1", trace_id=TRACE, span_id=TOOL)
+    assert queue.count == 1
+    queue.connection.flushdb()  # Redis is lost, and the link job with it
+    lost = Effect.objects.get(key="refund:1").pk
+    assert send.trajectory(lost) == (None, None, None)
+    # As rqcron enqueues it; at once, as the test's transaction never commits.
+    scheduled = django_rq.get_queue("default", commit_mode="auto")
+    repair, duplicate = scheduled.enqueue(jobs.links_repair), scheduled.enqueue(jobs.links_repair)
+    work(queue)
+    assert repair.latest_result().return_value == 1
+    assert duplicate.latest_result().return_value == 0
+    assert send.trajectory(lost) == (TRACE, TOOL, MODEL)
+
+
+def test_the_pass_links_an_effect_whose_spans_came_after_a_lost_refresh(send, api, project):
+    effect = send.intent(trace_id=TRACE, span_id=TOOL)
+    # Stored, then the process died before links_refresh: the link still waits.
+    ingest.spans_ingest(
+        project=project, spans=otlp.decode_protobuf(request(*genai()).SerializeToString()).spans
+    )
+    assert send.trajectory(effect) == (None, None, None)
+    assert links.links_repair() == [effect]
+    assert send.trajectory(effect) == (TRACE, TOOL, MODEL)
+    assert links.links_repair() == []
+
+
+def test_the_pass_leaves_links_waiting_for_spans_and_effects_naming_no_trajectory(send, api):
+    send.intent("waits", trace_id=TRACE, span_id=TOOL)
+    send.intent("names-nothing")
+    assert EffectLink.objects.get().resolved is None
+    assert links.links_repair() == []
+
+
+def test_the_pass_is_bounded_newest_first_and_looks_back_one_window(send, api):
+    send.spans(*genai())
+    for n in range(4):
+        api.intent(f"refund:{n}", tool_call_id="call_1")
+    ids = dict(Effect.objects.values_list("key", "pk"))
+    Effect.objects.filter(key="refund:0").update(
+        created=timezone.now() - links.REPAIR_WINDOW - timedelta(minutes=1)
+    )
+    Effect.objects.filter(key="refund:1").update(created=timezone.now() - timedelta(hours=1))
+    assert links.links_repair(limit=2) == [ids["refund:3"], ids["refund:2"]]
+    assert links.links_repair(limit=2) == [ids["refund:1"]]
+    assert links.links_repair(limit=2) == []
+    assert not EffectLink.objects.filter(pk=ids["refund:0"]).exists()
+
+
+def test_without_redis_the_pass_runs_inline(
+    send, api, queue, settings, django_capture_on_commit_callbacks
+):
+    settings.REDIS_URL = ""
+    send.spans(*genai())
+    # Inline jobs run at commit; the test's transaction never commits, so this one is lost.
+    lost = api.intent("refund:1", tool_call_id="call_1").json()["effect"]["id"]
+    assert not EffectLink.objects.exists()
+    with django_capture_on_commit_callbacks(execute=True):
+        enqueue(jobs.links_repair)
+    assert queue.count == 0
+    assert send.trajectory(lost) == (TRACE, TOOL, MODEL)

@@ -11,6 +11,11 @@ def effect_link(effect_id: int) -> None:
     links.effect_link_record(effect_id=effect_id)
 
 
+def links_repair() -> int:
+    """Link the recent effects whose link job was lost (scheduled); returns how many."""
+    return len(links.links_repair())
+
+
 def effect_link_later(effect: Effect | None, *, receipt: Receipt | None = None) -> None:
     """After the transaction commits, link the effect if it names a run, trace or tool call."""
     if effect is None:

@@ -13,16 +13,21 @@ reads everything committed before it.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
-from durability.models import Effect
+from durability.models import EFFECT_NAMES_TRAJECTORY, Effect
 from trajectories.ingest import Touched
 from trajectories.models import EffectLink, RequestedToolCall, Run, Span, SpanKind
 
 # How far up the span tree an effect recorded inside a tool call's child span looks.
 MAX_ANCESTORS = 32
+# The repair pass looks at effects created this recently, and links at most this many.
+REPAIR_WINDOW = timedelta(days=1)
+REPAIR_BATCH = 200
 
 
 def effect_link_record(*, effect_id: int) -> EffectLink | None:
@@ -143,6 +148,42 @@ def links_refresh(*, project_id: int, touched: Touched) -> int:
     for effect_id in waiting:
         link_resolve(effect_id=effect_id)
     return len(waiting)
+
+
+def links_repair(*, limit: int = REPAIR_BATCH) -> list[int]:
+    """Link the recent effects whose linking was lost; returns their ids, newest first.
+
+    Redis carries the link jobs and a crash can come between a span batch's commit and
+    its links_refresh: an effect that names a run, trace or tool call then has no link
+    yet, or an unresolved one although what it waits for is stored. One query walks
+    effect_link_repair_idx over the last REPAIR_WINDOW; links still waiting for their
+    spans are not taken again, so they cannot crowd out the lost ones.
+    """
+    since = timezone.now() - REPAIR_WINDOW
+    link = EffectLink.objects.filter(pk=OuterRef("pk"))
+    # What an unresolved link waits for, found through the indexes its resolution uses.
+    keys = {"project_id": OuterRef("project_id")}
+    stored = (
+        Exists(
+            Span.objects.filter(**keys, trace_id=OuterRef("trace_id"), span_id=OuterRef("span_id"))
+        )
+        | Exists(
+            Span.objects.filter(
+                **keys, tool_call_id=OuterRef("tool_call_id"), kind=SpanKind.TOOL
+            ).exclude(tool_call_id="")
+        )
+        | Exists(RequestedToolCall.objects.filter(**keys, tool_call_id=OuterRef("tool_call_id")))
+        | Exists(Run.objects.filter(**keys, run_id=OuterRef("run_key")))
+    )
+    due = list(
+        Effect.objects.filter(EFFECT_NAMES_TRAJECTORY, created__gte=since)
+        .filter(~Exists(link) | Exists(link.filter(resolved=None).filter(stored)))
+        .order_by("-created")
+        .values_list("pk", flat=True)[:limit]
+    )
+    for effect_id in due:
+        effect_link_record(effect_id=effect_id)
+    return due
 
 
 def effect_trajectory(effect: Effect) -> dict[str, str | None]:
