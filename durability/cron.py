@@ -1,4 +1,7 @@
-"""The schedule for `python manage.py rqcron durability.cron` (needs REDIS_URL)."""
+"""The schedule for `python manage.py rqcron durability.cron` (needs REDIS_URL).
+
+Without Redis, `python manage.py demoagents` runs the same schedule itself.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +10,13 @@ from rq.cron import register
 from durability import jobs
 from trajectories import jobs as trajectories_jobs
 
-# A lost or duplicated run changes nothing the next one would not put right.
-register(jobs.sweep, queue_name="default", interval=5)
-register(jobs.probe_scan, queue_name="default", interval=60)
-register(jobs.alert, queue_name="default", interval=60)
-register(trajectories_jobs.links_repair, queue_name="default", interval=60)
+# (job, seconds between runs). A lost or duplicated run changes nothing the next one would
+# not put right.
+SCHEDULE = [
+    (jobs.sweep, 5),
+    (jobs.probe_scan, 60),
+    (jobs.alert, 60),
+    (trajectories_jobs.links_repair, 60),
+]
+for job, interval in SCHEDULE:
+    register(job, queue_name="default", interval=interval)

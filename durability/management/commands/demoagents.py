@@ -24,14 +24,12 @@ from typing import Any, TextIO
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from durability import jobs
+from durability.cron import SCHEDULE
 from durability.demo import DEMO_DIR, PROVIDER_PORT, repository
 from durability.demo.agents import AGENTS, CRASHED
 from durability.demo.provider import ProviderServer
 from durability.models import ApiKey, Grant, Project
 
-# The schedule run here when there is no REDIS_URL: (seconds between runs, job).
-INLINE_SCHEDULE = [(2.0, jobs.sweep), (10.0, jobs.probe_scan), (60.0, jobs.alert)]
 # A person refunds an order by hand at the provider now and then (the first after this).
 DASHBOARD_FIRST, DASHBOARD_EVERY = 40.0, 240.0
 
@@ -61,14 +59,16 @@ class AgentProcess:
 
 @dataclass
 class Clock:
-    """When each scheduled job is due next."""
+    """rqcron's schedule (durability.cron), run here when there is no Redis; `pace` scales
+    its intervals as it scales the agents' pauses."""
 
+    pace: float
     due: dict[int, float] = field(default_factory=dict)
 
     def tick(self, now: float) -> None:
-        for index, (every, job) in enumerate(INLINE_SCHEDULE):
+        for index, (job, every) in enumerate(SCHEDULE):
             if now >= self.due.get(index, 0.0):
-                self.due[index] = now + every
+                self.due[index] = now + every * self.pace
                 job()
 
 
@@ -127,7 +127,7 @@ class Command(BaseCommand):
         seconds: float,
         pace: float,
     ) -> None:
-        clock = None if settings.REDIS_URL else Clock()
+        clock = None if settings.REDIS_URL else Clock(pace)
         started = time.monotonic()
         dashboard_at, manual = started + DASHBOARD_FIRST * pace, 0
         try:
