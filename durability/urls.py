@@ -4,7 +4,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from durability import api, authority_views, desk, overview, views, webhooks
+from durability import api, authority_views, desk, overview, settings_views, views, webhooks
 from durability.reconcilers import views as probe_views
 
 api_v1 = [
@@ -66,6 +66,29 @@ urlpatterns = [
     path("cases/<int:case_id>/comment/", desk.case_comment, name="case-comment"),
     path("audit/", desk.audit, name="audit"),
     path("projects/switch/", desk.project_switch, name="project-switch"),
+    path("settings/", settings_views.project_settings, name="settings"),
+    path(
+        "settings/<int:project_id>/members/", settings_views.member_add, name="settings-member-add"
+    ),
+    path(
+        "settings/<int:project_id>/members/<int:membership_id>/role/",
+        settings_views.member_role,
+        name="settings-member-role",
+    ),
+    path(
+        "settings/<int:project_id>/members/<int:membership_id>/remove/",
+        settings_views.member_remove,
+        name="settings-member-remove",
+    ),
+    path(
+        "settings/<int:project_id>/keys/", settings_views.apikey_create, name="settings-key-create"
+    ),
+    path(
+        "settings/<int:project_id>/keys/<int:key_id>/revoke/",
+        settings_views.apikey_revoke,
+        name="settings-key-revoke",
+    ),
+    path("settings/<int:project_id>/policy/", settings_views.policy, name="settings-policy"),
     path("effects/<int:effect_id>/probes/", probe_views.probes, name="effect-probes"),
     path("effects/<int:effect_id>/probe/", probe_views.probe_now, name="effect-probe"),
     path("login/", auth_views.LoginView.as_view(), name="login"),

@@ -8,14 +8,31 @@ from typing import Any
 from django import template
 
 from durability.desk import current_membership
+from durability.models import Membership
 
 register = template.Library()
+
+
+def _current(context: template.Context) -> tuple[Membership | None, list[Membership]]:
+    """The user's current membership and all of theirs, looked up once per page render."""
+    cache = context.render_context
+    if "tallybook_current" not in cache:
+        cache["tallybook_current"] = current_membership(context["request"])
+    found: tuple[Membership | None, list[Membership]] = cache["tallybook_current"]
+    return found
+
+
+@register.simple_tag(takes_context=True)
+def current_role(context: template.Context) -> str:
+    """The user's role in their current project ("" without one), for the header's links."""
+    current, _ = _current(context)
+    return current.role if current else ""
 
 
 @register.inclusion_tag("durability/_project_switcher.html", takes_context=True)
 def project_switcher(context: template.Context) -> dict[str, Any]:
     request = context["request"]
-    current, memberships = current_membership(request)
+    current, memberships = _current(context)
     return {
         "current": current,
         "memberships": memberships,

@@ -1,0 +1,118 @@
+"""A project's members and API keys: who may work in it, and what may call its API.
+
+Every change takes the project's row lock first, so two admins acting at once are
+serialised and the rule "a project keeps at least one admin" cannot be raced past.
+Each writes an audit entry (the project's chain) in the same transaction.
+"""
+
+from __future__ import annotations
+
+from django.contrib.auth.models import User
+from django.db import transaction
+
+from durability.audit import Trail
+from durability.models import ApiKey, Membership, Project, Role
+
+
+class Refused(Exception):
+    """A change the rules do not allow; `field` names the input it is about."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class NotFound(Exception):
+    """The member or key is not in this project."""
+
+
+def _lock(project: Project) -> None:
+    Project.objects.select_for_update(no_key=True).only("pk").get(pk=project.pk)
+
+
+def _membership(project: Project, membership_id: int) -> Membership:
+    membership = (
+        Membership.objects.select_related("user").filter(project=project, pk=membership_id).first()
+    )
+    if membership is None:
+        raise NotFound(f"No member {membership_id} in {project}")
+    return membership
+
+
+def _keep_an_admin(project: Project, membership: Membership, field: str) -> None:
+    """Refuse to take away the project's last admin."""
+    if membership.role != Role.ADMIN:
+        return
+    others = Membership.objects.filter(project=project, role=Role.ADMIN).exclude(pk=membership.pk)
+    if not others.exists():
+        raise Refused(field, f"{membership.user} is the last admin of {project}; appoint another.")
+
+
+def member_add(*, project: Project, actor: str, username: str, role: Role) -> Membership:
+    """Make an existing user a member of the project with `role`."""
+    trail = Trail(project.pk, actor)
+    with transaction.atomic():
+        _lock(project)
+        user = User.objects.filter(username=username, is_active=True).first()
+        if user is None:
+            raise Refused("username", f"No active user is called {username}.")
+        if Membership.objects.filter(project=project, user=user).exists():
+            raise Refused("username", f"{username} is already a member of {project}.")
+        membership = Membership.objects.create(project=project, user=user, role=role)
+        trail.add("member_added", username=username, role=role.value)
+        trail.append()
+    return membership
+
+
+def member_role_change(*, project: Project, actor: str, membership_id: int, role: Role) -> bool:
+    """Give a member another role; True when it changed."""
+    trail = Trail(project.pk, actor)
+    with transaction.atomic():
+        _lock(project)
+        membership = _membership(project, membership_id)
+        if membership.role == role:
+            return False
+        _keep_an_admin(project, membership, "role")
+        was = membership.role
+        Membership.objects.filter(pk=membership.pk).update(role=role)
+        trail.add("member_role_changed", username=membership.user.username, was=was, role=role)
+        trail.append()
+    return True
+
+
+def member_remove(*, project: Project, actor: str, membership_id: int) -> Membership:
+    """Take a member out of the project; the removed membership is returned."""
+    trail = Trail(project.pk, actor)
+    with transaction.atomic():
+        _lock(project)
+        membership = _membership(project, membership_id)
+        _keep_an_admin(project, membership, "member")
+        Membership.objects.filter(pk=membership.pk).delete()
+        trail.add("member_removed", username=membership.user.username, role=membership.role)
+        trail.append()
+    return membership
+
+
+def apikey_create(*, project: Project, actor: str, name: str) -> tuple[ApiKey, str]:
+    """Issue a key; the raw key is returned once and only its digest is stored."""
+    trail = Trail(project.pk, actor)
+    with transaction.atomic():
+        key, raw = ApiKey.issue(project, name=name)
+        trail.add("apikey_created", key=key.pk, prefix=key.prefix, name=name)
+        trail.append()
+    return key, raw
+
+
+def apikey_revoke(*, project: Project, actor: str, key_id: int) -> bool:
+    """Revoke a key of the project, effective for the next request; True when it was live."""
+    trail = Trail(project.pk, actor)
+    with transaction.atomic():
+        key = ApiKey.objects.select_for_update().filter(project=project, pk=key_id).first()
+        if key is None:
+            raise NotFound(f"No key {key_id} in {project}")
+        if key.revoked_at is not None:
+            return False
+        key.revoke()
+        trail.add("apikey_revoked", key=key.pk, prefix=key.prefix, name=key.name)
+        trail.append()
+    return True

@@ -1,0 +1,186 @@
+"""The project settings page (/settings/): members and their roles, API keys, the policy.
+
+Admins only (the `manage_project` permission): other members get 403, strangers 404.
+The page shows the user's current project; each action names its project in the URL,
+so a project switched in another tab cannot redirect a change to the wrong project.
+Services (durability.members, durability.grants) make the changes and audit them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.forms import Form
+from django.http import Http404, HttpResponse, HttpResponseBase
+from django.shortcuts import redirect, render
+from django.utils.cache import add_never_cache_headers
+from django.views.decorators.http import require_GET, require_POST
+
+from durability import grants, members
+from durability.authority_forms import PolicyForm
+from durability.desk import actor_of, current_membership
+from durability.models import ApiKey, AuthorityPolicy, Membership, Role
+from durability.roles import Access, Perm, access_from, access_of
+from durability.settings_forms import ApiKeyForm, MemberAddForm, MemberRoleForm
+from durability.views import AuthedRequest
+
+
+def _admin_access(request: AuthedRequest, project_id: int | None = None) -> Access:
+    """The user's access to the project (the current one unless named), which they manage."""
+    if project_id is None:
+        membership, _ = current_membership(request)
+        access = access_from(membership) if membership else None
+    else:
+        access = access_of(request.user, project_id)
+    if access is None:
+        raise Http404("No such project among yours")
+    if not access.can(Perm.MANAGE):
+        raise PermissionDenied(
+            f"Your role in {access.project} ({access.role}) does not allow managing it."
+        )
+    return access
+
+
+def _page(
+    request: AuthedRequest,
+    access: Access,
+    *,
+    status: int = 200,
+    problem: str = "",
+    new_key: str = "",
+    **bound: Form,
+) -> HttpResponse:
+    project = access.project
+    context: dict[str, Any] = {
+        "access": access,
+        "members": Membership.objects.filter(project=project)
+        .select_related("user")
+        .order_by("user__username"),
+        "keys": ApiKey.objects.filter(project=project).order_by("-created", "-id"),
+        "roles": Role.choices,
+        "problem": problem,
+        "new_key": new_key,
+        "add_form": bound.get("add_form") or MemberAddForm(),
+        "key_form": bound.get("key_form") or ApiKeyForm(),
+        "policy_form": bound.get("policy_form")
+        or PolicyForm(initial={"authority_policy": project.authority_policy}),
+    }
+    response = render(request, "durability/settings/settings.html", context, status=status)
+    if new_key:
+        # The raw key is in this response only: no cache may keep a copy.
+        add_never_cache_headers(response)
+    return response
+
+
+def _errors(form: Form) -> str:
+    return " ".join(f"{name}: {' '.join(map(str, errs))}" for name, errs in form.errors.items())
+
+
+@login_required
+@require_GET
+def project_settings(request: AuthedRequest) -> HttpResponse:
+    return _page(request, _admin_access(request))
+
+
+@login_required
+@require_POST
+def member_add(request: AuthedRequest, project_id: int) -> HttpResponseBase:
+    access = _admin_access(request, project_id)
+    form = MemberAddForm(request.POST)
+    if form.is_valid():
+        data = form.cleaned_data
+        try:
+            members.member_add(
+                project=access.project,
+                actor=actor_of(request),
+                username=data["username"],
+                role=Role(data["role"]),
+            )
+        except members.Refused as exc:
+            form.add_error(exc.field, str(exc))
+        else:
+            messages.success(request, f"{data['username']} joined as {data['role']}.")
+            return redirect("settings")
+    return _page(request, access, status=400, add_form=form)
+
+
+@login_required
+@require_POST
+def member_role(request: AuthedRequest, project_id: int, membership_id: int) -> HttpResponseBase:
+    access = _admin_access(request, project_id)
+    form = MemberRoleForm(request.POST)
+    if not form.is_valid():
+        return _page(request, access, status=400, problem=_errors(form))
+    role = Role(form.cleaned_data["role"])
+    try:
+        changed = members.member_role_change(
+            project=access.project, actor=actor_of(request), membership_id=membership_id, role=role
+        )
+    except members.NotFound as exc:
+        raise Http404(str(exc)) from None
+    except members.Refused as exc:
+        return _page(request, access, status=409, problem=str(exc))
+    if changed:
+        messages.success(request, f"Role changed to {role.value}.")
+    return redirect("settings")
+
+
+@login_required
+@require_POST
+def member_remove(request: AuthedRequest, project_id: int, membership_id: int) -> HttpResponseBase:
+    access = _admin_access(request, project_id)
+    try:
+        removed = members.member_remove(
+            project=access.project, actor=actor_of(request), membership_id=membership_id
+        )
+    except members.NotFound as exc:
+        raise Http404(str(exc)) from None
+    except members.Refused as exc:
+        return _page(request, access, status=409, problem=str(exc))
+    messages.success(request, f"{removed.user} is no longer a member of {access.project}.")
+    # Who removed themselves can no longer see this page.
+    return redirect("index" if removed.user_id == request.user.pk else "settings")
+
+
+@login_required
+@require_POST
+def apikey_create(request: AuthedRequest, project_id: int) -> HttpResponse:
+    access = _admin_access(request, project_id)
+    form = ApiKeyForm(request.POST)
+    if not form.is_valid():
+        return _page(request, access, status=400, key_form=form)
+    _, raw = members.apikey_create(
+        project=access.project, actor=actor_of(request), name=form.cleaned_data["name"]
+    )
+    return _page(request, access, new_key=raw)
+
+
+@login_required
+@require_POST
+def apikey_revoke(request: AuthedRequest, project_id: int, key_id: int) -> HttpResponseBase:
+    access = _admin_access(request, project_id)
+    try:
+        revoked = members.apikey_revoke(
+            project=access.project, actor=actor_of(request), key_id=key_id
+        )
+    except members.NotFound as exc:
+        raise Http404(str(exc)) from None
+    if revoked:
+        messages.success(request, "Key revoked: it no longer authenticates.")
+    return redirect("settings")
+
+
+@login_required
+@require_POST
+def policy(request: AuthedRequest, project_id: int) -> HttpResponseBase:
+    access = _admin_access(request, project_id)
+    form = PolicyForm(request.POST)
+    if not form.is_valid():
+        return _page(request, access, status=400, policy_form=form)
+    new = AuthorityPolicy(form.cleaned_data["authority_policy"])
+    if grants.project_policy_set(project=access.project, actor=actor_of(request), policy=new):
+        messages.success(request, f"Intents that name no grant now get: {new.label}.")
+    return redirect("settings")
