@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib.auth.decorators import login_required
-from django.db.models import Count, Min, OuterRef, Q, Subquery
+from django.db.models import Count, F, Min, Q
 from django.db.models.functions import Trunc
 from django.http import HttpResponse
 from django.shortcuts import render
@@ -272,16 +272,17 @@ def last_day(project: Project, since: datetime) -> list[tuple[str, Number, Numbe
     ]
 
 
-def evidence_strengths(project: Project) -> list[tuple[str, Number]]:
-    """Effects with a receipt of each strength (an effect may count under several)."""
+def evidence_strengths(project: Project, since: datetime) -> list[tuple[str, Number]]:
+    """Effects created since `since` with a receipt of each strength (an effect may count
+    under several)."""
     found = dict(
-        Receipt.objects.filter(project=project, effect__isnull=False)
+        Receipt.objects.filter(project=project, effect__created__gte=since)
         .values_list("strength")
         .annotate(n=Count("effect", distinct=True))
         .order_by()
     )
     return [
-        (strength, Number(n, effects_url(project=project.pk, strength=strength)))
+        (strength, Number(n, effects_url(project=project.pk, strength=strength, since=since)))
         for strength, n in sorted(found.items())
     ]
 
@@ -304,15 +305,18 @@ def busiest_agents(project: Project, since: datetime) -> list[Busy]:
         .annotate(n=Count("id"))
         .order_by("-n", "agent")[:BUSIEST]
     )
-    latest = Attempt.objects.filter(
-        effect_id=OuterRef("effect_id"), number=OuterRef("effect__attempt_count")
-    ).annotate(agent=agent_of_attempt())
+    # Open cases by the agent of their effect's current attempt: from the open cases (their
+    # partial index) to the effect, to the attempt by (effect, number).
     open_counts = dict(
-        Case.objects.filter(project=project, closed=None)
-        .annotate(agent=Subquery(latest.values("agent")[:1]))
+        Attempt.objects.filter(
+            effect__cases__project=project,
+            effect__cases__closed=None,
+            number=F("effect__attempt_count"),
+        )
+        .annotate(agent=agent_of_attempt())
         .filter(agent__in=[name for name, _ in top])
         .values_list("agent")
-        .annotate(n=Count("id"))
+        .annotate(n=Count("effect__cases"))
         .order_by()
     )
     return [
@@ -382,7 +386,7 @@ def index(request: AuthedRequest) -> HttpResponse:
         "oldest": oldest_open_case(project),
         "chart": effects_chart(project, range_name, now),
         "last_day": last_day(project, day_ago),
-        "strengths": evidence_strengths(project),
+        "strengths": evidence_strengths(project, day_ago),
         "agents": busiest_agents(project, day_ago),
         "targets": busiest_targets(project, day_ago),
         "runs": recent_runs(project),
