@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from functools import partial
 
 import pytest
 from django.contrib.auth.models import User
@@ -12,6 +13,7 @@ from durability.audit import first_broken_entry
 from durability.models import ApiKey, AuditEntry, AuthorityPolicy, Membership, Project, Role
 from tests.conftest import Api
 from tests.desk import logged_in, member, search
+from tests.test_case_race import _at_once
 
 PERSONAS = ["admin", "alice", "viewer", "outsider", "mallory"]  # alice is an operator
 RAW_KEY = r"tb_[A-Za-z0-9_-]{43}"
@@ -280,3 +282,39 @@ def test_settings_changes_extend_the_projects_audit_chain(project, admin, alice,
         "authority_policy_set",
     ]
     assert first_broken_entry(Project.objects.get(pk=project.pk)) is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_admins_demoting_each_other_at_once_leave_one_admin(project, admin):
+    bea = member(project, "bea", Role.ADMIN)
+    ada_id, bea_id = (Membership.objects.get(user=u).pk for u in (admin, bea))
+    for _ in range(3):
+        Membership.objects.filter(project=project).update(role=Role.ADMIN)
+        responses = _at_once(
+            [
+                partial(
+                    logged_in(admin).post,
+                    f"/settings/{project.pk}/members/{bea_id}/role/",
+                    {"role": "viewer"},
+                ),
+                partial(
+                    logged_in(bea).post,
+                    f"/settings/{project.pk}/members/{ada_id}/role/",
+                    {"role": "viewer"},
+                ),
+            ]
+        )
+        assert sorted(r.status_code for r in responses) == [302, 409]
+        assert Membership.objects.filter(project=project, role=Role.ADMIN).count() == 1
+
+
+def test_the_page_takes_the_same_few_queries_however_many_members_and_keys(
+    project, admin, django_assert_max_num_queries
+):
+    for n in range(30):
+        member(project, f"user{n}", Role.VIEWER)
+        ApiKey.issue(project, name=f"key{n}")
+    client = logged_in(admin)
+    with django_assert_max_num_queries(8):
+        page = client.get("/settings/").content.decode()
+    assert "user29" in page and "key29" in page
