@@ -1,0 +1,76 @@
+"""Server time of the overview at 1,000,000 effects and 10,000 open cases.
+
+    .venv/bin/python benchmarks/overview_page.py [--effects 1000000] [--open 10000]
+
+Builds the queue benchmark's data set (benchmarks/queue_page.py: effects one second apart,
+so the last day holds 86,400 of them) in the database named by --db, then requests the
+overview through Django's test client with a logged-in operator, for each chart range,
+and prints the median and p95 of the server time and the number of queries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.queue_page import PG, _fill, _fresh_database, _p95, _time  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--effects", type=int, default=1_000_000)
+    parser.add_argument("--open", type=int, default=10_000, help="open cases")
+    parser.add_argument("--repeat", type=int, default=20, help="requests per range")
+    parser.add_argument("--db", default="tb_bench_overview")
+    parser.add_argument(
+        "--reuse", action="store_true", help="time the data set a previous run left in --db"
+    )
+    args = parser.parse_args()
+
+    if not args.reuse:
+        _fresh_database(args.db)
+    os.environ["DATABASE_URL"] = f"{PG}/{args.db}"
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "durability.settings")
+    import django
+
+    django.setup()
+    from django.contrib.auth.models import User
+    from django.core.management import call_command
+    from django.db import connection
+    from django.test import Client
+
+    if args.reuse:
+        operator = User.objects.get(username="operator")
+    else:
+        call_command("migrate", verbosity=0)
+        operator = _fill(args.effects, args.open)["operator"]
+    client = Client()
+    client.force_login(operator)
+    queries: list[str] = []
+
+    def counted(execute: Any, sql: str, *rest: Any) -> Any:
+        queries.append(sql)
+        return execute(sql, *rest)
+
+    print(f"{args.effects:,} effects, {args.open:,} open cases, {args.repeat} requests each")
+    print(f"{'page':<20} {'queries':>8} {'median ms':>10} {'p95 ms':>8}")
+    for path in ["/", "/?range=1h", "/?range=24h", "/?range=7d"]:
+        queries.clear()
+        with connection.execute_wrapper(counted):
+            assert client.get(path).status_code == 200
+        times = _time(client, path, args.repeat)
+        print(
+            f"{path:<20} {len(queries):>8} {statistics.median(times) * 1000:>10.1f} "
+            f"{_p95(times) * 1000:>8.1f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
