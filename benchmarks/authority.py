@@ -21,11 +21,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-# The script's folder is on sys.path: the queue benchmark's helpers build the data set.
-from queue_page import PG, _fresh_database, _insert_select, _p95
-
 ROOT = Path(__file__).resolve().parent.parent
 WEEK = 7 * 24 * 3600
+sys.path.insert(0, str(ROOT))
+
+# The queue benchmark's helpers build the data set.
+from benchmarks.queue_page import PG, _fresh_database, _insert_select, _p95  # noqa: E402
 
 
 def _fill(project: Any, limited: Any, effects: int) -> None:
@@ -100,7 +101,6 @@ def main() -> None:
     args = parser.parse_args()
 
     _fresh_database(args.db)
-    sys.path.insert(0, str(ROOT))
     os.environ["DATABASE_URL"] = f"{PG}/{args.db}"
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "durability.settings")
     import django

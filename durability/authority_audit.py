@@ -56,6 +56,8 @@ QUADRANTS = [
 ]
 QUADRANT_LABEL = dict(QUADRANTS)
 
+
+# Recorded under a grant, and neither denied nor still awaiting approval.
 AUTHORIZED = Q(grant__isnull=False) & ~Q(state__in=[State.DENIED, State.AWAITING_APPROVAL])
 QUADRANT_OF = {
     (True, True): Quadrant.AUTHORIZED_EVIDENCE,
@@ -98,16 +100,11 @@ class AuditQuery:
         return bool(self.kind or self.target or self.grant)
 
 
-def _effects(
-    project: Project, query: AuditQuery, evidence: Q | Exists | None = None
-) -> QuerySet[Effect]:
-    """The effects in the query's range and filters, each marked `evidenced` or not (by
-    default a look-up per effect, which a page that stops after its rows prefers)."""
-    if evidence is None:
-        evidence = Exists(Receipt.objects.filter(effect=OuterRef("pk")))
+def _matching(project: Project, query: AuditQuery) -> QuerySet[Effect]:
+    """The effects in the query's range and filters."""
     effects = Effect.objects.filter(
         project=project, created__gte=query.since, created__lt=query.until
-    ).annotate(evidenced=ExpressionWrapper(evidence, output_field=BooleanField()))
+    )
     if query.kind:
         effects = effects.filter(kind=query.kind)
     if query.target:
@@ -115,6 +112,15 @@ def _effects(
     if query.grant:
         effects = effects.filter(grant=query.grant)
     return effects
+
+
+def _evidence() -> Exists:
+    return Exists(Receipt.objects.filter(effect=OuterRef("pk")))
+
+
+def _effects(project: Project, query: AuditQuery) -> QuerySet[Effect]:
+    """The effects in the query's range and filters, each marked `evidenced` or not."""
+    return _matching(project, query).annotate(evidenced=_evidence())
 
 
 def _orphans(project: Project, query: AuditQuery) -> QuerySet[Receipt]:
@@ -125,23 +131,25 @@ def _orphans(project: Project, query: AuditQuery) -> QuerySet[Receipt]:
     )
 
 
+def _by_authority(effects: QuerySet[Effect]) -> dict[bool, int]:
+    authorized = ExpressionWrapper(AUTHORIZED, output_field=BooleanField())
+    grouped = effects.annotate(authorized=authorized).values_list("authorized")
+    return {bool(yes): n for yes, n in grouped.annotate(n=Count("pk")).order_by()}
+
+
 def quadrant_counts(project: Project, query: AuditQuery) -> dict[str, int]:
     """Effects per quadrant (orphan receipts added to evidence without authority).
 
-    One GROUP BY over the range; evidence is a semi-join against the project's receipts
-    (hashed once), not a look-up per effect.
+    Two grouped counts, each a scan or a hash semi-join whatever the range's size, with
+    no look-up per effect: the effects by authority, and those with evidence.
     """
-    evidenced = Receipt.objects.filter(project=project, effect__isnull=False).values("effect_id")
-    groups = (
-        _effects(project, query, evidence=Q(pk__in=evidenced))
-        .annotate(authorized=ExpressionWrapper(AUTHORIZED, output_field=BooleanField()))
-        .values("authorized", "evidenced")
-        .annotate(n=Count("pk"))
-        .order_by()
-    )
-    counts = dict.fromkeys(QUADRANT_LABEL, 0)
-    for group in groups:
-        counts[QUADRANT_OF[group["authorized"], group["evidenced"]]] += group["n"]
+    effects = _by_authority(_matching(project, query))
+    evidenced = _by_authority(_matching(project, query).filter(_evidence()))
+    counts = {
+        name: (evidenced if has_evidence else effects).get(yes, 0)
+        - (0 if has_evidence else evidenced.get(yes, 0))
+        for (yes, has_evidence), name in QUADRANT_OF.items()
+    }
     counts[Quadrant.EVIDENCE_UNAUTHORIZED] += _orphans(project, query).count()
     return counts
 
