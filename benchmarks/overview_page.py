@@ -13,14 +13,10 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from benchmarks.queue_page import PG, _fill, _fresh_database, _p95, _time  # noqa: E402
+# The queue benchmark beside this script (the script's folder is first on sys.path).
+from queue_page import PG, _fill, _fresh_database, _p95, _time
 
 
 def main() -> None:
