@@ -1,9 +1,10 @@
-"""Authority pages: grants and the project's policy (/authority/), webhook sources, the
-authority audit, and the approvals inbox (/approvals/).
+"""Authority pages: grants (/authority/), webhook sources, the authority audit, and the
+approvals inbox (/approvals/). The policy for intents without a grant is set with the
+project's settings.
 
 Everything is in the user's current project (durability.desk). Reading needs a
-membership; approving needs the operator's right to resolve cases; grants, the policy and
-webhook sources are for admins. Services do the changes and write the audit entries.
+membership; approving needs the operator's right to resolve cases; grants and webhook
+sources are for admins. Services do the changes and write the audit entries.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from durability import approvals, authority_audit, grants, webhooks
 from durability.authority_forms import (
     AuditForm,
     GrantForm,
-    PolicyForm,
     RevokeForm,
     SignoffForm,
     WebhookSourceForm,
@@ -32,7 +32,6 @@ from durability.authority_forms import (
 from durability.desk import actor_of, current_membership
 from durability.models import (
     Approval,
-    AuthorityPolicy,
     Grant,
     SignoffVerdict,
     WebhookKind,
@@ -86,24 +85,9 @@ def authority(request: AuthedRequest) -> HttpResponse:
             "grants": list(rows[:500]),
             "status": query.status,
             "statuses": grants.GRANT_STATUSES,
-            "policy_form": PolicyForm(
-                initial={"authority_policy": access.project.authority_policy}
-            ),
             "can_manage": access.can(Perm.MANAGE),
         },
     )
-
-
-@login_required
-@require_POST
-def policy(request: AuthedRequest) -> HttpResponse:
-    access = _access(request, Perm.MANAGE)
-    form = PolicyForm(request.POST)
-    if form.is_valid():
-        new = AuthorityPolicy(form.cleaned_data["authority_policy"])
-        if grants.project_policy_set(project=access.project, actor=actor_of(request), policy=new):
-            messages.success(request, f"Intents that name no grant now get: {new.label}.")
-    return redirect("authority")
 
 
 @login_required

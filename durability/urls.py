@@ -22,7 +22,6 @@ api_v1 = [
 authority = [
     path("hooks/<slug:name>/", webhooks.hook, name="hook"),
     path("authority/", authority_views.authority, name="authority"),
-    path("authority/policy/", authority_views.policy, name="authority-policy"),
     path("authority/grants/new/", authority_views.grant_new, name="grant-new"),
     path("authority/grants/<int:grant_id>/", authority_views.grant, name="grant"),
     path(

@@ -1,5 +1,6 @@
 """Managing grants: admins create, supersede and revoke them in the browser, every change
-audited and no version edited in place; the API reads them."""
+audited and no version edited in place; the API reads them. (The policy for intents
+without a grant is set in the project's settings: test_project_settings.py.)"""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from django.contrib.auth.models import User
 
 from durability import grants
-from durability.models import AuditEntry, AuthorityPolicy, Grant, Project
+from durability.models import AuditEntry, Grant, Project
 from tests.authority import grant, supersede
 from tests.desk import logged_in
 
@@ -78,7 +79,6 @@ def test_operators_and_viewers_read_grants_but_cannot_change_them(project, alice
         assert client.get(f"/authority/grants/{g.pk}/").status_code == 200
         assert client.post("/authority/grants/new/", FORM).status_code == 403
         assert client.post(f"/authority/grants/{g.pk}/revoke/", {"note": "x"}).status_code == 403
-        assert client.post("/authority/policy/", {"authority_policy": "enforce"}).status_code == 403
     assert Grant.objects.get().revoked is None
 
 
@@ -128,14 +128,6 @@ def test_revoking_needs_a_reason_and_is_audited(project, admin):
     assert g.revoked is not None and g.revoked_by == "user:ada" and g.status() == "revoked"
     entry = _grant_entries(project)[-1]
     assert (entry.action, entry.data["note"]) == ("grant_revoked", "key leaked")
-
-
-def test_an_admin_sets_the_policy_for_intents_without_a_grant(project, admin):
-    logged_in(admin).post("/authority/policy/", {"authority_policy": "enforce"})
-    project.refresh_from_db()
-    assert project.authority_policy == AuthorityPolicy.ENFORCE
-    entry = AuditEntry.objects.get(project=project, action="authority_policy_set")
-    assert (entry.actor, entry.data) == ("user:ada", {"was": "audit", "policy": "enforce"})
 
 
 def test_the_api_lists_every_version_newest_first_and_filters_by_status(api, project, other_api):
