@@ -11,12 +11,14 @@ and prints the median and p95 of the server time and the number of queries.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import statistics
 from typing import Any
 
-# The queue benchmark beside this script (the script's folder is first on sys.path).
-from queue_page import PG, _fill, _fresh_database, _p95, _time
+# The queue benchmark beside this script (the script's folder is first on sys.path); it
+# builds the data set and times the requests.
+queue_page = importlib.import_module("queue_page")
 
 
 def main() -> None:
@@ -31,8 +33,8 @@ def main() -> None:
     args = parser.parse_args()
 
     if not args.reuse:
-        _fresh_database(args.db)
-    os.environ["DATABASE_URL"] = f"{PG}/{args.db}"
+        queue_page._fresh_database(args.db)
+    os.environ["DATABASE_URL"] = f"{queue_page.PG}/{args.db}"
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "durability.settings")
     import django
 
@@ -46,7 +48,7 @@ def main() -> None:
         operator = User.objects.get(username="operator")
     else:
         call_command("migrate", verbosity=0)
-        operator = _fill(args.effects, args.open)["operator"]
+        operator = queue_page._fill(args.effects, args.open)["operator"]
     client = Client()
     client.force_login(operator)
     queries: list[str] = []
@@ -61,10 +63,10 @@ def main() -> None:
         queries.clear()
         with connection.execute_wrapper(counted):
             assert client.get(path).status_code == 200
-        times = _time(client, path, args.repeat)
+        times = queue_page._time(client, path, args.repeat)
         print(
             f"{path:<20} {len(queries):>8} {statistics.median(times) * 1000:>10.1f} "
-            f"{_p95(times) * 1000:>8.1f}"
+            f"{queue_page._p95(times) * 1000:>8.1f}"
         )
 
 
