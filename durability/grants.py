@@ -98,11 +98,13 @@ def _current(named: Grant) -> Grant:
 
 def _spent(grant: Grant, now: datetime) -> tuple[Decimal, int]:
     """The amount spent in the last day and the count in the count period, over every
-    version of the grant, in one query."""
+    version of the grant."""
     period = timedelta(seconds=grant.count_period_s or 0)
     since = now - max(DAY, period)
+    # The versions' ids first, so that the sum is a range of effect_grant_created_idx.
+    versions = list(Grant.objects.filter(lineage=grant.lineage).values_list("pk", flat=True))
     totals = (
-        Effect.objects.filter(grant__lineage=grant.lineage, created__gte=since)
+        Effect.objects.filter(grant__in=versions, created__gte=since)
         .exclude(state__in=UNSPENT)
         .aggregate(
             amount=Sum("amount", filter=Q(created__gte=now - DAY)),
