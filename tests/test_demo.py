@@ -87,6 +87,8 @@ def test_the_agents_bring_every_scenario_to_life(live_server, settings, tmp_path
     assert {run.run_id.split("-")[0] for run in runs} == {"RF", "REL", "SUP"}
     kinds = set(Span.objects.filter(run__in=runs).values_list("kind", flat=True))
     assert {"agent", "model", "tool"} <= kinds
+    # And their run events said how each went.
+    assert {"ok", "error"} <= set(runs.values_list("status", flat=True))
     # Together with the seeded history: every state and every reason.
     everything = Effect.objects.filter(project=project)
     assert set(everything.values_list("state", flat=True)) == EVERY_STATE

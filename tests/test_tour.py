@@ -63,7 +63,7 @@ def demo(live_server: Any, tmp_path: Path, settings: Any) -> str:
     tb = Tallybook(live_server.url, key, spool=tmp_path / "spool", tracer_provider=tracing)
     bot = agents.RefundBot(
         tb,
-        telemetry.Trajectory(tracing, "refund-bot", "2.4.0"),
+        telemetry.Trajectory(tracing, "refund-bot", "2.4.0", live_server.url, key),
         provider.url,
         agents.Memory(tmp_path / "memory.json"),
         version="2.4.0",

@@ -27,6 +27,7 @@ import urllib.request
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -187,6 +188,7 @@ class Agent:
         ticket = self.next_ticket()
         self.memory.in_hand = ticket
         self.memory.save()
+        started, status = datetime.now(UTC), "ok"
         try:
             with self.tb.run(self.name, version=self.version, run_id=ticket.run_id):
                 self.work(ticket)
@@ -194,13 +196,18 @@ class Agent:
             # Waiting for a person or a reconciler: the interruption report names the case.
             log.info("%s waits: %s", ticket.run_id, exc)
             self.park(ticket, exc.key)
+            status = "running"
         except (EffectDenied, EffectConflict) as exc:
             log.info("%s stopped: %s", ticket.run_id, exc)
+            status = "error"
         except IntentNotRecorded as exc:
             log.warning("%s: not recorded, so not done; later: %s", ticket.run_id, exc)
             self.park(ticket, "")
+            status = "running"
         except ProviderError as exc:
             log.info("%s: the provider refused: %s", ticket.run_id, exc)
+            status = "error"
+        self.trajectory.report(ticket.run_id, status, started, ended=status != "running")
         self.memory.in_hand = None
         self.memory.save()
 
@@ -506,7 +513,7 @@ def main(argv: list[str] | None = None) -> None:
     args.state.mkdir(parents=True, exist_ok=True)
     agent = AGENTS[args.agent](
         Tallybook(args.url, api_key, spool=args.state / "spool", tracer_provider=provider),
-        telemetry.Trajectory(provider, args.agent, args.version),
+        telemetry.Trajectory(provider, args.agent, args.version, args.url, api_key),
         args.provider,
         Memory.load(args.state / "memory.json"),
         version=args.version,

@@ -10,11 +10,15 @@ recorded, so Tallybook links the effect to both).
 from __future__ import annotations
 
 import json
+import logging
 import random
 import secrets
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import Any
 
 from opentelemetry import trace
@@ -24,6 +28,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 MODEL = "demo-planner-1"
+log = logging.getLogger("durability.demo")
 
 
 def tracer_provider(agent: str, version: str, url: str, api_key: str) -> TracerProvider:
@@ -40,12 +45,42 @@ def tracer_provider(agent: str, version: str, url: str, api_key: str) -> TracerP
 
 
 class Trajectory:
-    """The spans of one agent's work, named as the GenAI conventions name them."""
+    """The spans of one agent's work, named as the GenAI conventions name them, and the run
+    events that say how each run went (POST /api/v1/events)."""
 
-    def __init__(self, provider: TracerProvider, agent: str, version: str) -> None:
+    def __init__(
+        self, provider: TracerProvider, agent: str, version: str, url: str, api_key: str
+    ) -> None:
         self.tracer = provider.get_tracer("durability.demo")
         self.agent, self.version = agent, version
+        self.url, self.api_key = url.rstrip("/"), api_key
         self.run_id = ""
+
+    def report(self, run_id: str, status: str, started: datetime, ended: bool) -> None:
+        """Name the run and say how it went: `running` while it waits for a person."""
+        event = {
+            "id": f"{run_id}:{time.time_ns()}",
+            "type": "run",
+            "run_id": run_id,
+            "agent": self.agent,
+            "workflow": self.agent,
+            "workflow_version": self.version,
+            "status": status,
+            "started": started.isoformat(),
+            "ended": datetime.now(UTC).isoformat() if ended else None,
+        }
+        request = urllib.request.Request(
+            f"{self.url}/api/v1/events",
+            json.dumps({"events": [event]}).encode(),
+            {"Content-Type": "application/json", "Authorization": f"Bearer {self.api_key}"},
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=5):
+                pass
+        except (urllib.error.URLError, OSError) as exc:
+            # Telemetry never stops the agent; the run's spans still tell most of it.
+            log.warning("could not report run %s: %s", run_id, exc)
 
     @contextmanager
     def run(self, run_id: str, task: str) -> Iterator[trace.Span]:
