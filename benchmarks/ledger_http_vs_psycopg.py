@@ -47,7 +47,9 @@ def _manage(env: dict[str, str], *args: str) -> str:
     ).stdout
 
 
-def _http_worker(port: int, key: str, prefix: str, count: int, out: mp.Queue[list[float]]) -> None:
+def _http_worker(
+    port: int, key: str, grant: int, prefix: str, count: int, out: mp.Queue[list[float]]
+) -> None:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
     latencies = []
@@ -61,6 +63,7 @@ def _http_worker(port: int, key: str, prefix: str, count: int, out: mp.Queue[lis
                 "request": {"order": i, "amount": 1250},
                 "timeout_s": 300,
                 "context": {"workflow": "bench", "workflow_version": "1"},
+                "authority": {"grant": grant},
             }
         )
         start = time.perf_counter()
@@ -117,8 +120,9 @@ def _audit(
 
 
 def _raw_worker(
-    dsn: str, project_id: int, prefix: str, count: int, out: mp.Queue[list[float]]
+    dsn: str, project_id: int, grant: int, prefix: str, count: int, out: mp.Queue[list[float]]
 ) -> None:
+    authority = json.dumps({"grant": grant})
     with psycopg.connect(dsn) as conn:
         for i in range(count):
             key = f"{prefix}:{i}"
@@ -134,11 +138,11 @@ def _raw_worker(
                     "INSERT INTO durability_effect (project_id, key, kind, target, fingerprint, "
                     "request, replay, state, late, timeout_s, deadline, authority, run_id, "
                     "tool_call_id, trace_id, span_id, attempt_count, created, updated, audit_seq, "
-                    "audit_head) VALUES (%s, %s, 'payment', 'stripe', %s, %s, 'never', 'pending', "
-                    "false, 300, now() + interval '300 seconds', NULL, '', '', '', '', 1, now(), "
-                    "now(), 0, repeat('0', 64)) "
+                    "audit_head, currency, grant_id) VALUES (%s, %s, 'payment', 'stripe', %s, %s, "
+                    "'never', 'pending', false, 300, now() + interval '300 seconds', %s, '', '', "
+                    "'', '', 1, now(), now(), 0, repeat('0', 64), '', %s) "
                     "RETURNING id",
-                    (project_id, key, fingerprint, request),
+                    (project_id, key, fingerprint, request, authority, grant),
                 )
                 (effect_id,) = _one(cur)
                 cur.execute(
@@ -168,8 +172,8 @@ def _raw_worker(
                 cur.execute(
                     "INSERT INTO durability_receipt (project_id, effect_id, key, system, "
                     "external_id, observed_at, data, strength, attempt, trace_id, span_id, late, "
-                    "received) VALUES (%s, %s, %s, 'stripe', %s, NULL, 'null', 'agent_reported', "
-                    "NULL, '', '', false, now())",
+                    "received, currency, target) VALUES (%s, %s, %s, 'stripe', %s, NULL, NULL, "
+                    "'agent_reported', NULL, '', '', false, now(), '', '')",
                     (project_id, effect_id, key, f"re_{key}"),
                 )
                 cur.execute(
@@ -198,11 +202,22 @@ def _run(
     return time.perf_counter() - start, latencies
 
 
+GRANT = """
+from durability.grants import Terms, grant_create
+from durability.models import Project
+for name in ("bench-http", "bench-raw"):
+    project = Project.objects.get(name=name)
+    terms = Terms(name="bench", kinds=["payment"], targets=["stripe"])
+    print(grant_create(project=project, actor="system:bench", terms=terms).pk)
+"""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--pairs", type=int, default=4000, help="intent+receipt pairs per path")
     parser.add_argument("--clients", type=int, default=8, help="concurrent client processes")
     parser.add_argument("--workers", type=int, default=4, help="gunicorn worker processes")
+    parser.add_argument("--rounds", type=int, default=4, help="alternating HTTP/raw rounds")
     parser.add_argument("--db", default="tb_bench_ledger")
     options = parser.parse_args()
 
@@ -215,13 +230,14 @@ def main() -> None:
     _manage(env, "migrate", "--verbosity", "0")
     key = _manage(env, "createapikey", "bench-http").strip().splitlines()[-1]
     _manage(env, "createapikey", "bench-raw")
+    http_grant, raw_grant = (int(n) for n in _manage(env, "shell", "-c", GRANT).split()[-2:])
     with psycopg.connect(dsn) as conn:
         (raw_project,) = _one(
             conn.execute("SELECT id FROM durability_project WHERE name = 'bench-raw'")
         )
 
-    per_client = options.pairs // options.clients
-    pairs = per_client * options.clients
+    per_round = max(1, options.pairs // options.clients // options.rounds)
+    pairs = per_round * options.clients * options.rounds
 
     port = _free_port()
     server = subprocess.Popen(
@@ -240,6 +256,8 @@ def main() -> None:
         cwd=ROOT,
         env=env,
     )
+    http_time = raw_time = 0.0
+    latencies: list[float] = []
     try:
         for _ in range(100):
             try:
@@ -248,24 +266,33 @@ def main() -> None:
             except OSError:
                 time.sleep(0.1)
         # Warm up each worker's imports and connections.
-        _run(_http_worker, lambda c: (port, key, f"warm{c}", 20), options.workers)
-        http_time, latencies = _run(
-            _http_worker, lambda c: (port, key, f"h{c}", per_client), options.clients
-        )
+        _run(_http_worker, lambda c: (port, key, http_grant, f"warm{c}", 20), options.workers)
+        # The paths alternate in rounds, so that both meet the same load on the machine.
+        for r in range(options.rounds):
+            elapsed, lat = _run(
+                _http_worker,
+                lambda c: (port, key, http_grant, f"h{r}.{c}", per_round),  # noqa: B023
+                options.clients,
+            )
+            http_time += elapsed
+            latencies.extend(lat)
+            elapsed, _ = _run(
+                _raw_worker,
+                lambda c: (dsn, raw_project, raw_grant, f"r{r}.{c}", per_round),  # noqa: B023
+                options.clients,
+            )
+            raw_time += elapsed
     finally:
         server.terminate()
         server.wait()
-    raw_time, _ = _run(
-        _raw_worker, lambda c: (dsn, raw_project, f"r{c}", per_client), options.clients
-    )
 
     http_rate, raw_rate = pairs / http_time, pairs / raw_time
     latencies.sort()
     p50 = statistics.median(latencies) * 1000
     p99 = latencies[int(len(latencies) * 0.99) - 1] * 1000
     print(
-        f"pairs per path: {pairs}, client processes: {options.clients}, "
-        f"gunicorn workers: {options.workers}, cores: {os.cpu_count()}"
+        f"pairs per path: {pairs} in {options.rounds} alternating rounds, client processes: "
+        f"{options.clients}, gunicorn workers: {options.workers}, cores: {os.cpu_count()}"
     )
     print(f"HTTP (intent + receipt):  {http_rate:8.0f} effects/s")
     print(f"raw psycopg, same writes: {raw_rate:8.0f} effects/s")
