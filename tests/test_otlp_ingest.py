@@ -178,6 +178,14 @@ def test_it_keeps_attributes_it_does_not_map_with_their_types(api):
     }
 
 
+def test_an_operation_name_that_is_a_list_or_a_map_names_no_kind(api):
+    odd = {"gen_ai.operation.name": ["chat"]}
+    r = post_traces(api.client, api.key, request(span(ROOT, attributes=odd)))
+    assert r.status_code == 200
+    stored = Span.objects.get()
+    assert (stored.kind, stored.operation) == ("other", "['chat']")
+
+
 @pytest.mark.parametrize("as_json", [False, True], ids=["protobuf", "json"])
 def test_it_rejects_spans_with_bad_ids_in_a_partial_success_and_keeps_the_others(api, as_json):
     message = request(

@@ -37,6 +37,7 @@ from trajectories.redact import (
     json_text,
     redact,
     scrub_text,
+    suspect,
 )
 from trajectories.schemas import EVENT_SCHEMAS, RunEventIn, SpanEventIn
 from trajectories.semconv import SpanData, requested_tool_calls
@@ -158,23 +159,40 @@ def _span_values(
     JSON columns are JSON text, ready for COPY; `resource` is the span's resource as
     `attributes_text` returns it, computed once for all the spans that share it.
     """
+    attributes_json = json.dumps(s.attributes)
+    io_json = [
+        None if value is None else json.dumps(value) if text is None else text
+        for value, text in ((s.input, s.input_text), (s.output, s.output_text))
+    ]
+    texts = [
+        s.name,
+        s.status_message,
+        s.operation,
+        s.provider,
+        s.request_model,
+        s.response_model,
+        s.tool_call_id,
+        s.tool_name,
+    ]
+    # One search over all of the span's text: most spans hold nothing to redact or clean.
+    checked = not suspect("\n".join([*texts, attributes_json, io_json[0] or "", io_json[1] or ""]))
+    if not checked:
+        texts = [scrub_text(texts[0]), scrub_text(texts[1]), *(_plain(t) for t in texts[2:])]
     capped: dict[str, Any] = {}
-    attributes, cut = attributes_text(s.attributes, ATTRIBUTE_CAP)
+    attributes, cut = attributes_text(s.attributes, ATTRIBUTE_CAP, attributes_json, checked=checked)
     for prefix, sizes in (("attributes", cut), ("resource", resource[1])):
         for key, size in sizes.items():
             capped[f"{prefix}.{key}"] = {"size": size, "cap": ATTRIBUTE_CAP}
-    texts: list[str | None] = []
-    for name, value, given in (
-        ("input", s.input, s.input_text),
-        ("output", s.output, s.output_text),
-    ):
+    io: list[str | None] = []
+    for name, value, given in (("input", s.input, io_json[0]), ("output", s.output, io_json[1])):
         if value is None:
-            texts.append(None)
+            io.append(None)
             continue
-        text, cut_size = json_text(value, IO_CAP, given)
+        text, cut_size = json_text(value, IO_CAP, given, checked=checked)
         if cut_size is not None:
             capped[name] = {"size": cut_size, "cap": IO_CAP}
-        texts.append(text)
+        io.append(text)
+    name, status_message, operation, provider, request_model, response_model, call, tool = texts
     return (
         project_id,
         run_pk,
@@ -182,23 +200,23 @@ def _span_values(
         s.span_id,
         s.parent_span_id,
         s.kind,
-        _plain(s.operation),
-        scrub_text(s.name),
+        operation,
+        name,
         s.start,
         s.end,
         s.status,
-        scrub_text(s.status_message),
-        _plain(s.provider),
-        _plain(s.request_model),
-        _plain(s.response_model),
+        status_message,
+        provider,
+        request_model,
+        response_model,
         s.input_tokens,
         s.output_tokens,
-        _plain(s.tool_call_id),
-        _plain(s.tool_name),
+        call,
+        tool,
         attributes,
         resource[0],
-        texts[0],
-        texts[1],
+        io[0],
+        io[1],
         json.dumps(capped) if capped else "{}",
         now,
     )
@@ -216,18 +234,19 @@ STAGING_DDL = (
     f"SELECT {', '.join(f'"{c}"' for c in SPAN_COLUMNS)}, NULL::jsonb AS requested "
     "FROM trajectories_span WITH NO DATA"
 )
+# The spans, new or re-sent, and then the tool calls the model spans asked for, joined to
+# the ids the upsert returns: one statement, no second look-up of the spans just written.
 SPAN_UPSERT = (
+    "WITH stored AS ("
     f"INSERT INTO trajectories_span ({', '.join(f'"{c}"' for c in SPAN_COLUMNS)}) "
     f"SELECT {', '.join(f'"{c}"' for c in SPAN_COLUMNS)} FROM {STAGING} "
     "ON CONFLICT (project_id, trace_id, span_id) DO UPDATE SET "
     + ", ".join(f'"{c}" = EXCLUDED."{c}"' for c in SPAN_UPDATED)
-)
-REQUESTED_INSERT = (
+    + " RETURNING id, trace_id, span_id) "
     "INSERT INTO trajectories_requestedtoolcall (project_id, tool_call_id, span_id) "
-    "SELECT span.project_id, call.id, span.id "
+    "SELECT staged.project_id, call.id, stored.id "
     f"FROM {STAGING} staged "
-    "JOIN trajectories_span span ON span.project_id = staged.project_id "
-    "AND span.trace_id = staged.trace_id AND span.span_id = staged.span_id "
+    "JOIN stored ON stored.trace_id = staged.trace_id AND stored.span_id = staged.span_id "
     "CROSS JOIN LATERAL jsonb_array_elements_text(staged.requested) AS call(id) "
     "WHERE staged.requested IS NOT NULL "
     "ON CONFLICT (span_id, tool_call_id) DO NOTHING"
@@ -237,7 +256,7 @@ REQUESTED_INSERT = (
 def _spans_upsert(rows: list[tuple[Any, ...]], requested: list[list[str]]) -> None:
     """Insert spans, or update them in place (same id) when re-sent, with the calls asked for.
 
-    PostgreSQL: COPY into a scratch table, then one INSERT … ON CONFLICT; the ORM's
+    PostgreSQL: COPY into a scratch table, then one statement (SPAN_UPSERT); the ORM's
     bulk_create elsewhere (SQLite, for the demo).
     """
     if connection.vendor == "postgresql":
@@ -249,7 +268,6 @@ def _spans_upsert(rows: list[tuple[Any, ...]], requested: list[list[str]]) -> No
                 for row, calls in zip(rows, requested, strict=True):
                     copy.write_row((*row, json.dumps(calls) if calls else None))
             cursor.execute(SPAN_UPSERT)
-            cursor.execute(REQUESTED_INSERT)
         return
     spans = []
     for row in rows:
@@ -429,14 +447,16 @@ def _spans_store(project: Project, spans: list[SpanData], touched: Touched) -> N
     for s in spans:
         if id(s.resource) not in resources:
             resources[id(s.resource)] = attributes_text(s.resource, ATTRIBUTE_CAP)
+    # Model.pk is a property: looked up once per run, not once per span.
+    project_pk, run_pks = project.pk, {key: run.pk for key, run in runs.items()}
     rows = [
-        _span_values(project.pk, runs[s.run_key].pk, s, now, resources[id(s.resource)])
+        _span_values(project_pk, run_pks[s.run_key], s, now, resources[id(s.resource)])
         for s in spans
     ]
     _spans_upsert(rows, [[_plain(c) for c in s.requested_calls] for s in spans])
     hints: dict[int, list[SpanData]] = defaultdict(list)
     for s in spans:
-        hints[runs[s.run_key].pk].append(s)
+        hints[run_pks[s.run_key]].append(s)
         touched.trace_ids.add(s.trace_id)
         if s.tool_call_id:
             touched.tool_call_ids.add(s.tool_call_id)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
@@ -129,6 +129,14 @@ def _model_span(link: EffectLink, tool: Span | None, anchor: Span | None) -> Spa
     )
 
 
+# The links a span batch may complete, through link_trace_idx, link_tool_call_idx and
+# link_run_key_idx.
+LINKS_WAITING = (
+    f"SELECT effect_id FROM {EffectLink._meta.db_table} WHERE project_id = %s "
+    "AND (trace_id = ANY(%s) OR tool_call_id = ANY(%s) OR run_key = ANY(%s))"
+)
+
+
 def links_refresh(*, project_id: int, touched: Touched) -> int:
     """Resolve again the links that spans or runs just stored may complete; returns how many.
 
@@ -136,15 +144,18 @@ def links_refresh(*, project_id: int, touched: Touched) -> int:
     """
     if not touched:
         return 0
-    waiting = list(
-        EffectLink.objects.filter(project_id=project_id)
-        .filter(
-            Q(trace_id__in=touched.trace_ids)
-            | Q(tool_call_id__in=touched.tool_call_ids)
-            | Q(run_key__in=touched.run_keys)
+    keys = [list(touched.trace_ids), list(touched.tool_call_ids), list(touched.run_keys)]
+    if connection.vendor == "postgresql":
+        # A batch touches hundreds of ids: three array parameters, not one per id.
+        with connection.cursor() as cursor:
+            cursor.execute(LINKS_WAITING, [project_id, *keys])
+            waiting = [row[0] for row in cursor.fetchall()]
+    else:
+        waiting = list(
+            EffectLink.objects.filter(project_id=project_id)
+            .filter(Q(trace_id__in=keys[0]) | Q(tool_call_id__in=keys[1]) | Q(run_key__in=keys[2]))
+            .values_list("pk", flat=True)
         )
-        .values_list("pk", flat=True)
-    )
     for effect_id in waiting:
         link_resolve(effect_id=effect_id)
     return len(waiting)

@@ -19,7 +19,8 @@ class RunStatus(models.TextChoices):
 class Run(models.Model):
     """One agent or workflow execution, possibly over many processes and traces."""
 
-    project = models.ForeignKey(Project, models.CASCADE, related_name="runs")
+    # run_project_run_id_uniq leads with the project: it serves the foreign key too.
+    project = models.ForeignKey(Project, models.CASCADE, related_name="runs", db_index=False)
     # The client's id; a run inferred from spans alone is named after its first trace.
     run_id = models.CharField(max_length=255)
     # True until a run event names the run: its fields then come from spans.
@@ -67,7 +68,8 @@ class Run(models.Model):
 class RunTrace(models.Model):
     """Which run a trace belongs to, so that spans without a run id find theirs."""
 
-    project = models.ForeignKey(Project, models.CASCADE, related_name="+")
+    # runtrace_trace_uniq leads with the project: it serves the foreign key too.
+    project = models.ForeignKey(Project, models.CASCADE, related_name="+", db_index=False)
     trace_id = models.CharField(max_length=32)
     run = models.ForeignKey(Run, models.CASCADE, related_name="traces")
 
@@ -97,8 +99,10 @@ class SpanStatus(models.TextChoices):
 class Span(models.Model):
     """One step of a run. Input, output and attributes are stored redacted and capped."""
 
-    project = models.ForeignKey(Project, models.CASCADE, related_name="+")
-    run = models.ForeignKey(Run, models.CASCADE, related_name="spans")
+    # Every span written updates every index: the foreign keys use the indexes that lead
+    # with them (span_identity_uniq, span_run_start_idx) rather than two of their own.
+    project = models.ForeignKey(Project, models.CASCADE, related_name="+", db_index=False)
+    run = models.ForeignKey(Run, models.CASCADE, related_name="spans", db_index=False)
     trace_id = models.CharField(max_length=32)
     span_id = models.CharField(max_length=16)
     parent_span_id = models.CharField(max_length=16, blank=True)
@@ -169,9 +173,10 @@ class Span(models.Model):
 class RequestedToolCall(models.Model):
     """A tool call a model span asked for (a `tool_call` part of its output messages)."""
 
-    project = models.ForeignKey(Project, models.CASCADE, related_name="+")
+    # requested_call_id_idx and requested_call_uniq lead with these: no index of their own.
+    project = models.ForeignKey(Project, models.CASCADE, related_name="+", db_index=False)
     tool_call_id = models.CharField(max_length=255)
-    span = models.ForeignKey(Span, models.CASCADE, related_name="requested_calls")
+    span = models.ForeignKey(Span, models.CASCADE, related_name="requested_calls", db_index=False)
 
     class Meta:
         constraints = [
@@ -189,7 +194,8 @@ class RequestedToolCall(models.Model):
 class SeenEvent(models.Model):
     """An ingested event id, recorded in the transaction that stored the event."""
 
-    project = models.ForeignKey(Project, models.CASCADE, related_name="+")
+    # seen_event_uniq leads with the project: it serves the foreign key too.
+    project = models.ForeignKey(Project, models.CASCADE, related_name="+", db_index=False)
     event_id = models.CharField(max_length=255)
     received = models.DateTimeField(default=timezone.now)
 
@@ -211,7 +217,8 @@ class EffectLink(models.Model):
     """
 
     effect = models.OneToOneField(Effect, models.CASCADE, primary_key=True, related_name="link")
-    project = models.ForeignKey(Project, models.CASCADE, related_name="+")
+    # link_trace_idx leads with the project: it serves the foreign key too.
+    project = models.ForeignKey(Project, models.CASCADE, related_name="+", db_index=False)
     run_key = models.CharField(max_length=255, blank=True)
     trace_id = models.CharField(max_length=32, blank=True)
     span_id = models.CharField(max_length=16, blank=True)

@@ -170,16 +170,19 @@ def suspect(text: str) -> bool:
     return any(marker in lowered for marker in _LOWER_MARKERS)
 
 
-def json_text(value: Any, limit: int, text: str | None = None) -> tuple[str, int | None]:
+def json_text(
+    value: Any, limit: int, text: str | None = None, *, checked: bool = False
+) -> tuple[str, int | None]:
     """The JSON text to store for `value`: secrets redacted, at most `limit` bytes kept.
 
-    `text` is the value's JSON text when the client sent it as such: it is stored as sent
-    unless it holds a secret. Also returns the full size when the value was cut; a value
-    cut to size is stored as a string.
+    `text` is the value's JSON text when the client sent it as such (stored as sent unless
+    it holds a secret), or when the caller has encoded it already; `checked` says that the
+    caller found it not `suspect`. Also returns the full size when the value was cut; a
+    value cut to size is stored as a string.
     """
     if text is None:
         text = json.dumps(value)
-    if suspect(text):
+    if not checked and suspect(text):
         value = redact(value)
         text = json.dumps(value)
     size = len(text) if text.isascii() else len(text.encode())
@@ -189,10 +192,16 @@ def json_text(value: Any, limit: int, text: str | None = None) -> tuple[str, int
     return json.dumps(kept[:limit]), size
 
 
-def attributes_text(attributes: dict[str, Any], limit: int) -> tuple[str, dict[str, int]]:
-    """The JSON text of attributes, redacted, each value cut to `limit`; the cut sizes."""
-    text = json.dumps(attributes)
-    if suspect(text):
+def attributes_text(
+    attributes: dict[str, Any], limit: int, text: str | None = None, *, checked: bool = False
+) -> tuple[str, dict[str, int]]:
+    """The JSON text of attributes, redacted, each value cut to `limit`; the cut sizes.
+
+    `text` and `checked` as for `json_text`.
+    """
+    if text is None:
+        text = json.dumps(attributes)
+    if not checked and suspect(text):
         attributes = redact(attributes)
         text = json.dumps(attributes)
     if len(text) <= limit:

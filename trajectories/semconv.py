@@ -32,7 +32,7 @@ _FLAT_TOOL_CALL_ID = re.compile(
 )
 
 
-@dataclass
+@dataclass(slots=True)
 class SpanData:
     """A span as received, before redaction and caps."""
 
@@ -108,17 +108,21 @@ ALIASES: dict[str, tuple[str, int]] = {
 }
 
 
-def _mapped(attributes: dict[str, Any]) -> tuple[dict[str, tuple[str, Any]], dict[str, Any]]:
-    """The mapped fields, {name: (attribute, value)}, and the attributes left."""
+def _mapped(attributes: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
+    """The mapped fields {name: value}, the attribute each came from, and the attributes left.
+
+    The attributes are copied only when some are mapped.
+    """
     chosen: dict[str, tuple[int, str]] = {}
     for key in attributes:
         alias = ALIASES.get(key)
         if alias is not None and (alias[0] not in chosen or alias[1] < chosen[alias[0]][0]):
             chosen[alias[0]] = (alias[1], key)
     if not chosen:
-        return {}, attributes
+        return {}, {}, attributes
     rest = dict(attributes)
-    return {name: (key, rest.pop(key)) for name, (_, key) in chosen.items()}, rest
+    keys = {name: key for name, (_, key) in chosen.items()}
+    return {name: rest.pop(key) for name, key in keys.items()}, keys, rest
 
 
 def _first(attributes: dict[str, Any], *keys: str) -> Any:
@@ -185,7 +189,8 @@ def requested_tool_calls(messages: Any) -> list[str]:
 
 
 def _kind(fields: dict[str, Any], rest: dict[str, Any]) -> SpanKind:
-    operation = fields.get("operation")
+    # Any attribute value may be a list or a map, which no set of names holds.
+    operation = _text(fields.get("operation"))
     if operation in MODEL_OPERATIONS:
         return SpanKind.MODEL
     if operation == "execute_tool":
@@ -205,6 +210,15 @@ def _kind(fields: dict[str, Any], rest: dict[str, Any]) -> SpanKind:
     return SpanKind.OTHER
 
 
+# The input and output fields of a model span (True) and of any other (False): its own,
+# else the generic one.
+IO_CHOICES = {
+    True: (("model_input", "any_input"), ("model_output", "any_output")),
+    False: (("tool_input", "any_input"), ("tool_output", "any_output")),
+}
+_FLAT_PREFIXES = ("llm.output_messages.", "gen_ai.completion.")
+
+
 def span_from_otel(
     *,
     trace_id: str,
@@ -218,9 +232,11 @@ def span_from_otel(
     attributes: dict[str, Any],
     resource: dict[str, Any],
 ) -> SpanData:
-    """Map an OpenTelemetry span's attributes onto span fields; what is not mapped stays."""
-    taken, rest = _mapped(attributes)
-    fields = {name: value for name, (_, value) in taken.items()}
+    """Map an OpenTelemetry span's attributes onto span fields; what is not mapped stays.
+
+    Runs for every span ingested: written for few function calls per span.
+    """
+    fields, keys, rest = _mapped(attributes)
     kind = _kind(fields, rest)
     tool_name = fields.get("tool_name")
     if tool_name is None and kind == SpanKind.TOOL:
@@ -228,22 +244,25 @@ def span_from_otel(
     agent = rest.get("gen_ai.agent.name")
     if agent is None and kind == SpanKind.AGENT:
         agent = _first(rest, "agent.name", "traceloop.entity.name")
-    prefix = "model" if kind == SpanKind.MODEL else "tool"
+    model = kind == SpanKind.MODEL
     used = [
-        next((n for n in (f"{prefix}_{side}", f"any_{side}") if n in fields), "")
-        for side in ("input", "output")
+        own if own in fields else other if other in fields else ""
+        for own, other in IO_CHOICES[model]
     ]
-    for unused in IO_FIELDS.difference(used).intersection(taken):
-        # Not this kind of span's input or output: kept as an attribute.
-        rest[taken[unused][0]] = taken[unused][1]
-    given_input, given_output = (fields.get(field) for field in used)
-    input_value, input_text = _json(given_input)
-    output, output_text = _json(given_output)
+    for unused in IO_FIELDS.intersection(fields):
+        if unused not in used:
+            # Not this kind of span's input or output: kept as an attribute.
+            rest[keys[unused]] = fields[unused]
+    input_value, input_text = _json(fields.get(used[0]))
+    output, output_text = _json(fields.get(used[1]))
     requested = []
-    if kind == SpanKind.MODEL:
+    if model:
         requested = requested_tool_calls(output)
-        if any(key.startswith(("llm.output_messages.", "gen_ai.completion.")) for key in rest):
-            requested += [str(v)[:255] for k, v in rest.items() if _FLAT_TOOL_CALL_ID.match(k)]
+        requested += [
+            str(v)[:255]
+            for k, v in rest.items()
+            if k.startswith(_FLAT_PREFIXES) and _FLAT_TOOL_CALL_ID.match(k)
+        ]
     workflow = _first(rest, WORKFLOW, "traceloop.workflow.name") or resource.get(WORKFLOW)
     return SpanData(
         trace_id=trace_id,
