@@ -2,12 +2,18 @@
 inserts of the same span rows, in one run on one PostgreSQL database.
 
     .venv/bin/python benchmarks/otlp_ingest.py [--batches 240] [--clients 6] [--workers 4]
+    .venv/bin/python benchmarks/otlp_ingest.py --in-process 60
 
 Each batch is one OTLP/protobuf ExportTraceServiceRequest of 512 GenAI spans (an agent
 span, then model calls that ask for tools and the tool calls that run them). The two
 paths alternate in rounds, so that both see the same machine when other work comes and
 goes. Prints spans/s for both paths and their ratio. It creates (and drops at the start)
 the database named by --db.
+
+--in-process N instead stores N batches in this process, through what the view calls
+(decode, store, link refresh, answer), and prints the CPU time per batch of this
+process alone: a measure of ingest's own Python work that other load on the machine
+barely moves.
 """
 
 from __future__ import annotations
@@ -288,6 +294,33 @@ def _raw_args(
     return dsn, project, "raw", share(round_, client)
 
 
+def _in_process(dsn: str, batches: int) -> None:
+    """CPU time per batch of the ingest path, without HTTP, in this process."""
+    os.environ.update({"DATABASE_URL": dsn, "DJANGO_SETTINGS_MODULE": "durability.settings"})
+    os.environ.pop("REDIS_URL", None)
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+    from durability.models import Project
+    from trajectories import ingest, links, otlp
+
+    project = Project.objects.get(name="bench-http")
+    warm_up = 5
+    bodies = [batch(i, tag="cpu") for i in range(warm_up + batches)]
+    times = []
+    for body in bodies:
+        start = time.process_time()
+        decoded = otlp.decode(body, otlp.PROTOBUF)
+        touched = ingest.spans_ingest(project=project, spans=decoded.spans)
+        links.links_refresh(project_id=project.pk, touched=touched)
+        otlp.export_response(otlp.PROTOBUF, decoded)
+        times.append(time.process_time() - start)
+    times = sorted(times[warm_up:])
+    print(f"in-process CPU per batch of {SPANS_PER_BATCH} spans ({batches} batches): ", end="")
+    print(f"min {times[0] * 1000:.1f} ms, median {times[len(times) // 2] * 1000:.1f} ms")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--batches", type=int, default=240, help="512-span batches per path")
@@ -295,6 +328,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4, help="gunicorn worker processes")
     parser.add_argument("--rounds", type=int, default=4, help="alternations of the two paths")
     parser.add_argument("--db", default="tb_bench_otlp")
+    parser.add_argument(
+        "--in-process", type=int, default=0, metavar="N", help="CPU per batch over N batches"
+    )
     options = parser.parse_args()
 
     with psycopg.connect(f"{PG}/postgres", autocommit=True) as admin:
@@ -310,6 +346,9 @@ def main() -> None:
         row = conn.execute("SELECT id FROM durability_project WHERE name = 'bench-raw'").fetchone()
         assert row is not None
         raw_project = row[0]
+    if options.in_process:
+        _in_process(dsn, options.in_process)
+        return
 
     per_client = options.batches // (options.clients * options.rounds)
     batches = per_client * options.clients * options.rounds
