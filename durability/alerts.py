@@ -12,7 +12,7 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.timesince import timesince
 
-from durability.models import Case, CaseAlert, Reason
+from durability.models import Case, CaseAlert, Reason, Severity
 
 # Reasons the settings do not name (added after them) alert after an hour.
 DEFAULT_AFTER_S = 60 * 60
@@ -44,13 +44,18 @@ def _post(url: str, text: str) -> None:
 
 
 def cases_due(*, now: datetime, limit: int) -> list[int]:
-    """Ids of open cases past their reason's threshold that no alert has been sent for."""
+    """Ids of open cases past their reason's threshold that no alert has been sent for.
+
+    Low-severity cases (version drift, an effect proceeding without a grant under the
+    `audit` policy) wait in the queue and page nobody; a case raised above low (say, a
+    receipt for that ungranted effect) is alerted like any other.
+    """
     overdue = Q()
     for reason in Reason.values:
         after = settings.TALLYBOOK_ALERT_AFTER.get(reason, DEFAULT_AFTER_S)
         overdue |= Q(reason=reason, opened__lte=now - timedelta(seconds=after))
     return list(
-        Case.objects.filter(overdue, closed=None)
+        Case.objects.filter(overdue, closed=None, severity__gt=Severity.LOW)
         .exclude(alert__sent__isnull=False)
         .order_by("opened", "id")
         .values_list("pk", flat=True)[:limit]

@@ -115,6 +115,7 @@ TALLYBOOK_PROBE_RETRY_DELAYS = [
 
 # Open cases older than their reason's threshold (seconds) post once to this webhook
 # (Slack-compatible JSON); no URL, no alerts. TALLYBOOK_ALERT_AFTER_<REASON> overrides one.
+# Low-severity cases (version drift, ungranted effects under the audit policy) never alert.
 TALLYBOOK_ALERT_WEBHOOK_URL = env_str("TALLYBOOK_ALERT_WEBHOOK_URL")
 TALLYBOOK_ALERT_AFTER = {
     reason: env_int(f"TALLYBOOK_ALERT_AFTER_{reason.upper()}", default)
@@ -128,7 +129,7 @@ TALLYBOOK_ALERT_AFTER = {
         "approval_required": 30 * 60,
         "late_success": 4 * 60 * 60,
         "authority_denied": 4 * 60 * 60,
-        "version_drift": 24 * 60 * 60,
+        "version_drift": 24 * 60 * 60,  # applies when a drift case is raised above low
     }.items()
 }
 

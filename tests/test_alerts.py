@@ -113,3 +113,17 @@ def test_the_alert_job_runs_on_a_worker(api, webhook, settings, django_capture_o
     assert len(webhook.seen) == 1
     assert Effect.objects.get().state == "timed_out"
     queue.connection.flushdb()
+
+
+def test_low_severity_cases_wait_in_the_queue_and_page_nobody(api, webhook, settings):
+    settings.TALLYBOOK_ALERT_AFTER = {"unauthorized_effect": 60}
+    api.intent("refund:ungranted", authority=None)  # proceeds under the audit policy
+    case = Case.objects.get(effect__key="refund:ungranted", reason="unauthorized_effect")
+    later = timezone.now() + 2 * HOUR
+
+    assert alerts_send(now=later) == []
+    assert webhook.seen == []
+
+    api.receipt("refund:ungranted", "re_1")  # evidence without authority: raised to high
+    assert [a.case for a in alerts_send(now=later)] == [case]
+    assert len(webhook.seen) == 1
