@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
@@ -26,11 +27,6 @@ def _case(case: Case | None) -> dict[str, Any] | None:
 
 def _receipt(receipt: Receipt | None) -> dict[str, Any] | None:
     return receipt.to_dict() if receipt else None
-
-
-def _illegal(exc: machine.IllegalTransition) -> JsonResponse:
-    response = error(str(exc), 409)
-    return response
 
 
 @require_POST
@@ -73,7 +69,15 @@ def receipts(request: ApiRequest) -> JsonResponse:
     )
 
 
-def _effect_change(outcome: machine.EffectOutcome) -> JsonResponse:
+def _effect_change(record: Callable[[], machine.EffectOutcome]) -> JsonResponse:
+    """Apply an agent's report on an effect: 404 for an unknown key, 409 where its state
+    refuses the report."""
+    try:
+        outcome = record()
+    except machine.UnknownEffect as exc:
+        return error(str(exc), 404, {"key": "No effect has this key"})
+    except machine.IllegalTransition as exc:
+        return error(str(exc), 409)
     return JsonResponse(
         {
             "effect": outcome.effect.to_dict(),
@@ -89,15 +93,11 @@ def failures(request: ApiRequest) -> JsonResponse:
     failure = parse(request, FailureIn)
     if isinstance(failure, JsonResponse):
         return failure
-    try:
-        outcome = machine.failure_record(
+    return _effect_change(
+        lambda: machine.failure_record(
             project=request.project, actor=request.actor, failure=failure
         )
-    except machine.UnknownEffect as exc:
-        return error(str(exc), 404, {"key": "No effect has this key"})
-    except machine.IllegalTransition as exc:
-        return _illegal(exc)
-    return _effect_change(outcome)
+    )
 
 
 @require_POST
@@ -106,15 +106,11 @@ def timeouts(request: ApiRequest) -> JsonResponse:
     timeout = parse(request, TimeoutIn)
     if isinstance(timeout, JsonResponse):
         return timeout
-    try:
-        outcome = machine.timeout_record(
+    return _effect_change(
+        lambda: machine.timeout_record(
             project=request.project, actor=request.actor, timeout=timeout
         )
-    except machine.UnknownEffect as exc:
-        return error(str(exc), 404, {"key": "No effect has this key"})
-    except machine.IllegalTransition as exc:
-        return _illegal(exc)
-    return _effect_change(outcome)
+    )
 
 
 def _effect_detail(effect: Effect) -> dict[str, Any]:
