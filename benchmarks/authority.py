@@ -112,9 +112,10 @@ def main() -> None:
     from django.core.management import call_command
     from django.test import Client
 
-    from durability import grants, machine
+    from durability.api.schemas import IntentIn
+    from durability.authority import grants
+    from durability.ledger import machine
     from durability.models import Membership, Project, Role
-    from durability.schemas import IntentIn
 
     call_command("migrate", verbosity=0)
     project = Project.objects.create(name="bench")

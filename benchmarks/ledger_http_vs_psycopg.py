@@ -203,7 +203,7 @@ def _run(
 
 
 GRANT = """
-from durability.grants import Terms, grant_create
+from durability.authority.grants import Terms, grant_create
 from durability.models import Project
 for name in ("bench-http", "bench-raw"):
     project = Project.objects.get(name=name)

@@ -9,8 +9,8 @@ class DurabilityConfig(AppConfig):
     verbose_name = "Effect ledger"
 
     def ready(self) -> None:
+        from durability.accounts.roles import groups_sync
         from durability.audit import sqlite_triggers_ensure
-        from durability.roles import groups_sync
 
         post_migrate.connect(groups_sync, sender=self, dispatch_uid="durability_groups_sync")
         post_migrate.connect(

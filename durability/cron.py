@@ -7,15 +7,17 @@ from __future__ import annotations
 
 from rq.cron import register
 
-from durability import jobs
+from durability.desk import jobs as desk_jobs
+from durability.ledger import jobs as ledger_jobs
+from durability.reconcilers import jobs as reconciler_jobs
 from trajectories import jobs as trajectories_jobs
 
 # (job, seconds between runs). A lost or duplicated run changes nothing the next one would
 # not put right.
 SCHEDULE = [
-    (jobs.sweep, 5),
-    (jobs.probe_scan, 60),
-    (jobs.alert, 60),
+    (ledger_jobs.sweep, 5),
+    (reconciler_jobs.probe_scan, 60),
+    (desk_jobs.alert, 60),
     (trajectories_jobs.links_repair, 60),
 ]
 for job, interval in SCHEDULE:

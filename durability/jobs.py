@@ -16,10 +16,6 @@ from django.conf import settings
 from django.db import transaction
 from rq import Retry
 
-from durability import alerts, cases, machine
-from durability.models import ProbeAnswer
-from durability.reconcilers import services as reconciling
-
 logger = logging.getLogger(__name__)
 
 
@@ -38,45 +34,3 @@ def enqueue(func: Callable[..., object], *args: Any, retry: Retry | None = None)
             logger.exception("inline job %s%r failed", func.__qualname__, args)
 
     transaction.on_commit(run)
-
-
-def sweep() -> int:
-    """One deadline sweep. Safe to run twice or concurrently: each move re-checks its row."""
-    return len(machine.deadlines_sweep())
-
-
-class ProbeUnknown(Exception):
-    """A probe got no trustworthy answer: raised so that RQ retries it with backoff."""
-
-
-def probe_retry() -> Retry:
-    delays = settings.TALLYBOOK_PROBE_RETRY_DELAYS
-    return Retry(max=len(delays), interval=delays)
-
-
-def probe(effect_id: int, requested_by: str = reconciling.SCAN_ACTOR) -> str:
-    """Probe one timed-out effect; a no-op once it is settled. Returns the answer."""
-    row = reconciling.effect_probe(effect_id=effect_id, requested_by=requested_by)
-    if row is None:
-        return "nothing to probe"
-    if row.answer == ProbeAnswer.UNKNOWN:
-        raise ProbeUnknown(row.detail)
-    return row.answer
-
-
-def probe_scan() -> int:
-    """Enqueue a probe for each timed-out effect that is due one; returns how many."""
-    due = reconciling.probes_due()
-    for effect_id in due:
-        enqueue(probe, effect_id, retry=probe_retry())
-    return len(due)
-
-
-def alert() -> int:
-    """Post the overdue cases to the alert webhook, each once; returns how many were sent."""
-    return len(alerts.alerts_send())
-
-
-def cases_bulk(bulk_id: int) -> int:
-    """Carry out a bulk action on cases; a second run resumes where the first stopped."""
-    return cases.bulk_run(bulk_id=bulk_id).done

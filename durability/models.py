@@ -42,7 +42,7 @@ class Project(models.Model):
     members = models.ManyToManyField(
         settings.AUTH_USER_MODEL, through="Membership", related_name="projects"
     )
-    # What an intent that names no grant gets (durability.grants).
+    # What an intent that names no grant gets (durability.ledger.authority).
     authority_policy = models.CharField(
         max_length=8, choices=AuthorityPolicy.choices, default=AuthorityPolicy.AUDIT
     )
@@ -439,7 +439,7 @@ class Case(models.Model):
                 condition=Q(closed__isnull=True),
             ),
         ]
-        # Granted to the roles' groups (durability.roles); checked per project membership.
+        # Granted to the roles' groups (durability.accounts.roles); checked per project membership.
         permissions = [
             ("resolve_case", "Can settle and acknowledge cases"),
             ("assign_case", "Can assign cases"),

@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from durability import schemas
+from durability.api import schemas
 from trajectories import api as trajectories_api
 from trajectories import otlp
 from trajectories import schemas as trajectories_schemas

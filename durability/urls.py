@@ -4,7 +4,12 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from durability import api, authority_views, desk, overview, settings_views, views, webhooks
+from durability.accounts import views as settings_views
+from durability.api import views as api
+from durability.api import webhooks
+from durability.authority import views as authority_views
+from durability.desk import overview, views
+from durability.desk import views as desk
 from durability.reconcilers import views as probe_views
 
 api_v1 = [
@@ -64,7 +69,7 @@ urlpatterns = [
     path("cases/<int:case_id>/assign/", desk.case_assign, name="case-assign"),
     path("cases/<int:case_id>/comment/", desk.case_comment, name="case-comment"),
     path("audit/", desk.audit, name="audit"),
-    path("projects/switch/", desk.project_switch, name="project-switch"),
+    path("projects/switch/", settings_views.project_switch, name="project-switch"),
     path("settings/", settings_views.project_settings, name="settings"),
     path(
         "settings/<int:project_id>/members/", settings_views.member_add, name="settings-member-add"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
-from durability import grants
+from durability.authority import grants
 from durability.models import Grant, Project
 
 ADMIN = "user:ada"

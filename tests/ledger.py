@@ -9,9 +9,9 @@ from django.db import connection
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from durability import machine
+from durability.api.schemas import FailureIn, IntentIn, ReceiptIn, TimeoutIn
+from durability.ledger import machine
 from durability.models import AuditEntry, Case, Effect, Grant, Project, Reason, State
-from durability.schemas import FailureIn, IntentIn, ReceiptIn, TimeoutIn
 
 ACTOR = "test:agent"
 OPERATOR = "user:operator"

@@ -10,7 +10,8 @@ from django.utils import timezone
 from rq import SimpleWorker
 
 from durability import jobs
-from durability.alerts import alerts_send
+from durability.desk import jobs as desk_jobs
+from durability.desk.alerts import alerts_send
 from durability.models import Case, CaseAlert, Effect
 from tests.local_http import LocalHttp, Reply
 
@@ -108,7 +109,7 @@ def test_the_alert_job_runs_on_a_worker(api, webhook, settings, django_capture_o
     queue.connection.flushdb()
     for _ in range(2):
         with django_capture_on_commit_callbacks(execute=True):
-            jobs.enqueue(jobs.alert)
+            jobs.enqueue(desk_jobs.alert)
         SimpleWorker([queue], connection=queue.connection).work(burst=True)
     assert len(webhook.seen) == 1
     assert Effect.objects.get().state == "timed_out"

@@ -12,7 +12,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.db import connection
 
-from durability import approvals
+from durability.authority import approvals
 from durability.models import Approval, Effect, Grant, Project, SignoffVerdict, State
 from durability.sdk import AsyncTallybook, EffectDenied, EffectInDoubt, Tallybook
 from tests.authority import grant

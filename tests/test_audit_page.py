@@ -11,7 +11,7 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from django.utils import timezone
 
-from durability import cases
+from durability.desk import services as cases
 from durability.models import AuditEntry, Effect
 from tests import ledger
 from tests.desk import logged_in, search, uncertain_case

@@ -14,9 +14,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from durability import machine
+from durability.api.schemas import AmountIn, ReceiptIn
+from durability.ledger import machine
 from durability.models import Effect, Project, Receipt, Strength
-from durability.schemas import AmountIn, ReceiptIn
 from tests import ledger
 from tests.authority import grant, under
 from tests.desk import logged_in

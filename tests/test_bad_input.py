@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from durability.decorators import MiB
+from durability.api.decorators import MiB
 from durability.models import ApiKey
 from tests.ledger import row_counts
 

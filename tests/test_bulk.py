@@ -9,7 +9,7 @@ import django_rq
 import pytest
 from rq import SimpleWorker
 
-from durability import cases
+from durability.desk import services as cases
 from durability.models import AuditEntry, BulkAction, BulkVerb, Case, Effect, Reason, State
 from tests.desk import (
     late_success_case,

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from durability import cases
+from durability.desk import services as cases
 from durability.models import AuditEntry, Case, Effect, Resolution
 from tests.desk import logged_in, uncertain_case
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from durability import cases
+from durability.desk import services as cases
 from durability.models import Case, Effect, Reason, State
 from tests import ledger
 from tests.desk import late_success_case, uncertain_case

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from durability import machine
+from durability.ledger import machine
 from durability.models import AuditEntry, Case, Effect, State
 from tests.ledger import effect_in, later, row_counts
 

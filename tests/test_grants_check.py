@@ -10,7 +10,8 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from durability import grants
+from durability.accounts import services as accounts
+from durability.authority import grants
 from durability.models import AuthorityPolicy, Case, Effect, Project, State
 from tests import ledger
 from tests.authority import grant, supersede, under
@@ -45,7 +46,7 @@ def test_an_intent_naming_no_grant_proceeds_under_the_audit_policy_and_is_flagge
 
 
 def test_an_intent_naming_no_grant_is_denied_under_the_enforce_policy(api, project):
-    grants.project_policy_set(project=project, actor="user:ada", policy=AuthorityPolicy.ENFORCE)
+    accounts.project_policy_set(project=project, actor="user:ada", policy=AuthorityPolicy.ENFORCE)
     r = api.intent("k1", authority=None)
     assert r.status_code == 201
     _denied(r.json(), "no_grant")

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 
-from durability import grants
+from durability.authority import grants
 from durability.models import AuditEntry, Grant, Project
 from tests.authority import grant, supersede
 from tests.desk import logged_in

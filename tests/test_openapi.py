@@ -13,8 +13,9 @@ from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from pydantic import BaseModel, TypeAdapter
 
-from durability import schemas, urls
-from durability.decorators import MiB
+from durability import urls
+from durability.api import schemas
+from durability.api.decorators import MiB
 from durability.models import ApiKey
 from durability.openapi import REF
 from tests.otlp_support import (

@@ -9,8 +9,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import URLPattern, URLResolver, get_resolver
 
+from durability.desk.views import EFFECTS_PAGE_SIZE as PAGE_SIZE
 from durability.models import Effect, State
-from durability.views import PAGE_SIZE
 from tests.ledger import effect_in, intent, receipt, timeout
 
 # Not operator pages: machine endpoints with their own authentication, and the login itself.

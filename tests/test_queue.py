@@ -9,9 +9,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from durability import cases
+from durability.desk import services as cases
+from durability.desk.queue import PAGE_SIZE
 from durability.models import Case, Membership, Project, Reason, Role, Severity
-from durability.queue import PAGE_SIZE
 from tests import ledger
 from tests.desk import (
     late_success_case,

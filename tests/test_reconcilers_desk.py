@@ -154,7 +154,7 @@ def test_the_panel_renders_from_the_case_page_include(rf: RequestFactory, alice,
     request.user = alice
     html = (
         engines["django"]
-        .from_string('{% include "durability/_case_probes.html" %}')
+        .from_string('{% include "durability/reconcilers/_case_probes.html" %}')
         .render({"effect": effect}, request)
     )
     assert "Reconciler probes" in html and "Probe now" in html

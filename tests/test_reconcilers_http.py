@@ -9,20 +9,12 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from durability import machine
-from durability.models import (
-    Attempt,
-    AuditEntry,
-    Case,
-    Effect,
-    Probe,
-    Receipt,
-    ReconcilerConfig,
-)
+from durability.api.schemas import ReceiptIn
+from durability.ledger import machine
+from durability.models import Attempt, AuditEntry, Case, Effect, Probe, Receipt, ReconcilerConfig
 from durability.reconcilers import REGISTRY, Found, NotFound, Reconciler, Unknown
 from durability.reconcilers.base import ProbeConfig
 from durability.reconcilers.services import effect_probe
-from durability.schemas import ReceiptIn
 from tests.local_http import LocalHttp, Reply
 
 REFUND = {"id": "re_1", "status": "succeeded", "created": 1700000000}

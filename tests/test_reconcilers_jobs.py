@@ -16,6 +16,7 @@ from rq.job import JobStatus
 from durability import jobs
 from durability.audit import first_broken_entry
 from durability.models import Case, Effect, Probe, Receipt, ReconcilerConfig
+from durability.reconcilers import jobs as reconciler_jobs
 from durability.reconcilers.services import probes_due
 from tests.local_http import LocalHttp, Reply
 
@@ -72,7 +73,7 @@ def test_the_scan_enqueues_due_effects_and_a_worker_settles_them(
     server.reply("/refunds/refund%3A2", Reply(200, {"id": "re_2", "status": "succeeded"}))
 
     with django_capture_on_commit_callbacks(execute=True):
-        assert jobs.probe_scan() == 2
+        assert reconciler_jobs.probe_scan() == 2
     assert queue.count == 2
     work(queue)
 
@@ -85,7 +86,7 @@ def test_the_scan_enqueues_due_effects_and_a_worker_settles_them(
 def test_a_probed_effect_is_due_again_only_after_the_interval(api, stripe, server):
     effect = timed_out(api, "refund:1")
     assert probes_due() == [effect.pk]
-    jobs.probe(effect.pk)  # 404: not found, evidence only
+    reconciler_jobs.probe(effect.pk)  # 404: not found, evidence only
     assert probes_due() == []
     later = timezone.now() + timedelta(seconds=stripe.interval_s + 1)
     assert probes_due(now=later) == [effect.pk]
@@ -96,7 +97,7 @@ def test_a_probed_effect_is_due_again_only_after_the_interval(api, stripe, serve
 
 def test_a_new_attempt_is_a_new_question(api, stripe, server, project):
     effect = timed_out(api, "refund:1", replay="safe")
-    jobs.probe(effect.pk)
+    reconciler_jobs.probe(effect.pk)
     api.intent("refund:1", replay="safe")  # attempt 2, pending
     api.timeout("refund:1")
     assert probes_due() == [effect.pk]
@@ -109,7 +110,7 @@ def test_an_unknown_answer_is_retried_until_one_is_trusted(
     effect = timed_out(api, "refund:1")
     server.reply("/refunds/refund%3A1", Reply(503, {}), Reply(200, b"not json"), Reply(200, FOUND))
     with django_capture_on_commit_callbacks(execute=True):
-        jobs.probe_scan()
+        reconciler_jobs.probe_scan()
     work(queue)
     assert list(Probe.objects.order_by("id").values_list("answer", flat=True)) == [
         "unknown",
@@ -126,7 +127,7 @@ def test_retries_wait_for_the_configured_backoff(
     effect = timed_out(api, "refund:1")
     server.reply("/refunds/refund%3A1", Reply(503, {}))
     with django_capture_on_commit_callbacks(execute=True):
-        jobs.enqueue(jobs.probe, effect.pk, retry=jobs.probe_retry())
+        jobs.enqueue(reconciler_jobs.probe, effect.pk, retry=reconciler_jobs.probe_retry())
     work(queue)
     (job_id,) = queue.scheduled_job_registry.get_job_ids()
     job = queue.fetch_job(job_id)
@@ -142,8 +143,8 @@ def test_running_a_probe_job_twice_is_harmless(
     effect = timed_out(api, "refund:1")
     server.reply("/refunds/refund%3A1", Reply(200, FOUND))
     with django_capture_on_commit_callbacks(execute=True):
-        jobs.enqueue(jobs.probe, effect.pk)
-        jobs.enqueue(jobs.probe, effect.pk)
+        jobs.enqueue(reconciler_jobs.probe, effect.pk)
+        jobs.enqueue(reconciler_jobs.probe, effect.pk)
     work(queue)
     results = [queue.fetch_job(i).return_value() for i in queue.finished_job_registry.get_job_ids()]
     assert sorted(results) == ["found", "nothing to probe"]
@@ -159,7 +160,7 @@ def test_without_redis_the_same_work_runs_inline(
     effect = timed_out(api, "refund:1")
     server.reply("/refunds/refund%3A1", Reply(503, {}), Reply(200, FOUND))
     with django_capture_on_commit_callbacks(execute=True):
-        assert jobs.probe_scan() == 1  # unknown: logged, as a worker would, not raised
+        assert reconciler_jobs.probe_scan() == 1  # unknown: logged, as a worker would, not raised
     assert queue.count == 0
     assert Probe.objects.get().answer == "unknown"
     later = timezone.now() + timedelta(seconds=stripe.interval_s + 1)
@@ -168,7 +169,7 @@ def test_without_redis_the_same_work_runs_inline(
 
 def test_jobs_wait_for_the_transaction_to_commit(api, stripe, server, queue, settings):
     effect = timed_out(api, "refund:1")
-    jobs.enqueue(jobs.probe, effect.pk)  # inside the test's transaction, never committed
+    jobs.enqueue(reconciler_jobs.probe, effect.pk)  # inside the test's transaction, never committed
     assert queue.count == 0
 
 
@@ -177,9 +178,9 @@ def test_the_schedule_runs_the_sweep_the_probe_scan_the_alerts_and_the_link_repa
     scheduler.load_config_from_file("durability.cron")
     names = {job.func_name: job.interval for job in scheduler.get_jobs()}
     assert names == {
-        "durability.jobs.sweep": 5,
-        "durability.jobs.probe_scan": 60,
-        "durability.jobs.alert": 60,
+        "durability.ledger.jobs.sweep": 5,
+        "durability.reconcilers.jobs.probe_scan": 60,
+        "durability.desk.jobs.alert": 60,
         "trajectories.jobs.links_repair": 60,
     }
 
@@ -198,7 +199,7 @@ def test_the_probe_command_probes_every_due_effect(api, stripe, server):
 
 def test_the_probe_command_probes_one_effect_on_request(api, stripe, server):
     effect = timed_out(api, "refund:1")
-    jobs.probe(effect.pk)  # probed lately: the scan would skip it, the command does not
+    reconciler_jobs.probe(effect.pk)  # probed lately: the scan would skip it, the command does not
     out = StringIO()
     call_command("probe", "--effect", str(effect.pk), stdout=out)
     assert "not_found" in out.getvalue()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth.models import Group, User
 
+from durability.accounts.roles import Perm, access_of
 from durability.models import Membership, Project, Role
-from durability.roles import Perm, access_of
 
 
 def _member(project: Project, name: str, role: Role) -> User:

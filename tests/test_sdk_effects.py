@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from durability import machine
+from durability.ledger import machine
 from durability.models import Attempt, Case, Effect, Receipt
 from durability.sdk import (
     EffectConflict,

@@ -10,9 +10,9 @@ from collections.abc import Callable
 import pytest
 from django.db import transaction
 
-from durability import machine
 from durability.audit import Trail
-from durability.machine import TRANSITIONS, Event, IllegalTransition
+from durability.ledger import machine
+from durability.ledger.machine import TRANSITIONS, Event, IllegalTransition
 from durability.models import AuditEntry, Case, Effect, Project, State
 from tests.ledger import (
     UNREACHABLE_YET,

@@ -13,7 +13,8 @@ from django.db import connections, transaction
 from django.utils import timezone
 from rq import SimpleWorker
 
-from durability import jobs, machine
+from durability.ledger import jobs as ledger_jobs
+from durability.ledger import machine
 from durability.models import Case, Effect, Project, State
 from tests.ledger import effect_in, row_counts
 
@@ -67,7 +68,7 @@ def test_the_rq_job_sweeps_through_a_real_redis_queue_and_a_duplicate_is_harmles
     # Enqueued at once: the test's transaction never commits.
     queue = django_rq.get_queue("default", commit_mode="auto")
     queue.empty()
-    first, duplicate = queue.enqueue(jobs.sweep), queue.enqueue(jobs.sweep)
+    first, duplicate = queue.enqueue(ledger_jobs.sweep), queue.enqueue(ledger_jobs.sweep)
     assert SimpleWorker([queue], connection=queue.connection).work(burst=True)
     assert (first.latest_result().return_value, duplicate.latest_result().return_value) == (1, 0)
     assert Effect.objects.get().state == "timed_out"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
+from durability.redaction import ATTRIBUTE_CAP, IO_CAP, REDACTED, is_secret_key, scrub_text
 from tests.otlp_support import post_traces, request, span, tool
 from trajectories.models import Span
-from trajectories.redact import ATTRIBUTE_CAP, IO_CAP, REDACTED, is_secret_key, scrub_text
 
 OPENAI = "sk-proj-" + "a1B2" * 8
 GITHUB = "ghp_" + "x" * 36

@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 from django.test import Client
 
+from durability.api.webhooks import signature_of
+from durability.authority.webhook_sources import webhook_source_create
 from durability.models import (
     Case,
     Effect,
@@ -21,7 +23,6 @@ from durability.models import (
     WebhookKind,
     WebhookSource,
 )
-from durability.webhooks import signature_of, webhook_source_create
 from tests import ledger
 from tests.authority import grant, under
 

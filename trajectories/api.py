@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.http import require_POST
 
-from durability.decorators import ApiRequest, authorize, error, parse
+from durability.api.decorators import ApiRequest, authorize, error, parse
 from trajectories import ingest, links, otlp
 from trajectories.schemas import EventBatchIn
 

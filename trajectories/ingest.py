@@ -19,8 +19,17 @@ from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 from pydantic import ValidationError
 
-from durability.decorators import field_errors
+from durability.api.decorators import field_errors
 from durability.models import Project
+from durability.redaction import (
+    ATTRIBUTE_CAP,
+    IO_CAP,
+    attributes_text,
+    json_text,
+    redact,
+    scrub_text,
+    suspect,
+)
 from trajectories.models import (
     EffectLink,
     RequestedToolCall,
@@ -29,15 +38,6 @@ from trajectories.models import (
     SeenEvent,
     Span,
     SpanKind,
-)
-from trajectories.redact import (
-    ATTRIBUTE_CAP,
-    IO_CAP,
-    attributes_text,
-    json_text,
-    redact,
-    scrub_text,
-    suspect,
 )
 from trajectories.schemas import EVENT_SCHEMAS, RunEventIn, SpanEventIn
 from trajectories.semconv import SpanData, requested_tool_calls

@@ -8,8 +8,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SkipValidation, Strict, StringConstraints
 
-from durability.schemas import SpanId, Text, TraceId
-from durability.schemas import Strict as StrictModel
+from durability.api.schemas import SpanId, Text, TraceId
+from durability.api.schemas import Strict as StrictModel
 
 MAX_EVENTS = 1000
 EventId = Annotated[

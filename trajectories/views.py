@@ -18,9 +18,8 @@ from django.http import Http404, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 
-from durability.desk import current_membership
+from durability.accounts.access import AuthedRequest, current_membership
 from durability.models import Project
-from durability.views import AuthedRequest
 from trajectories.models import EffectLink, Run, RunStatus, Span
 
 PAGE_SIZE = 50
@@ -85,7 +84,7 @@ def runs(request: AuthedRequest) -> HttpResponse:
     """Runs in a time range (the last 24 hours unless given), newest first, keyset-paginated."""
     project = _current_project(request)
     if project is None:
-        return render(request, "durability/no_project.html")
+        return render(request, "durability/accounts/no_project.html")
     now = timezone.now()
     errors = {}
     since, errors["since"] = _when(request.GET.get("since", ""), now - timedelta(hours=24))

@@ -2,7 +2,7 @@
 
 from django.db import migrations
 
-from durability.roles import groups_sync
+from durability.accounts.roles import groups_sync
 
 
 def forward(apps, schema_editor):

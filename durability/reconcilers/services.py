@@ -14,12 +14,12 @@ from django.db import transaction
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
-from durability import machine
+from durability.api.schemas import ReceiptIn
 from durability.audit import Trail
-from durability.machine import Event
+from durability.ledger import machine
+from durability.ledger.machine import Event
 from durability.models import Effect, Probe, ReconcilerConfig, State, Strength
 from durability.reconcilers.base import Answer, Found, NotFound, Unknown
-from durability.schemas import ReceiptIn
 
 logger = logging.getLogger(__name__)
 

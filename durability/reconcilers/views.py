@@ -14,12 +14,13 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
 from durability import jobs
+from durability.accounts.access import AuthedRequest
+from durability.accounts.roles import Access, Perm, access_of
 from durability.models import Effect, State
+from durability.reconcilers import jobs as reconciler_jobs
 from durability.reconcilers.services import reconciler_config_of
-from durability.roles import Access, Perm, access_of
-from durability.views import AuthedRequest
 
-PANEL = "durability/_probe_panel.html"
+PANEL = "durability/reconcilers/_probe_panel.html"
 HISTORY = 20
 # How long the panel waits for a requested probe's answer before it stops polling.
 WAIT_S = 60
@@ -86,7 +87,7 @@ def probe_now(request: AuthedRequest, effect_id: int) -> HttpResponse:
     requested = timezone.now()
     if context["can_probe"]:
         actor = f"user:{request.user.get_username()}"
-        jobs.enqueue(jobs.probe, effect.pk, actor, retry=jobs.probe_retry())
+        jobs.enqueue(reconciler_jobs.probe, effect.pk, actor, retry=reconciler_jobs.probe_retry())
         notice = ""
     elif context["config"] is None:
         notice = f"No reconciler is configured for {effect.target}."

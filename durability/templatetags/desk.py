@@ -7,7 +7,7 @@ from typing import Any
 
 from django import template
 
-from durability.desk import current_membership
+from durability.accounts.access import current_membership
 from durability.models import Membership
 
 register = template.Library()
@@ -29,7 +29,7 @@ def current_role(context: template.Context) -> str:
     return current.role if current else ""
 
 
-@register.inclusion_tag("durability/_project_switcher.html", takes_context=True)
+@register.inclusion_tag("durability/accounts/_project_switcher.html", takes_context=True)
 def project_switcher(context: template.Context) -> dict[str, Any]:
     request = context["request"]
     current, memberships = _current(context)

@@ -6,9 +6,9 @@ from typing import Any
 
 from django import template
 
+from durability.accounts.roles import Access, access_of
 from durability.models import Effect
 from durability.reconcilers.views import PANEL, panel_context
-from durability.roles import Access, access_of
 
 register = template.Library()
 

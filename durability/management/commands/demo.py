@@ -18,8 +18,10 @@ from django.core.management.base import BaseCommand, CommandParser, OutputWrappe
 from django.db import transaction
 from django.utils import timezone
 
-from durability import grants, machine
+from durability.api.schemas import FailureIn, IntentIn, ReceiptIn, TimeoutIn
+from durability.authority import grants
 from durability.demo import DEMO_DIR, PROVIDER_PORT, repository
+from durability.ledger import machine
 from durability.models import (
     ApiKey,
     Approval,
@@ -30,7 +32,6 @@ from durability.models import (
     ReconcilerConfig,
     Role,
 )
-from durability.schemas import FailureIn, IntentIn, ReceiptIn, TimeoutIn
 
 ACTOR = "system:demo"
 OPERATOR = "user:operator"

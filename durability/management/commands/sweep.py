@@ -5,7 +5,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from durability import machine
+from durability.ledger import machine
 
 
 class Command(BaseCommand):

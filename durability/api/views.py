@@ -9,12 +9,12 @@ from django.conf import settings
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_GET, require_POST
 
-from durability import machine
-from durability.decorators import ApiRequest, authorize, error, parse
-from durability.grants import GrantQuery
+from durability.api.decorators import ApiRequest, authorize, error, parse
+from durability.api.schemas import FailureIn, IntentIn, ReceiptIn, TimeoutIn
+from durability.authority.grants import GrantQuery
+from durability.ledger import machine
 from durability.models import Case, Decision, Effect, Grant, Receipt
 from durability.openapi import openapi_document
-from durability.schemas import FailureIn, IntentIn, ReceiptIn, TimeoutIn
 from trajectories.jobs import effect_link_later
 from trajectories.links import effect_trajectory
 

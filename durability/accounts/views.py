@@ -3,7 +3,7 @@
 Admins only (the `manage_project` permission): other members get 403, strangers 404.
 The page shows the user's current project; each action names its project in the URL,
 so a project switched in another tab cannot redirect a change to the wrong project.
-Services (durability.members, durability.grants) make the changes and audit them.
+Services (durability.accounts.services) make the changes and audit them.
 """
 
 from __future__ import annotations
@@ -16,16 +16,16 @@ from django.core.exceptions import PermissionDenied
 from django.forms import Form
 from django.http import Http404, HttpResponse, HttpResponseBase
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.utils.cache import add_never_cache_headers
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
-from durability import grants, members
-from durability.authority_forms import PolicyForm
-from durability.desk import actor_of, current_membership
+from durability.accounts import services as members
+from durability.accounts.access import SESSION_PROJECT, AuthedRequest, actor_of, current_membership
+from durability.accounts.forms import ApiKeyForm, MemberAddForm, MemberRoleForm, PolicyForm
+from durability.accounts.roles import Access, Perm, access_from, access_of
 from durability.models import ApiKey, AuthorityPolicy, Membership, Role
-from durability.roles import Access, Perm, access_from, access_of
-from durability.settings_forms import ApiKeyForm, MemberAddForm, MemberRoleForm
-from durability.views import AuthedRequest
 
 
 def _admin_access(request: AuthedRequest, project_id: int | None = None) -> Access:
@@ -68,7 +68,7 @@ def _page(
         "policy_form": bound.get("policy_form")
         or PolicyForm(initial={"authority_policy": project.authority_policy}),
     }
-    response = render(request, "durability/settings/settings.html", context, status=status)
+    response = render(request, "durability/accounts/settings.html", context, status=status)
     if new_key:
         # The raw key is in this response only: no cache may keep a copy.
         add_never_cache_headers(response)
@@ -181,6 +181,20 @@ def policy(request: AuthedRequest, project_id: int) -> HttpResponseBase:
     if not form.is_valid():
         return _page(request, access, status=400, policy_form=form)
     new = AuthorityPolicy(form.cleaned_data["authority_policy"])
-    if grants.project_policy_set(project=access.project, actor=actor_of(request), policy=new):
+    if members.project_policy_set(project=access.project, actor=actor_of(request), policy=new):
         messages.success(request, f"Intents that name no grant now get: {new.label}.")
     return redirect("settings")
+
+
+@login_required
+@require_POST
+def project_switch(request: AuthedRequest) -> HttpResponse:
+    """Make another of the user's projects the current one."""
+    project_id = request.POST.get("project", "")
+    if not project_id.isdigit() or access_of(request.user, int(project_id)) is None:
+        raise Http404("No such project among yours")
+    request.session[SESSION_PROJECT] = int(project_id)
+    target = request.POST.get("next", "")
+    if not url_has_allowed_host_and_scheme(target, {request.get_host()}, request.is_secure()):
+        target = reverse("queue")
+    return redirect(target)

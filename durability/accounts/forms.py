@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django import forms
 
-from durability.models import Role
+from durability.models import AuthorityPolicy, Role
 
 
 class MemberAddForm(forms.Form):
@@ -19,4 +19,10 @@ class MemberRoleForm(forms.Form):
 class ApiKeyForm(forms.Form):
     name = forms.CharField(
         max_length=100, strip=True, help_text="what will use it, so it can be told apart"
+    )
+
+
+class PolicyForm(forms.Form):
+    authority_policy = forms.ChoiceField(
+        label="Intents that name no grant", choices=AuthorityPolicy.choices
     )

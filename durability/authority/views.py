@@ -2,7 +2,7 @@
 approvals inbox (/approvals/). The policy for intents without a grant is set with the
 project's settings.
 
-Everything is in the user's current project (durability.desk). Reading needs a
+Everything is in the user's current project (durability.desk.views). Reading needs a
 membership; approving needs the operator's right to resolve cases; grants and webhook
 sources are for admins. Services do the changes and write the audit entries.
 """
@@ -21,24 +21,19 @@ from django.http import Http404, HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from durability import approvals, authority_audit, grants, webhooks
-from durability.authority_forms import (
+from durability.accounts.access import AuthedRequest, actor_of, current_membership
+from durability.accounts.roles import Access, Perm, access_from
+from durability.authority import approvals, grants
+from durability.authority import report as authority_audit
+from durability.authority import webhook_sources as webhook_source_services
+from durability.authority.forms import (
     AuditForm,
     GrantForm,
     RevokeForm,
     SignoffForm,
     WebhookSourceForm,
 )
-from durability.desk import actor_of, current_membership
-from durability.models import (
-    Approval,
-    Grant,
-    SignoffVerdict,
-    WebhookKind,
-    WebhookSource,
-)
-from durability.roles import Access, Perm, access_from
-from durability.views import AuthedRequest
+from durability.models import Approval, Grant, SignoffVerdict, WebhookKind, WebhookSource
 
 RECENT_EFFECTS = 20
 
@@ -188,7 +183,7 @@ def webhook_sources(request: AuthedRequest) -> HttpResponse:
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
         try:
-            source = webhooks.webhook_source_create(
+            source = webhook_source_services.webhook_source_create(
                 project=access.project,
                 actor=actor_of(request),
                 name=data["name"],
@@ -227,7 +222,7 @@ def webhook_source_toggle(request: AuthedRequest, source_id: int) -> HttpRespons
     source = WebhookSource.objects.filter(project=access.project, pk=source_id).first()
     if source is None:
         raise Http404("No such webhook source in your current project")
-    webhooks.webhook_source_enable(
+    webhook_source_services.webhook_source_enable(
         source=source, actor=actor_of(request), enabled=not source.enabled
     )
     return redirect("webhook-sources")

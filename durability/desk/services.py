@@ -19,8 +19,9 @@ from django.db.models import F, QuerySet
 from django.utils import timezone
 from django.utils.timesince import timesince
 
-from durability import machine
+from durability.api.schemas import ReceiptIn
 from durability.audit import Trail
+from durability.ledger import machine
 from durability.models import (
     AuditEntry,
     BulkAction,
@@ -34,7 +35,6 @@ from durability.models import (
     Role,
     State,
 )
-from durability.schemas import ReceiptIn
 
 
 class Verdict(StrEnum):

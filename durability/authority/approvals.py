@@ -14,16 +14,9 @@ from django.db import transaction
 from django.db.models import Prefetch, QuerySet
 from django.utils import timezone
 
-from durability import machine
 from durability.audit import Trail
-from durability.models import (
-    Approval,
-    ApprovalStatus,
-    Effect,
-    Project,
-    Signoff,
-    SignoffVerdict,
-)
+from durability.ledger import machine
+from durability.models import Approval, ApprovalStatus, Effect, Project, Signoff, SignoffVerdict
 
 
 class SignoffRefused(Exception):

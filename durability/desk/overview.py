@@ -20,11 +20,10 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from durability.desk import current_membership
-from durability.effect_filter import agent_of_attempt, effects_url
+from durability.accounts.access import AuthedRequest, current_membership
+from durability.desk.effect_filter import agent_of_attempt, effects_url
+from durability.desk.queue import QueueQuery
 from durability.models import Attempt, Case, Effect, Project, Reason, Receipt, Severity, State
-from durability.queue import QueueQuery
-from durability.views import AuthedRequest
 from trajectories.models import Run
 
 DAY = timedelta(days=1)
@@ -369,7 +368,7 @@ def index(request: AuthedRequest) -> HttpResponse:
     """The current project's overview; `?range=1h|24h|7d` picks the chart's range."""
     membership, _ = current_membership(request)
     if membership is None:
-        return render(request, "durability/no_project.html")
+        return render(request, "durability/accounts/no_project.html")
     project = membership.project
     now = timezone.now()
     range_name = request.GET.get("range", "")
@@ -391,4 +390,4 @@ def index(request: AuthedRequest) -> HttpResponse:
         "targets": busiest_targets(project, day_ago),
         "runs": recent_runs(project),
     }
-    return render(request, "durability/overview.html", context)
+    return render(request, "durability/desk/overview.html", context)

@@ -1,7 +1,7 @@
 """The reconciliation desk's pages: the queue, a case, bulk actions, the audit log.
 
 Every view needs a login; every action is checked against the user's role in the
-case's project (durability.roles) and carried out by a service (durability.cases),
+case's project (durability.accounts.roles) and carried out by a service (durability.desk.services),
 which writes the audit entry with the user as actor `user:<username>`.
 """
 
@@ -13,16 +13,25 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
-from django.core.exceptions import PermissionDenied
-from django.db.models import Max
+from django.db.models import Max, Prefetch, QuerySet
 from django.http import Http404, HttpResponse, HttpResponseBase
 from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
-from durability import cases, jobs, machine
-from durability.forms import (
+from durability import jobs
+from durability.accounts.access import (
+    AuthedRequest,
+    actor_of,
+    current_access,
+    no_project,
+    require,
+)
+from durability.accounts.roles import Access, Perm, access_of
+from durability.desk import jobs as desk_jobs
+from durability.desk import services as cases
+from durability.desk.effect_filter import EffectQuery
+from durability.desk.forms import (
     ACKNOWLEDGE,
     RESOLVE_CHOICES,
     AssignForm,
@@ -31,8 +40,7 @@ from durability.forms import (
     CommentForm,
     ResolveForm,
 )
-from durability.models import AuditEntry, BulkAction, BulkVerb, Case, Membership, Reason
-from durability.queue import (
+from durability.desk.queue import (
     QueueFilter,
     QueueQuery,
     counts_by_reason,
@@ -40,62 +48,14 @@ from durability.queue import (
     page_of,
     rows_of,
 )
-from durability.roles import Access, Perm, access_from, access_of, projects_of
-from durability.story import story_of
-from durability.views import AuthedRequest
+from durability.desk.story import story_of
+from durability.ledger import machine
+from durability.models import AuditEntry, BulkAction, BulkVerb, Case, Effect, Reason, State
 
-SESSION_PROJECT = "tallybook_project"
 AUDIT_PAGE_SIZE = 100
+EFFECTS_PAGE_SIZE = 50
 # Audit actions that change what a queue row shows.
 PULSE_ACTIONS = ("case_opened", "case_closed", "case_assigned")
-
-
-def actor_of(request: AuthedRequest) -> str:
-    return f"user:{request.user.get_username()}"
-
-
-def current_membership(request: AuthedRequest) -> tuple[Membership | None, list[Membership]]:
-    """The project the user works in (remembered in the session), and all of theirs."""
-    memberships = projects_of(request.user)
-    wanted = request.session.get(SESSION_PROJECT)
-    current = next((m for m in memberships if m.project_id == wanted), None)
-    return current or (memberships[0] if memberships else None), memberships
-
-
-def _current_access(request: AuthedRequest, perm: Perm) -> Access | None:
-    """The user's access to their current project, if they have one and it allows `perm`."""
-    membership, _ = current_membership(request)
-    if membership is None:
-        return None
-    access = access_from(membership)
-    _require(access, perm)
-    return access
-
-
-def _require(access: Access, perm: Perm) -> None:
-    """Refuse (403) what the user's role in the project does not allow."""
-    if not access.can(perm):
-        raise PermissionDenied(
-            f"Your role in {access.project} ({access.role}) does not allow this action."
-        )
-
-
-def _no_project(request: AuthedRequest) -> HttpResponse:
-    return render(request, "durability/no_project.html")
-
-
-@login_required
-@require_POST
-def project_switch(request: AuthedRequest) -> HttpResponse:
-    """Make another of the user's projects the current one."""
-    project_id = request.POST.get("project", "")
-    if not project_id.isdigit() or access_of(request.user, int(project_id)) is None:
-        raise Http404("No such project among yours")
-    request.session[SESSION_PROJECT] = int(project_id)
-    target = request.POST.get("next", "")
-    if not url_has_allowed_host_and_scheme(target, {request.get_host()}, request.is_secure()):
-        target = reverse("queue")
-    return redirect(target)
 
 
 # -- the queue ---------------------------------------------------------------------------
@@ -109,9 +69,9 @@ def _latest_audit_id(access: Access) -> int:
 @require_GET
 def queue(request: AuthedRequest) -> HttpResponse:
     """Open cases, filtered from the URL, keyset-paginated; htmx fetches further pages."""
-    access = _current_access(request, Perm.VIEW)
+    access = current_access(request, Perm.VIEW)
     if access is None:
-        return _no_project(request)
+        return no_project(request)
     query = QueueQuery.from_params(request.GET)
     rows, next_after = page_of(open_cases(access.project, query, request.user), query)
     context: dict[str, Any] = {
@@ -121,7 +81,7 @@ def queue(request: AuthedRequest) -> HttpResponse:
         "next_after": next_after,
     }
     if request.htmx and "after" in query.values:
-        return render(request, "durability/queue.html#rows", context)
+        return render(request, "durability/desk/queue.html#rows", context)
     counts = counts_by_reason(open_cases(access.project, query, request.user, reason=False))
     reason = query.values.get("reason")
     context |= {
@@ -133,7 +93,7 @@ def queue(request: AuthedRequest) -> HttpResponse:
         "members": cases.assignable_members(access.project),
         "bulk_verbs": BulkVerb.choices,
     }
-    return render(request, "durability/queue.html", context)
+    return render(request, "durability/desk/queue.html", context)
 
 
 def _reason_tabs(query: QueueQuery, counts: dict[str, int]) -> list[dict[str, Any]]:
@@ -168,7 +128,7 @@ def _count(value: str) -> int:
 @require_GET
 def queue_pulse(request: AuthedRequest) -> HttpResponse:
     """What changed since the page loaded: rows closed or reassigned elsewhere, new cases."""
-    access = _current_access(request, Perm.VIEW)
+    access = current_access(request, Perm.VIEW)
     if access is None:
         return HttpResponse(status=204)
     query = QueueQuery.from_params(request.GET)
@@ -192,7 +152,7 @@ def queue_pulse(request: AuthedRequest) -> HttpResponse:
         "changed": rows_of(access.project, changed),
         "tabs": _reason_tabs(query, counts),
     }
-    return render(request, "durability/_queue_pulse.html", context)
+    return render(request, "durability/desk/_queue_pulse.html", context)
 
 
 # -- bulk actions --------------------------------------------------------------------------
@@ -227,9 +187,9 @@ BULK_PERMS = {
 @require_GET
 def bulk_preview(request: AuthedRequest) -> HttpResponse:
     """How many cases a bulk action would touch, before anything is done."""
-    access = _current_access(request, Perm.VIEW)
+    access = current_access(request, Perm.VIEW)
     if access is None:
-        return _no_project(request)
+        return no_project(request)
     form = BulkForm(request.GET)
     context: dict[str, Any] = {"form": form, "access": access}
     if form.is_valid():
@@ -243,27 +203,27 @@ def bulk_preview(request: AuthedRequest) -> HttpResponse:
             "allowed": access.can(BULK_PERMS[verb]),
             "background": len(ids) > settings.TALLYBOOK_BULK_INLINE,
         }
-    return render(request, "durability/_bulk_preview.html", context)
+    return render(request, "durability/desk/_bulk_preview.html", context)
 
 
 @login_required
 @require_POST
 def bulk_start(request: AuthedRequest) -> HttpResponse:
     """Confirm a bulk action: small ones run now, large ones as a job watched by progress."""
-    access = _current_access(request, Perm.VIEW)
+    access = current_access(request, Perm.VIEW)
     if access is None:
-        return _no_project(request)
+        return no_project(request)
     form = BulkForm(request.POST)
     if not form.is_valid():
-        return render(request, "durability/_bulk_preview.html", {"form": form}, status=400)
+        return render(request, "durability/desk/_bulk_preview.html", {"form": form}, status=400)
     verb = BulkVerb(form.cleaned_data["verb"])
-    _require(access, BULK_PERMS[verb])
+    require(access, BULK_PERMS[verb])
     assignee = None
     if verb == BulkVerb.ASSIGN:
         assignee = _member(access, request, form.cleaned_data["assign_to"])
         if assignee is None:
             form.add_error("assign_to", "Not a member who can act on this project's cases.")
-            return render(request, "durability/_bulk_preview.html", {"form": form}, status=400)
+            return render(request, "durability/desk/_bulk_preview.html", {"form": form}, status=400)
     _, ids = _bulk_scope(request, access, form)
     bulk = cases.bulk_start(
         project=access.project,
@@ -276,8 +236,8 @@ def bulk_start(request: AuthedRequest) -> HttpResponse:
     if bulk.total <= settings.TALLYBOOK_BULK_INLINE:
         bulk = cases.bulk_run(bulk_id=bulk.pk)
     else:
-        jobs.enqueue(jobs.cases_bulk, bulk.pk)
-    return render(request, "durability/_bulk_progress.html", {"bulk": bulk})
+        jobs.enqueue(desk_jobs.cases_bulk, bulk.pk)
+    return render(request, "durability/desk/_bulk_progress.html", {"bulk": bulk})
 
 
 @login_required
@@ -286,7 +246,7 @@ def bulk_progress(request: AuthedRequest, bulk_id: int) -> HttpResponse:
     bulk = BulkAction.objects.filter(pk=bulk_id, project__members=request.user).first()
     if bulk is None:
         raise Http404("No such bulk action in your projects")
-    return render(request, "durability/_bulk_progress.html", {"bulk": bulk})
+    return render(request, "durability/desk/_bulk_progress.html", {"bulk": bulk})
 
 
 # -- a case ------------------------------------------------------------------------------
@@ -333,7 +293,7 @@ def _case_page(
         "resolve_form": forms.get("resolve_form") or ResolveForm(initial={"version": case.version}),
         "comment_form": forms.get("comment_form") or CommentForm(),
     }
-    return render(request, "durability/case.html", context, status=status)
+    return render(request, "durability/desk/case.html", context, status=status)
 
 
 # The key that picks each verdict on the case page (static/durability/desk.js).
@@ -370,7 +330,7 @@ def case(request: AuthedRequest, case_id: int) -> HttpResponse:
 def case_resolve(request: AuthedRequest, case_id: int) -> HttpResponseBase:
     """A verdict (happened, did not happen, compensated, abandoned) or an acknowledgement."""
     found, access = _case_and_access(request, case_id)
-    _require(access, Perm.RESOLVE)
+    require(access, Perm.RESOLVE)
     form = ResolveForm(request.POST)
     if not form.is_valid():
         return _case_page(request, found, access, status=400, resolve_form=form)
@@ -407,7 +367,7 @@ def case_resolve(request: AuthedRequest, case_id: int) -> HttpResponseBase:
 def case_assign(request: AuthedRequest, case_id: int) -> HttpResponseBase:
     """Assign a case (from its page, or from a queue row over htmx)."""
     found, access = _case_and_access(request, case_id)
-    _require(access, Perm.ASSIGN)
+    require(access, Perm.ASSIGN)
     form = AssignForm(request.POST)
     problem = ""
     if not form.is_valid():
@@ -432,7 +392,7 @@ def case_assign(request: AuthedRequest, case_id: int) -> HttpResponseBase:
         row = rows_of(access.project, [found.pk])[0]
         return render(
             request,
-            "durability/_queue_row.html",
+            "durability/desk/_queue_row.html",
             {"case": row, "access": access, "problem": problem},
         )
     if problem:
@@ -446,7 +406,7 @@ def case_assign(request: AuthedRequest, case_id: int) -> HttpResponseBase:
 @require_POST
 def case_comment(request: AuthedRequest, case_id: int) -> HttpResponseBase:
     found, access = _case_and_access(request, case_id)
-    _require(access, Perm.COMMENT)
+    require(access, Perm.COMMENT)
     form = CommentForm(request.POST)
     if not form.is_valid():
         return _case_page(request, found, access, status=400, comment_form=form)
@@ -467,9 +427,9 @@ def case_comment(request: AuthedRequest, case_id: int) -> HttpResponseBase:
 @require_GET
 def audit(request: AuthedRequest) -> HttpResponse:
     """The current project's audit entries, newest first, filtered; keyset on id."""
-    access = _current_access(request, Perm.VIEW_AUDIT)
+    access = current_access(request, Perm.VIEW_AUDIT)
     if access is None:
-        return _no_project(request)
+        return no_project(request)
     form = AuditFilter(request.GET)
     form.is_valid()
     f = {k: v for k, v in form.cleaned_data.items() if v not in ("", None)}
@@ -501,7 +461,61 @@ def audit(request: AuthedRequest) -> HttpResponse:
         "filtered": bool(set(f) - {"before"}),
         "actions": sorted({*machine.Event, *PULSE_ACTIONS, "case_commented", "bulk_started"}),
     }
-    template = "durability/audit.html"
+    template = "durability/desk/audit.html"
     if request.htmx and "before" in f:
         template += "#entries"
     return render(request, template, context)
+
+
+# -- effects ----------------------------------------------------------------------------
+
+
+def _effects_of(request: AuthedRequest) -> QuerySet[Effect]:
+    return Effect.objects.filter(project__members=request.user)
+
+
+@login_required
+def effects(request: AuthedRequest) -> HttpResponse:
+    """Effects newest first, filtered from the URL (durability.desk.effect_filter), keyset-paginated
+    on id (`?before=<id>`)."""
+    query = EffectQuery.from_params(request.GET)
+    qs = query.apply(_effects_of(request).select_related("project").order_by("-id"))
+    state = query.values.get("state", "")
+    before = request.GET.get("before", "")
+    if before.isdigit():
+        qs = qs.filter(id__lt=int(before))
+    page = list(qs[: EFFECTS_PAGE_SIZE + 1])
+    more = len(page) > EFFECTS_PAGE_SIZE
+    page = page[:EFFECTS_PAGE_SIZE]
+    context = {
+        "effects": page,
+        "state": state,
+        "states": State.values,
+        "query": query,
+        "next_before": page[-1].pk if more else None,
+    }
+    template = "durability/desk/effects.html"
+    if request.htmx and before:
+        template += "#rows"
+    return render(request, template, context)
+
+
+@login_required
+def effect(request: AuthedRequest, effect_id: int) -> HttpResponse:
+    found = (
+        _effects_of(request)
+        .select_related("project")
+        .prefetch_related(
+            "attempts",
+            "receipts",
+            Prefetch(
+                "cases", queryset=Case.objects.select_related("resolution").order_by("opened")
+            ),
+        )
+        .filter(pk=effect_id)
+        .first()
+    )
+    if found is None:
+        raise Http404("No such effect in your projects")
+    outcome = machine.decide(found)
+    return render(request, "durability/desk/effect.html", {"effect": found, "outcome": outcome})

@@ -11,7 +11,7 @@ from django.contrib.auth.models import User
 from django.db import transaction
 
 from durability.audit import Trail
-from durability.models import ApiKey, Membership, Project, Role
+from durability.models import ApiKey, AuthorityPolicy, Membership, Project, Role
 
 
 class Refused(Exception):
@@ -114,5 +114,20 @@ def apikey_revoke(*, project: Project, actor: str, key_id: int) -> bool:
             return False
         key.revoke()
         trail.add("apikey_revoked", key=key.pk, prefix=key.prefix, name=key.name)
+        trail.append()
+    return True
+
+
+def project_policy_set(*, project: Project, actor: str, policy: AuthorityPolicy) -> bool:
+    """Set what intents naming no grant get; True when it changed."""
+    trail = Trail(project.pk, actor)
+    with transaction.atomic():
+        was = Project.objects.select_for_update().values_list("authority_policy", flat=True)
+        before = was.get(pk=project.pk)
+        if before == policy:
+            return False
+        Project.objects.filter(pk=project.pk).update(authority_policy=policy)
+        project.authority_policy = policy
+        trail.add("authority_policy_set", was=before, policy=policy.value)
         trail.append()
     return True

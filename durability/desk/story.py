@@ -11,7 +11,7 @@ from typing import Any
 
 from django.db.models import Q
 
-from durability import machine
+from durability.ledger import machine
 from durability.models import Attempt, AuditEntry, Case, Comment, Receipt
 
 LABELS = {

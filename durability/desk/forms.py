@@ -6,7 +6,7 @@ from typing import Any
 
 from django import forms
 
-from durability.cases import Evidence, Verdict
+from durability.desk.services import Evidence, Verdict
 from durability.models import BulkVerb
 
 ACKNOWLEDGE = "acknowledge"

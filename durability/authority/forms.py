@@ -8,9 +8,9 @@ from typing import Any
 
 from django import forms
 
-from durability.authority_audit import QUADRANTS, AuditQuery
-from durability.grants import Terms
-from durability.models import AuthorityPolicy, Grant, SignoffVerdict, WebhookKind
+from durability.authority.grants import Terms
+from durability.authority.report import QUADRANTS, AuditQuery
+from durability.models import Grant, SignoffVerdict, WebhookKind
 
 PERIODS = [(3600, "hour"), (86400, "day"), (7 * 86400, "week"), (30 * 86400, "30 days")]
 
@@ -89,12 +89,6 @@ class GrantForm(forms.Form):
 
 class RevokeForm(forms.Form):
     note = forms.CharField(label="Reason", max_length=2000, strip=True)
-
-
-class PolicyForm(forms.Form):
-    authority_policy = forms.ChoiceField(
-        label="Intents that name no grant", choices=AuthorityPolicy.choices
-    )
 
 
 class SignoffForm(forms.Form):

@@ -12,7 +12,6 @@ import hashlib
 import hmac
 import json
 import re
-import secrets
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,11 +25,10 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 from pydantic import ValidationError
 
-from durability import machine
-from durability.audit import Trail
-from durability.decorators import MiB, error, field_errors
-from durability.models import Project, Strength, WebhookDelivery, WebhookKind, WebhookSource
-from durability.schemas import ReceiptIn
+from durability.api.decorators import MiB, error, field_errors
+from durability.api.schemas import ReceiptIn
+from durability.ledger import machine
+from durability.models import Strength, WebhookDelivery, WebhookKind, WebhookSource
 
 SIGNATURE = {
     WebhookKind.GENERIC: "X-Tallybook-Signature",
@@ -272,41 +270,3 @@ def hook(request: HttpRequest, name: str) -> JsonResponse:
         },
         status=200 if outcome.duplicate else 201,
     )
-
-
-def webhook_source_create(
-    *,
-    project: Project,
-    actor: str,
-    name: str,
-    kind: WebhookKind,
-    system: str,
-    mapping: dict[str, Any],
-    tolerance_s: int,
-) -> WebhookSource:
-    """A new source with a fresh secret, shown to admins on its page."""
-    trail = Trail(project.pk, actor)
-    with transaction.atomic():
-        source = WebhookSource.objects.create(
-            project=project,
-            name=name,
-            kind=kind,
-            system=system,
-            secret=secrets.token_urlsafe(32),
-            mapping=mapping,
-            tolerance_s=tolerance_s,
-        )
-        trail.add("webhook_source_created", source=source.name, kind=kind.value, system=system)
-        trail.append()
-    return source
-
-
-def webhook_source_enable(*, source: WebhookSource, actor: str, enabled: bool) -> None:
-    trail = Trail(source.project_id, actor)
-    with transaction.atomic():
-        WebhookSource.objects.filter(pk=source.pk).update(enabled=enabled)
-        source.enabled = enabled
-        trail.add(
-            "webhook_source_enabled" if enabled else "webhook_source_disabled", source=source.name
-        )
-        trail.append()

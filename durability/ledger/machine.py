@@ -19,8 +19,9 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from durability import grants
+from durability.api.schemas import FailureIn, IntentIn, ReceiptIn, TimeoutIn
 from durability.audit import Trail
+from durability.ledger import authority as grants
 from durability.models import (
     Approval,
     Attempt,
@@ -37,7 +38,6 @@ from durability.models import (
     State,
     Strength,
 )
-from durability.schemas import FailureIn, IntentIn, ReceiptIn, TimeoutIn
 
 
 class Event(StrEnum):

@@ -1,0 +1,15 @@
+"""The desk's background jobs: alerts for overdue cases, and bulk actions on cases."""
+
+from __future__ import annotations
+
+from durability.desk import alerts, services
+
+
+def alert() -> int:
+    """Post the overdue cases to the alert webhook, each once; returns how many were sent."""
+    return len(alerts.alerts_send())
+
+
+def cases_bulk(bulk_id: int) -> int:
+    """Carry out a bulk action on cases; a second run resumes where the first stopped."""
+    return services.bulk_run(bulk_id=bulk_id).done
