@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import groupby
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 from django.db import connections, transaction
 from django.utils import timezone
 
-from durability.models import AuditEntry, Case, Effect, Project
+from durability.models import AuditAction, AuditEntry, Case, Effect, Project
 
 GENESIS = "0" * 64
 
@@ -72,7 +73,7 @@ class Trail:
 
     def add(
         self,
-        action: str,
+        action: AuditAction,
         /,
         *,
         effect: Effect | None = None,
@@ -124,6 +125,19 @@ class Trail:
             entry.seq, entry.prev_hash = seq, prev
             entry.hash = prev = entry_hash(entry)
         manager.filter(pk=pk).update(audit_seq=seq, audit_head=prev)
+
+
+@contextmanager
+def trail(project: Project | int, actor: str) -> Iterator[Trail]:
+    """One audited change: a transaction whose gathered entries are appended on a clean exit.
+
+    An exception rolls the transaction back and appends nothing. Inside a caller's
+    transaction this is a savepoint, and the entries still commit with the caller's.
+    """
+    gathered = Trail(project.pk if isinstance(project, Project) else project, actor)
+    with transaction.atomic():
+        yield gathered
+        gathered.append()
 
 
 def _first_broken_in_chain(entries: Iterable[AuditEntry], head: str | None) -> AuditEntry | None:

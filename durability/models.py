@@ -525,6 +525,55 @@ class BulkAction(models.Model):
         return f"{self.verb} × {self.total} by {self.actor}"
 
 
+class AuditAction(models.TextChoices):
+    """What an audit entry records: a state machine event, or an audited change of anything else."""
+
+    # The state machine's events (durability.ledger.machine.Event), one entry per transition.
+    INTENT = "intent"
+    REQUIRE_APPROVAL = "require_approval"
+    REFUSE = "refuse"
+    APPROVE = "approve"
+    DENY = "deny"
+    RETRY = "retry"
+    RECEIPT = "receipt"
+    FAILURE = "failure"
+    TIMEOUT = "timeout"
+    DEADLINE = "deadline"
+    INTERRUPTION = "interruption"
+    PROBE_FOUND = "probe_found"
+    PROBE_NOT_FOUND = "probe_not_found"
+    ATTEST_HAPPENED = "attest_happened"
+    ATTEST_NOT_HAPPENED = "attest_not_happened"
+    COMPENSATE = "compensate"
+    ABANDON = "abandon"
+    # The ledger, without a transition.
+    ATTEMPT = "attempt"
+    RECEIPT_CONFIRMED = "receipt_confirmed"
+    CASE_OPENED = "case_opened"
+    CASE_REPEATED = "case_repeated"
+    CASE_CLOSED = "case_closed"
+    # The desk.
+    CASE_ASSIGNED = "case_assigned"
+    CASE_COMMENTED = "case_commented"
+    BULK_STARTED = "bulk_started"
+    PROBE = "probe"
+    # Authority.
+    GRANT_CREATED = "grant_created"
+    GRANT_SUPERSEDED = "grant_superseded"
+    GRANT_REVOKED = "grant_revoked"
+    APPROVAL_SIGNED = "approval_signed"
+    WEBHOOK_SOURCE_CREATED = "webhook_source_created"
+    WEBHOOK_SOURCE_ENABLED = "webhook_source_enabled"
+    WEBHOOK_SOURCE_DISABLED = "webhook_source_disabled"
+    # Accounts.
+    MEMBER_ADDED = "member_added"
+    MEMBER_ROLE_CHANGED = "member_role_changed"
+    MEMBER_REMOVED = "member_removed"
+    APIKEY_CREATED = "apikey_created"
+    APIKEY_REVOKED = "apikey_revoked"
+    AUTHORITY_POLICY_SET = "authority_policy_set"
+
+
 class AuditEntry(models.Model):
     """Append-only and hash-chained: each entry hashes the one before it in its chain.
 
@@ -537,7 +586,7 @@ class AuditEntry(models.Model):
     seq = models.PositiveBigIntegerField()
     at = models.DateTimeField(default=timezone.now)
     actor = models.CharField(max_length=150)
-    action = models.CharField(max_length=32)
+    action = models.CharField(max_length=32, choices=AuditAction.choices)
     effect = models.ForeignKey(
         Effect, models.DO_NOTHING, null=True, blank=True, db_constraint=False, related_name="+"
     )

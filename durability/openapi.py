@@ -5,6 +5,8 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.http import require_GET
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
@@ -314,3 +316,8 @@ def openapi_document() -> dict[str, Any]:
             ),
         },
     }
+
+
+@require_GET
+def openapi(request: HttpRequest) -> JsonResponse:
+    return JsonResponse(openapi_document())

@@ -6,7 +6,8 @@ import pytest
 from django.db import DatabaseError, connection, transaction
 
 from durability.audit import entry_hash, first_broken_entry
-from durability.models import AuditEntry, Effect, Project, State
+from durability.ledger import machine
+from durability.models import AuditAction, AuditEntry, Effect, Project, State
 from tests.ledger import audit_of, effect_in, intent, receipt, timeout
 
 
@@ -180,3 +181,7 @@ def test_verifying_one_project_ignores_another_projects_chain(project):
     intent(project)
     assert first_broken_entry(project) is None
     assert first_broken_entry(other) is not None
+
+
+def test_every_state_machine_event_is_an_audit_action():
+    assert {event.value for event in machine.Event} <= set(AuditAction.values)

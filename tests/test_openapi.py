@@ -8,12 +8,11 @@ import re
 from typing import Any
 
 import pytest
-from django.urls import URLPattern
+from django.urls import URLPattern, URLResolver, get_resolver
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from pydantic import BaseModel, TypeAdapter
 
-from durability import urls
 from durability.api import schemas
 from durability.api.decorators import MiB
 from durability.models import ApiKey
@@ -28,7 +27,6 @@ from tests.otlp_support import (
     to_json,
 )
 from trajectories import schemas as trajectories_schemas
-from trajectories import urls as trajectories_urls
 from trajectories.api import EVENTS_MAX_BODY, OTLP_MAX_BODY
 
 __all__ = ["ingest_stalled", "slots_taken"]
@@ -110,12 +108,24 @@ def test_every_reference_resolves(document):
         assert ref.rsplit("/", 1)[1] in document["components"]["schemas"], ref
 
 
+def _routes(patterns: list[URLPattern | URLResolver], prefix: str = "") -> list[str]:
+    """Every route of a URLconf, with the prefixes of the includes it passes through."""
+    routes = []
+    for pattern in patterns:
+        route = prefix + str(pattern.pattern)
+        if isinstance(pattern, URLResolver):
+            routes += _routes(pattern.url_patterns, route)
+        else:
+            routes.append(route)
+    return routes
+
+
 def test_every_api_path_in_the_urls_is_documented_and_nothing_else(document):
-    # durability/urls.py's own patterns and those of trajectories/urls.py, which it includes.
+    # The root URLconf and every room's urls it includes, trajectories' among them.
     routed = {
-        _openapi_path(str(pattern.pattern))
-        for pattern in [*urls.urlpatterns, *trajectories_urls.urlpatterns]
-        if isinstance(pattern, URLPattern) and str(pattern.pattern).startswith(("api/", "v1/"))
+        _openapi_path(route)
+        for route in _routes(get_resolver().url_patterns)
+        if route.startswith(("api/", "v1/"))
     }
     assert routed == set(document["paths"])
     assert set(document["paths"]) >= LEDGER_PATHS | TRAJECTORY_PATHS

@@ -23,3 +23,10 @@ def effect_link_later(effect: Effect | None, *, receipt: Receipt | None = None) 
     traced = receipt is not None and bool(receipt.trace_id)
     if effect.trace_id or effect.tool_call_id or effect.run_id or traced:
         enqueue(effect_link, effect.pk)
+
+
+def effect_recorded(
+    sender: object, *, effect: Effect, receipt: Receipt | None, **_: object
+) -> None:
+    """The ledger recorded an intent or a receipt (durability.ledger.signals.effect_recorded)."""
+    effect_link_later(effect, receipt=receipt)

@@ -197,8 +197,9 @@ def links_repair(*, limit: int = REPAIR_BATCH) -> list[int]:
     return due
 
 
-def effect_trajectory(effect: Effect) -> dict[str, str | None]:
-    """The run id and the tool and model span ids (hex) of a linked effect, for the API."""
+def effect_trajectory(sender: object, *, effect: Effect, **_: object) -> dict[str, str | None]:
+    """The run id and the tool and model span ids (hex) of a linked effect, for the API's
+    effect detail (durability.api.signals.effect_detail)."""
     link = (
         EffectLink.objects.filter(pk=effect.pk)
         .select_related("run", "tool_span", "model_span")

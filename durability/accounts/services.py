@@ -8,10 +8,9 @@ Each writes an audit entry (the project's chain) in the same transaction.
 from __future__ import annotations
 
 from django.contrib.auth.models import User
-from django.db import transaction
 
-from durability.audit import Trail
-from durability.models import ApiKey, AuthorityPolicy, Membership, Project, Role
+from durability import audit
+from durability.models import ApiKey, AuditAction, AuthorityPolicy, Membership, Project, Role
 
 
 class Refused(Exception):
@@ -50,8 +49,7 @@ def _keep_an_admin(project: Project, membership: Membership, field: str) -> None
 
 def member_add(*, project: Project, actor: str, username: str, role: Role) -> Membership:
     """Make an existing user a member of the project with `role`."""
-    trail = Trail(project.pk, actor)
-    with transaction.atomic():
+    with audit.trail(project.pk, actor) as trail:
         _lock(project)
         user = User.objects.filter(username=username, is_active=True).first()
         if user is None:
@@ -59,15 +57,13 @@ def member_add(*, project: Project, actor: str, username: str, role: Role) -> Me
         if Membership.objects.filter(project=project, user=user).exists():
             raise Refused("username", f"{username} is already a member of {project}.")
         membership = Membership.objects.create(project=project, user=user, role=role)
-        trail.add("member_added", username=username, role=role.value)
-        trail.append()
+        trail.add(AuditAction.MEMBER_ADDED, username=username, role=role.value)
     return membership
 
 
 def member_role_change(*, project: Project, actor: str, membership_id: int, role: Role) -> bool:
     """Give a member another role; True when it changed."""
-    trail = Trail(project.pk, actor)
-    with transaction.atomic():
+    with audit.trail(project.pk, actor) as trail:
         _lock(project)
         membership = _membership(project, membership_id)
         if membership.role == role:
@@ -75,59 +71,54 @@ def member_role_change(*, project: Project, actor: str, membership_id: int, role
         _keep_an_admin(project, membership, "role")
         was = membership.role
         Membership.objects.filter(pk=membership.pk).update(role=role)
-        trail.add("member_role_changed", username=membership.user.username, was=was, role=role)
-        trail.append()
+        trail.add(
+            AuditAction.MEMBER_ROLE_CHANGED, username=membership.user.username, was=was, role=role
+        )
     return True
 
 
 def member_remove(*, project: Project, actor: str, membership_id: int) -> Membership:
     """Take a member out of the project; the removed membership is returned."""
-    trail = Trail(project.pk, actor)
-    with transaction.atomic():
+    with audit.trail(project.pk, actor) as trail:
         _lock(project)
         membership = _membership(project, membership_id)
         _keep_an_admin(project, membership, "member")
         Membership.objects.filter(pk=membership.pk).delete()
-        trail.add("member_removed", username=membership.user.username, role=membership.role)
-        trail.append()
+        trail.add(
+            AuditAction.MEMBER_REMOVED, username=membership.user.username, role=membership.role
+        )
     return membership
 
 
 def apikey_create(*, project: Project, actor: str, name: str) -> tuple[ApiKey, str]:
     """Issue a key; the raw key is returned once and only its digest is stored."""
-    trail = Trail(project.pk, actor)
-    with transaction.atomic():
+    with audit.trail(project.pk, actor) as trail:
         key, raw = ApiKey.issue(project, name=name)
-        trail.add("apikey_created", key=key.pk, prefix=key.prefix, name=name)
-        trail.append()
+        trail.add(AuditAction.APIKEY_CREATED, key=key.pk, prefix=key.prefix, name=name)
     return key, raw
 
 
 def apikey_revoke(*, project: Project, actor: str, key_id: int) -> bool:
     """Revoke a key of the project, effective for the next request; True when it was live."""
-    trail = Trail(project.pk, actor)
-    with transaction.atomic():
+    with audit.trail(project.pk, actor) as trail:
         key = ApiKey.objects.select_for_update().filter(project=project, pk=key_id).first()
         if key is None:
             raise NotFound(f"No key {key_id} in {project}")
         if key.revoked_at is not None:
             return False
         key.revoke()
-        trail.add("apikey_revoked", key=key.pk, prefix=key.prefix, name=key.name)
-        trail.append()
+        trail.add(AuditAction.APIKEY_REVOKED, key=key.pk, prefix=key.prefix, name=key.name)
     return True
 
 
 def project_policy_set(*, project: Project, actor: str, policy: AuthorityPolicy) -> bool:
     """Set what intents naming no grant get; True when it changed."""
-    trail = Trail(project.pk, actor)
-    with transaction.atomic():
+    with audit.trail(project.pk, actor) as trail:
         was = Project.objects.select_for_update().values_list("authority_policy", flat=True)
         before = was.get(pk=project.pk)
         if before == policy:
             return False
         Project.objects.filter(pk=project.pk).update(authority_policy=policy)
         project.authority_policy = policy
-        trail.add("authority_policy_set", was=before, policy=policy.value)
-        trail.append()
+        trail.add(AuditAction.AUTHORITY_POLICY_SET, was=before, policy=policy.value)
     return True

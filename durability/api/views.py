@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
-from django.http import HttpRequest, JsonResponse
+from django.http import JsonResponse
 from django.views.decorators.http import require_GET, require_POST
 
+from durability.api import signals
 from durability.api.decorators import ApiRequest, authorize, error, parse
 from durability.api.schemas import FailureIn, IntentIn, ReceiptIn, TimeoutIn
 from durability.authority.grants import GrantQuery
 from durability.ledger import machine
 from durability.models import Case, Decision, Effect, Grant, Receipt
-from durability.openapi import openapi_document
-from trajectories.jobs import effect_link_later
-from trajectories.links import effect_trajectory
 
 STATUS_OF_DECISION = {Decision.CONFLICT: 409}
 
@@ -36,7 +34,6 @@ def intents(request: ApiRequest) -> JsonResponse:
     if isinstance(intent, JsonResponse):
         return intent
     outcome = machine.intent_record(project=request.project, actor=request.actor, intent=intent)
-    effect_link_later(outcome.effect)
     status = STATUS_OF_DECISION.get(outcome.decision, 201 if outcome.created else 200)
     return JsonResponse(
         {
@@ -57,7 +54,6 @@ def receipts(request: ApiRequest) -> JsonResponse:
     if isinstance(receipt, JsonResponse):
         return receipt
     outcome = machine.receipt_record(project=request.project, actor=request.actor, receipt=receipt)
-    effect_link_later(outcome.effect, receipt=outcome.receipt)
     return JsonResponse(
         {
             "receipt": outcome.receipt.to_dict(),
@@ -115,7 +111,7 @@ def timeouts(request: ApiRequest) -> JsonResponse:
 
 def _effect_detail(effect: Effect) -> dict[str, Any]:
     outcome = machine.decide(effect)
-    return {
+    detail: dict[str, Any] = {
         "effect": effect.to_dict(),
         "request": effect.request,
         "authority": effect.authority,
@@ -124,8 +120,10 @@ def _effect_detail(effect: Effect) -> dict[str, Any]:
         "cases": [c.to_dict() for c in effect.cases.filter(closed=None).order_by("opened")],
         "decision": outcome.decision,
         "reason": outcome.reason,
-        **effect_trajectory(effect),
     }
+    for _, section in signals.effect_detail.send(sender=Effect, effect=effect):
+        detail.update(cast(dict[str, Any], section))
+    return detail
 
 
 @require_GET
@@ -151,11 +149,6 @@ def effects(request: ApiRequest) -> JsonResponse:
     if effect is None:
         return error("No effect has this key in this project", 404, {"key": "Unknown key"})
     return JsonResponse(_effect_detail(effect))
-
-
-@require_GET
-def openapi(request: HttpRequest) -> JsonResponse:
-    return JsonResponse(openapi_document())
 
 
 GRANT_PAGE = 100

@@ -14,9 +14,17 @@ from django.db import transaction
 from django.db.models import Prefetch, QuerySet
 from django.utils import timezone
 
-from durability.audit import Trail
+from durability import audit
 from durability.ledger import machine
-from durability.models import Approval, ApprovalStatus, Effect, Project, Signoff, SignoffVerdict
+from durability.models import (
+    Approval,
+    ApprovalStatus,
+    AuditAction,
+    Effect,
+    Project,
+    Signoff,
+    SignoffVerdict,
+)
 
 
 class SignoffRefused(Exception):
@@ -58,17 +66,17 @@ def approval_sign(
         )
         approvals = approval.signoffs.filter(verdict=SignoffVerdict.APPROVE).count()
         final = verdict == SignoffVerdict.DENY or approvals >= approval.needed
-        trail = Trail(project.pk, actor)
-        trail.add(
-            "approval_signed",
-            effect=effect,
-            approval=approval.pk,
-            verdict=verdict.value,
-            reason=reason,
-            approvals=approvals,
-            needed=approval.needed,
-        )
-        trail.append()
+        # Appended before the decision below, so the effect's chain shows the sign-off first.
+        with audit.trail(project, actor) as trail:
+            trail.add(
+                AuditAction.APPROVAL_SIGNED,
+                effect=effect,
+                approval=approval.pk,
+                verdict=verdict.value,
+                reason=reason,
+                approvals=approvals,
+                needed=approval.needed,
+            )
         if final:
             approval.status = (
                 ApprovalStatus.DENIED if verdict == SignoffVerdict.DENY else ApprovalStatus.APPROVED

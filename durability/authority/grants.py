@@ -9,12 +9,12 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from django.db import transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from durability.audit import Trail
+from durability import audit
 from durability.models import (
+    AuditAction,
     Grant,
     Project,
 )
@@ -107,11 +107,9 @@ class GrantClosed(Exception):
 
 
 def grant_create(*, project: Project, actor: str, terms: Terms) -> Grant:
-    trail = Trail(project.pk, actor)
-    with transaction.atomic():
+    with audit.trail(project.pk, actor) as trail:
         grant = Grant.objects.create(project=project, granted_by=actor, **asdict(terms))
-        trail.add("grant_created", grant=grant.pk, version=1, terms=terms.audited())
-        trail.append()
+        trail.add(AuditAction.GRANT_CREATED, grant=grant.pk, version=1, terms=terms.audited())
     return grant
 
 
@@ -124,8 +122,7 @@ def _lock_current(grant: Grant) -> Grant:
 
 def grant_supersede(*, grant: Grant, actor: str, terms: Terms) -> Grant:
     """A new version with new terms; the old version stays on record, superseded."""
-    trail = Trail(grant.project_id, actor)
-    with transaction.atomic():
+    with audit.trail(grant.project_id, actor) as trail:
         old = _lock_current(grant)
         now = timezone.now()
         Grant.objects.filter(pk=old.pk).update(superseded_at=now)
@@ -144,25 +141,22 @@ def grant_supersede(*, grant: Grant, actor: str, terms: Terms) -> Grant:
             if (after := terms.audited()[k]) != before
         }
         trail.add(
-            "grant_superseded",
+            AuditAction.GRANT_SUPERSEDED,
             grant=new.pk,
             supersedes=old.pk,
             version=new.version,
             changed=changed,
         )
-        trail.append()
     return new
 
 
 def grant_revoke(*, grant: Grant, actor: str, note: str) -> Grant:
     """Revoke the current version: every intent naming any version is denied from now on."""
-    trail = Trail(grant.project_id, actor)
-    with transaction.atomic():
+    with audit.trail(grant.project_id, actor) as trail:
         locked = _lock_current(grant)
         locked.revoked, locked.revoked_by = timezone.now(), actor
         Grant.objects.filter(pk=locked.pk).update(
             revoked=locked.revoked, revoked_by=locked.revoked_by
         )
-        trail.add("grant_revoked", grant=locked.pk, version=locked.version, note=note)
-        trail.append()
+        trail.add(AuditAction.GRANT_REVOKED, grant=locked.pk, version=locked.version, note=note)
     return locked

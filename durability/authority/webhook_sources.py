@@ -5,10 +5,8 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from django.db import transaction
-
-from durability.audit import Trail
-from durability.models import Project, WebhookKind, WebhookSource
+from durability import audit
+from durability.models import AuditAction, Project, WebhookKind, WebhookSource
 
 
 def webhook_source_create(
@@ -22,8 +20,7 @@ def webhook_source_create(
     tolerance_s: int,
 ) -> WebhookSource:
     """A new source with a fresh secret, shown to admins on its page."""
-    trail = Trail(project.pk, actor)
-    with transaction.atomic():
+    with audit.trail(project.pk, actor) as trail:
         source = WebhookSource.objects.create(
             project=project,
             name=name,
@@ -33,17 +30,17 @@ def webhook_source_create(
             mapping=mapping,
             tolerance_s=tolerance_s,
         )
-        trail.add("webhook_source_created", source=source.name, kind=kind.value, system=system)
-        trail.append()
+        trail.add(
+            AuditAction.WEBHOOK_SOURCE_CREATED, source=source.name, kind=kind.value, system=system
+        )
     return source
 
 
 def webhook_source_enable(*, source: WebhookSource, actor: str, enabled: bool) -> None:
-    trail = Trail(source.project_id, actor)
-    with transaction.atomic():
+    with audit.trail(source.project_id, actor) as trail:
         WebhookSource.objects.filter(pk=source.pk).update(enabled=enabled)
         source.enabled = enabled
         trail.add(
-            "webhook_source_enabled" if enabled else "webhook_source_disabled", source=source.name
+            AuditAction.WEBHOOK_SOURCE_ENABLED if enabled else AuditAction.WEBHOOK_SOURCE_DISABLED,
+            source=source.name,
         )
-        trail.append()

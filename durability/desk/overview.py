@@ -24,11 +24,9 @@ from durability.accounts.access import AuthedRequest, current_membership
 from durability.desk.effect_filter import agent_of_attempt, effects_url
 from durability.desk.queue import QueueQuery
 from durability.models import Attempt, Case, Effect, Project, Reason, Receipt, Severity, State
-from trajectories.models import Run
 
 DAY = timedelta(days=1)
 BUSIEST = 5
-RECENT_RUNS = 8
 # The chart's ranges: (span, bar width, what the database truncates to before bucketing).
 RANGES = {
     "1h": (timedelta(hours=1), timedelta(minutes=5), "minute"),
@@ -354,11 +352,6 @@ def busiest_targets(project: Project, since: datetime) -> list[Busy]:
     ]
 
 
-def recent_runs(project: Project) -> list[Run]:
-    """The runs started last; walks run_project_started_idx."""
-    return list(Run.objects.filter(project=project).order_by("-started", "-id")[:RECENT_RUNS])
-
-
 # -- the page --------------------------------------------------------------------------------
 
 
@@ -388,6 +381,5 @@ def index(request: AuthedRequest) -> HttpResponse:
         "strengths": evidence_strengths(project, day_ago),
         "agents": busiest_agents(project, day_ago),
         "targets": busiest_targets(project, day_ago),
-        "runs": recent_runs(project),
     }
     return render(request, "durability/desk/overview.html", context)

@@ -19,10 +19,11 @@ from django.db.models import F, QuerySet
 from django.utils import timezone
 from django.utils.timesince import timesince
 
+from durability import audit
 from durability.api.schemas import ReceiptIn
-from durability.audit import Trail
 from durability.ledger import machine
 from durability.models import (
+    AuditAction,
     AuditEntry,
     BulkAction,
     BulkVerb,
@@ -159,7 +160,7 @@ def case_resolve(
     event = VERDICT_EVENTS[verdict]
     if verdict == Verdict.HAPPENED and evidence is None:
         raise NotApplicable("Saying it happened needs evidence: a system and an external id.")
-    with transaction.atomic():
+    with audit.trail(project.pk, actor) as trail:
         case = _claim(project=project, case_id=case_id, version=version)
         if case.effect is None or verdict not in verdicts_for(case):
             state = case.effect.state if case.effect else "no effect"
@@ -179,9 +180,7 @@ def case_resolve(
         if case.is_open:
             # A verdict given on a case the machine does not close by itself (a version
             # drift, say) still answers that case.
-            trail = Trail(project.pk, actor)
             machine.case_close(case, event.value, note, trail)
-            trail.append()
     return case
 
 
@@ -189,15 +188,13 @@ def case_acknowledge(
     *, project: Project, case_id: int, version: int, actor: str, note: str
 ) -> Case:
     """Close a case whose effect is already in the right state, without changing it."""
-    with transaction.atomic():
+    with audit.trail(project.pk, actor) as trail:
         case = _claim(project=project, case_id=case_id, version=version)
         if case.reason not in ACKNOWLEDGEABLE:
             raise NotApplicable(
                 f"A case of reason {case.reason} needs a verdict, not an acknowledgement."
             )
-        trail = Trail(project.pk, actor)
         machine.case_close(case, ACKNOWLEDGED, note, trail)
-        trail.append()
     return case
 
 
@@ -219,31 +216,27 @@ def case_assign(
         ).exists()
     ):
         raise NotApplicable(f"{assignee.get_username()} cannot act on this project's cases.")
-    with transaction.atomic():
+    with audit.trail(project.pk, actor) as trail:
         case = _claim(project=project, case_id=case_id, version=version)
         was = case.assignee.get_username() if case.assignee else None
         case.assignee = assignee
         case.save(update_fields=["assignee"])
-        trail = Trail(project.pk, actor)
         trail.add(
-            "case_assigned",
+            AuditAction.CASE_ASSIGNED,
             effect=case.effect,
             case=case,
             assignee=assignee.get_username() if assignee else None,
             was=was,
         )
-        trail.append()
     return case
 
 
 def case_comment(*, project: Project, case_id: int, actor: str, body: str) -> Comment:
     """Add a comment to a case, open or closed. Comments never race: no version check."""
-    with transaction.atomic():
+    with audit.trail(project.pk, actor) as trail:
         case = Case.objects.select_related("effect").get(project=project, pk=case_id)
         comment = Comment.objects.create(case=case, actor=actor, body=body)
-        trail = Trail(project.pk, actor)
-        trail.add("case_commented", effect=case.effect, case=case, comment=comment.pk)
-        trail.append()
+        trail.add(AuditAction.CASE_COMMENTED, effect=case.effect, case=case, comment=comment.pk)
     return comment
 
 
@@ -274,7 +267,7 @@ def bulk_start(
 ) -> BulkAction:
     """Record a bulk action over these cases; `bulk_run` then carries it out."""
     ids = list(case_ids)
-    with transaction.atomic():
+    with audit.trail(project.pk, actor) as trail:
         bulk = BulkAction.objects.create(
             project=project,
             actor=actor,
@@ -284,16 +277,14 @@ def bulk_start(
             case_ids=ids,
             total=len(ids),
         )
-        trail = Trail(project.pk, actor)
         trail.add(
-            "bulk_started",
+            AuditAction.BULK_STARTED,
             bulk=bulk.pk,
             verb=verb.value,
             total=len(ids),
             note=note,
             assignee=assignee.get_username() if assignee else None,
         )
-        trail.append()
     return bulk
 
 

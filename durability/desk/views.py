@@ -50,12 +50,21 @@ from durability.desk.queue import (
 )
 from durability.desk.story import story_of
 from durability.ledger import machine
-from durability.models import AuditEntry, BulkAction, BulkVerb, Case, Effect, Reason, State
+from durability.models import (
+    AuditAction,
+    AuditEntry,
+    BulkAction,
+    BulkVerb,
+    Case,
+    Effect,
+    Reason,
+    State,
+)
 
 AUDIT_PAGE_SIZE = 100
 EFFECTS_PAGE_SIZE = 50
 # Audit actions that change what a queue row shows.
-PULSE_ACTIONS = ("case_opened", "case_closed", "case_assigned")
+PULSE_ACTIONS = (AuditAction.CASE_OPENED, AuditAction.CASE_CLOSED, AuditAction.CASE_ASSIGNED)
 
 
 # -- the queue ---------------------------------------------------------------------------
@@ -459,7 +468,7 @@ def audit(request: AuthedRequest) -> HttpResponse:
         "entries": page,
         "next_query": params.urlencode() if more else "",
         "filtered": bool(set(f) - {"before"}),
-        "actions": sorted({*machine.Event, *PULSE_ACTIONS, "case_commented", "bulk_started"}),
+        "actions": AuditAction.values,
     }
     template = "durability/desk/audit.html"
     if request.htmx and "before" in f:

@@ -19,12 +19,15 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from durability import audit
 from durability.api.schemas import FailureIn, IntentIn, ReceiptIn, TimeoutIn
 from durability.audit import Trail
 from durability.ledger import authority as grants
+from durability.ledger.signals import effect_recorded
 from durability.models import (
     Approval,
     Attempt,
+    AuditAction,
     Case,
     Decision,
     Effect,
@@ -145,7 +148,7 @@ def _apply(effect: Effect, event: Event, trail: Trail, **data: Any) -> None:
     effect.state = target
     effect.updated = timezone.now()
     effect.save(update_fields=EFFECT_MUTABLE_FIELDS)
-    trail.add(event.value, effect=effect, from_state=current or "", to_state=target, **data)
+    trail.add(AuditAction(event), effect=effect, from_state=current or "", to_state=target, **data)
 
 
 def _case_open(
@@ -167,7 +170,7 @@ def _case_open(
             case.severity = max(case.severity, severity)
             case.version += 1
             case.save(update_fields=["detail", "severity", "version"])
-            trail.add("case_repeated", effect=effect, case=case, reason=reason.value)
+            trail.add(AuditAction.CASE_REPEATED, effect=effect, case=case, reason=reason.value)
             return case
     case = Case.objects.create(
         project_id=project_id,
@@ -178,7 +181,7 @@ def _case_open(
         summary=summary,
         detail=detail,
     )
-    trail.add("case_opened", effect=effect, case=case, reason=reason.value)
+    trail.add(AuditAction.CASE_OPENED, effect=effect, case=case, reason=reason.value)
     return case
 
 
@@ -188,7 +191,7 @@ def case_close(case: Case, action: str, note: str, trail: Trail) -> None:
     case.version += 1
     case.save(update_fields=["closed", "version"])
     Resolution.objects.create(case=case, actor=trail.actor, action=action, note=note)
-    trail.add("case_closed", effect=case.effect, case=case, action=action, note=note)
+    trail.add(AuditAction.CASE_CLOSED, effect=case.effect, case=case, action=action, note=note)
 
 
 def _open_case(effect: Effect, reason: Reason) -> Case | None:
@@ -399,7 +402,7 @@ def _first_attempt(effect: Effect, intent: IntentIn, trail: Trail) -> Outcome:
     effect.updated = attempt.started
     effect.save(update_fields=EFFECT_MUTABLE_FIELDS)
     attempt.save()
-    trail.add("attempt", effect=effect, attempt=attempt.number)
+    trail.add(AuditAction.ATTEMPT, effect=effect, attempt=attempt.number)
     return Outcome(Decision.PROCEED, effect, "Approved: perform the effect, then send the receipt.")
 
 
@@ -465,9 +468,14 @@ def intent_record(*, project: Project, actor: str, intent: IntentIn) -> Outcome:
     Locks the effect row; concurrent intents for one key are serialised on it, so
     exactly one of them is answered `proceed` for a new effect.
     """
+    outcome = _intent_store(project=project, actor=actor, intent=intent)
+    effect_recorded.send(sender=Effect, effect=outcome.effect, receipt=None)
+    return outcome
+
+
+def _intent_store(*, project: Project, actor: str, intent: IntentIn) -> Outcome:
     fingerprint = intent.fingerprint or fingerprint_of(intent.request)
-    trail = Trail(project.pk, actor)
-    with transaction.atomic():
+    with audit.trail(project.pk, actor) as trail:
         effect = _locked_or_key_locked(project, intent.key)
         created = False
         if effect is None:
@@ -511,7 +519,6 @@ def intent_record(*, project: Project, actor: str, intent: IntentIn) -> Outcome:
             outcome = _retry(effect, intent, trail)
         else:
             outcome = decide(effect)
-        trail.append()
     return outcome
 
 
@@ -538,7 +545,7 @@ def _entered(
         authority["rule"] = check.rule.value
     data: dict[str, Any] = {"attempt": attempt.number} if attempt else {}
     trail.add(
-        ENTRY[check.ruling].value,
+        AuditAction(ENTRY[check.ruling]),
         effect=effect,
         to_state=effect.state,
         **data,
@@ -683,8 +690,16 @@ def receipt_record(
     The same (key, system, external_id) twice is one receipt; a different external id
     for a succeeded effect is a duplicate effect.
     """
-    trail = Trail(project.pk, actor)
-    with transaction.atomic():
+    outcome = _receipt_store(project=project, actor=actor, receipt=receipt, strength=strength)
+    if outcome.effect is not None:
+        effect_recorded.send(sender=Effect, effect=outcome.effect, receipt=outcome.receipt)
+    return outcome
+
+
+def _receipt_store(
+    *, project: Project, actor: str, receipt: ReceiptIn, strength: Strength
+) -> ReceiptOutcome:
+    with audit.trail(project.pk, actor) as trail:
         effect = _locked_or_key_locked(project, receipt.key)
         existing = Receipt.objects.filter(
             project=project, key=receipt.key, system=receipt.system, external_id=receipt.external_id
@@ -693,7 +708,7 @@ def receipt_record(
             if STRENGTH_RANK[strength] > STRENGTH_RANK[Strength(existing.strength)]:
                 # The provider confirms what the agent reported: the same evidence, stronger.
                 trail.add(
-                    "receipt_confirmed",
+                    AuditAction.RECEIPT_CONFIRMED,
                     effect=effect,
                     receipt=existing.pk,
                     was=existing.strength,
@@ -701,7 +716,6 @@ def receipt_record(
                 )
                 existing.strength = strength
                 existing.save(update_fields=["strength"])
-                trail.append()
             return ReceiptOutcome(existing, effect, None, created=False)
         row = Receipt(
             project=project,
@@ -721,7 +735,7 @@ def receipt_record(
         )
         if effect is None:
             row.save()
-            trail.add("receipt", receipt=row.pk, key=receipt.key, orphan=True)
+            trail.add(AuditAction.RECEIPT, receipt=row.pk, key=receipt.key, orphan=True)
             case = _case_open(
                 None,
                 Reason.ORPHAN_RECEIPT,
@@ -733,11 +747,9 @@ def receipt_record(
                 receipt=row,
                 key=receipt.key,
             )
-            trail.append()
             return ReceiptOutcome(row, None, case, created=True)
         settled = _settle(effect, row, trail)
         flagged = _authority_of_evidence(effect, row, trail)
-        trail.append()
         return ReceiptOutcome(row, effect, settled or flagged, created=True)
 
 
@@ -784,7 +796,7 @@ def _settle(effect: Effect, row: Receipt, trail: Trail) -> Case | None:
             was=state.value,
         )
     row.save()
-    trail.add("receipt", effect=effect, receipt=row.pk)
+    trail.add(AuditAction.RECEIPT, effect=effect, receipt=row.pk)
     if state in (S.SUCCEEDED, S.COMPENSATED):
         first = effect.receipts.exclude(pk=row.pk).order_by("received", "id").first()
         return _case_open(
@@ -835,8 +847,7 @@ def _uncertain(effect: Effect, summary: str, trail: Trail, **detail: Any) -> Cas
 
 def failure_record(*, project: Project, actor: str, failure: FailureIn) -> EffectOutcome:
     """A failed attempt: definitive (nothing happened) or uncertain (treated as a timeout)."""
-    trail = Trail(project.pk, actor)
-    with transaction.atomic():
+    with audit.trail(project.pk, actor) as trail:
         effect = _locked(project, failure.key)
         target = S.FAILED if failure.definitive else S.TIMED_OUT
         if effect.state == target:
@@ -853,14 +864,12 @@ def failure_record(*, project: Project, actor: str, failure: FailureIn) -> Effec
                 trail,
                 error=failure.error,
             )
-        trail.append()
     return EffectOutcome(effect, case, changed=True)
 
 
 def timeout_record(*, project: Project, actor: str, timeout: TimeoutIn) -> EffectOutcome:
     """The agent makes its timeout authoritative: the outcome is now uncertain."""
-    trail = Trail(project.pk, actor)
-    with transaction.atomic():
+    with audit.trail(project.pk, actor) as trail:
         effect = _locked(project, timeout.key)
         if effect.state == S.TIMED_OUT:
             return EffectOutcome(effect, _open_case(effect, Reason.UNCERTAIN), changed=False)
@@ -872,7 +881,6 @@ def timeout_record(*, project: Project, actor: str, timeout: TimeoutIn) -> Effec
             cause="timeout",
             note=timeout.reason,
         )
-        trail.append()
     return EffectOutcome(effect, case, changed=True)
 
 
@@ -886,11 +894,11 @@ def deadlines_sweep(*, now: datetime | None = None, limit: int = 1000) -> list[E
     due = list(
         Effect.objects.filter(state=S.PENDING, deadline__lt=now)
         .order_by("deadline")
-        .values_list("pk", flat=True)[:limit]
+        .values_list("pk", "project_id")[:limit]
     )
     moved = []
-    for pk in due:
-        with transaction.atomic():
+    for pk, project_id in due:
+        with audit.trail(project_id, "system:sweep") as trail:
             effect = (
                 Effect.objects.select_for_update(skip_locked=True)
                 .filter(pk=pk, state=S.PENDING, deadline__lt=now)
@@ -898,7 +906,6 @@ def deadlines_sweep(*, now: datetime | None = None, limit: int = 1000) -> list[E
             )
             if effect is None:
                 continue
-            trail = Trail(effect.project_id, "system:sweep")
             _apply(effect, Event.DEADLINE, trail, deadline=_when(effect.deadline))
             _uncertain(
                 effect,
@@ -907,7 +914,6 @@ def deadlines_sweep(*, now: datetime | None = None, limit: int = 1000) -> list[E
                 trail,
                 cause="deadline",
             )
-            trail.append()
             moved.append(effect)
     return moved
 
@@ -948,8 +954,7 @@ def effect_settle(
         raise ValueError(f"{event} does not settle an effect")
     if event in EVIDENCE_STRENGTH and evidence is None:
         raise ValueError(f"{event} needs evidence")
-    trail = Trail(project.pk, actor)
-    with transaction.atomic():
+    with audit.trail(project.pk, actor) as trail:
         effect = Effect.objects.select_for_update().filter(project=project, pk=effect_id).first()
         if effect is None:
             raise UnknownEffect(str(effect_id))
@@ -976,7 +981,6 @@ def effect_settle(
             settled = settled.filter(reason=Reason.UNCERTAIN)
         for case in settled:
             case_close(case, event.value, note, trail)
-        trail.append()
     return EffectOutcome(effect, None, changed=True)
 
 
@@ -992,8 +996,7 @@ def effect_approval_decide(
     Who may decide and how many must agree is the approvals service's business; it
     calls this once the decision is final.
     """
-    trail = Trail(project.pk, actor)
-    with transaction.atomic():
+    with audit.trail(project.pk, actor) as trail:
         effect = Effect.objects.select_for_update().filter(project=project, pk=effect_id).first()
         if effect is None:
             raise UnknownEffect(str(effect_id))
@@ -1001,5 +1004,4 @@ def effect_approval_decide(
         case = _open_case(effect, Reason.APPROVAL_REQUIRED)
         if case is not None:
             case_close(case, "approved" if approve else "denied", note, trail)
-        trail.append()
     return EffectOutcome(effect, case, changed=True)

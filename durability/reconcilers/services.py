@@ -10,15 +10,14 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timedelta
 
-from django.db import transaction
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
+from durability import audit
 from durability.api.schemas import ReceiptIn
-from durability.audit import Trail
 from durability.ledger import machine
 from durability.ledger.machine import Event
-from durability.models import Effect, Probe, ReconcilerConfig, State, Strength
+from durability.models import AuditAction, Effect, Probe, ReconcilerConfig, State, Strength
 from durability.reconcilers.base import Answer, Found, NotFound, Unknown
 
 logger = logging.getLogger(__name__)
@@ -96,7 +95,7 @@ def effect_probe(*, effect_id: int, requested_by: str = SCAN_ACTOR) -> Probe | N
             "observed_at": answer.observed_at.isoformat() if answer.observed_at else None,
             "data": answer.data,
         }
-    with transaction.atomic():
+    with audit.trail(effect.project_id, requested_by) as trail:
         locked = Effect.objects.select_for_update().get(pk=effect.pk)
         if locked.state != State.TIMED_OUT or locked.attempt_count != effect.attempt_count:
             probe.detail += (
@@ -105,16 +104,14 @@ def effect_probe(*, effect_id: int, requested_by: str = SCAN_ACTOR) -> Probe | N
         else:
             _apply(locked, config, answer, probe)
         probe.save()
-        trail = Trail(effect.project_id, requested_by)
         trail.add(
-            "probe",
+            AuditAction.PROBE,
             effect=locked,
             probe=probe.pk,
             kind=config.kind,
             answer=probe.answer,
             settled=probe.settled,
         )
-        trail.append()
     return probe
 
 

@@ -1,0 +1,30 @@
+"""Switching projects, and the project settings page: members, API keys, the policy."""
+
+from __future__ import annotations
+
+from django.urls import path
+
+from durability.accounts import views
+
+urlpatterns = [
+    path("projects/switch/", views.project_switch, name="project-switch"),
+    path("settings/", views.project_settings, name="settings"),
+    path("settings/<int:project_id>/members/", views.member_add, name="settings-member-add"),
+    path(
+        "settings/<int:project_id>/members/<int:membership_id>/role/",
+        views.member_role,
+        name="settings-member-role",
+    ),
+    path(
+        "settings/<int:project_id>/members/<int:membership_id>/remove/",
+        views.member_remove,
+        name="settings-member-remove",
+    ),
+    path("settings/<int:project_id>/keys/", views.apikey_create, name="settings-key-create"),
+    path(
+        "settings/<int:project_id>/keys/<int:key_id>/revoke/",
+        views.apikey_revoke,
+        name="settings-key-revoke",
+    ),
+    path("settings/<int:project_id>/policy/", views.policy, name="settings-policy"),
+]
