@@ -19,7 +19,7 @@ from django.urls import reverse
 from django.utils import timezone
 from pydantic import ValidationError as PydanticValidationError
 
-from durability.reconcilers import Reconciler, UnknownKind, reconciler_for
+from durability.reconcilers.base import Reconciler, UnknownKind, reconciler_for
 
 API_KEY_PREFIX = "tb_"
 # Refresh ApiKey.last_used_at at most this often, so authentication stays one read.

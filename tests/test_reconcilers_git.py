@@ -11,7 +11,7 @@ from datetime import datetime
 import pytest
 
 from durability.models import Case, Effect, ReconcilerConfig
-from durability.reconcilers import reconciler_for
+from durability.reconcilers.base import reconciler_for
 from durability.reconcilers.services import effect_probe
 
 GIT_ENV = {

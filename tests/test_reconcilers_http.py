@@ -12,8 +12,7 @@ from django.utils import timezone
 from durability.api.schemas import ReceiptIn
 from durability.ledger import machine
 from durability.models import Attempt, AuditEntry, Case, Effect, Probe, Receipt, ReconcilerConfig
-from durability.reconcilers import REGISTRY, Found, NotFound, Reconciler, Unknown
-from durability.reconcilers.base import ProbeConfig
+from durability.reconcilers.base import Found, NotFound, ProbeConfig, Reconciler, Unknown
 from durability.reconcilers.services import effect_probe
 from tests.local_http import LocalHttp, Reply
 
@@ -325,8 +324,11 @@ class Scripted(Reconciler[ProbeConfig]):
 
 
 @pytest.fixture
-def scripted(project, monkeypatch):
-    monkeypatch.setitem(REGISTRY, Scripted.kind, Scripted)
+def scripted(project, settings):
+    settings.TALLYBOOK_RECONCILERS = {
+        **settings.TALLYBOOK_RECONCILERS,
+        Scripted.kind: f"{__name__}.Scripted",
+    }
     ReconcilerConfig.objects.create(project=project, target="stripe", kind=Scripted.kind)
     return Scripted
 

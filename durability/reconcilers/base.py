@@ -1,9 +1,9 @@
 """The reconciler plug-in interface: ask an external system whether an effect happened.
 
-A reconciler is a class with a `kind` (its registry name), a pydantic `Config` (what an
-admin stores in `ReconcilerConfig.config`, validated strictly) and a `probe(effect)`
-method answering one of `Found`, `NotFound` or `Unknown`. It only looks: settling the
-effect on its answer is the job of `durability.reconcilers.services`.
+A reconciler is a class with a `kind` (its name in settings.TALLYBOOK_RECONCILERS), a
+pydantic `Config` (what an admin stores in `ReconcilerConfig.config`, validated strictly)
+and a `probe(effect)` method answering one of `Found`, `NotFound` or `Unknown`. It only
+looks: settling the effect on its answer is the job of `durability.reconcilers.services`.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import quote
 
+from django.conf import settings
+from django.utils.module_loading import import_string
 from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
@@ -74,28 +76,28 @@ class Reconciler[C: ProbeConfig](ABC):
         """Look the effect up; never raise for a failure of the external system."""
 
 
-REGISTRY: dict[str, type[Reconciler[Any]]] = {}
-
-
-def register[R: type[Reconciler[Any]]](cls: R) -> R:
-    """Class decorator: make a reconciler available under its `kind`."""
-    if cls.kind in REGISTRY:
-        raise ValueError(f"a reconciler of kind {cls.kind!r} is already registered")
-    REGISTRY[cls.kind] = cls
-    return cls
+def _plugins() -> dict[str, str]:
+    plugins: dict[str, str] = settings.TALLYBOOK_RECONCILERS
+    return plugins
 
 
 class UnknownKind(LookupError):
     def __init__(self, kind: str) -> None:
         self.kind = kind
-        super().__init__(f"no reconciler of kind {kind!r}; known: {', '.join(sorted(REGISTRY))}")
+        known = ", ".join(sorted(_plugins()))
+        super().__init__(f"no reconciler of kind {kind!r}; known: {known}")
 
 
 def reconciler_for(kind: str, config: Mapping[str, Any]) -> Reconciler[Any]:
-    """A ready reconciler; raises UnknownKind or pydantic.ValidationError for a bad config."""
-    cls = REGISTRY.get(kind)
-    if cls is None:
+    """A ready reconciler; raises UnknownKind or pydantic.ValidationError for a bad config.
+
+    The class is found by its dotted path in settings.TALLYBOOK_RECONCILERS and imported
+    on first use, so nothing loads the plug-ins before a probe needs one.
+    """
+    path = _plugins().get(kind)
+    if path is None:
         raise UnknownKind(kind)
+    cls: type[Reconciler[Any]] = import_string(path)
     return cls(cls.Config.model_validate(dict(config)))
 
 

@@ -23,7 +23,6 @@ from durability.reconcilers.base import (
     ProbeConfig,
     Reconciler,
     Unknown,
-    register,
     template_check,
     template_fill,
 )
@@ -100,7 +99,6 @@ def _last_line(text: str) -> str:
     return lines[-1][:300] if lines else "no message"
 
 
-@register
 class GitReconciler(Reconciler[GitConfig]):
     kind = "git"
     Config = GitConfig

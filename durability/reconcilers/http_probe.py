@@ -18,7 +18,6 @@ from durability.reconcilers.base import (
     ProbeConfig,
     Reconciler,
     Unknown,
-    register,
     template_check,
     template_fill,
 )
@@ -123,7 +122,6 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
 _opener = urllib.request.build_opener(_NoRedirects)
 
 
-@register
 class HttpReconciler(Reconciler[HttpConfig]):
     kind = "http"
     Config = HttpConfig
