@@ -60,7 +60,8 @@ def browser() -> Iterator[Any]:
 @pytest.fixture
 def page(browser: Any, live_server: Any) -> Iterator[Any]:
     context = browser.new_context(viewport={"width": 1440, "height": 900}, base_url=live_server.url)
-    context.set_default_timeout(10_000)
+    # How long an action waits for its element or page: a bound, not an expected speed.
+    context.set_default_timeout(30_000)
     page = context.new_page()
     errors: list[str] = []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
@@ -190,7 +191,8 @@ def test_a_case_resolved_elsewhere_leaves_the_queue_without_a_reload(page, desk,
         actor="user:ada",
         note="the customer was told",
     )
-    page.wait_for_selector(f"tr#case-{late.pk}.closed", timeout=12_000)
+    # The queue's pulse asks every 5 s; a minute is the bound, not the expected wait.
+    page.wait_for_selector(f"tr#case-{late.pk}.closed", timeout=60_000)
     assert "acknowledged by user:ada" in page.inner_text(f"tr#case-{late.pk}")
     assert page.evaluate("window.notReloaded") is True
 
