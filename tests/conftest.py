@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -54,6 +55,25 @@ class Api:
 
     def failure(self, key: str = "k1", error: str = "boom", definitive: bool = False) -> Any:
         return self.post("failures", {"key": key, "error": error, "definitive": definitive})
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--screenshots",
+        metavar="DIR",
+        type=Path,
+        help="save the browser tests' screenshots (the README's) in DIR (bin/screenshots: "
+        "docs/screenshots); without it, in each test's temporary folder",
+    )
+
+
+@pytest.fixture
+def screenshots(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    """Where a browser test saves its screenshots: never a tracked file unless asked."""
+    chosen: Path | None = request.config.getoption("screenshots")
+    folder = request.config.invocation_params.dir / chosen if chosen else tmp_path / "screenshots"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 @pytest.fixture(autouse=True)
