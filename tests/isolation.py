@@ -5,8 +5,9 @@ machine (two checkouts, or one checkout twice) and the xdist workers of one run 
   with the pid of the pytest that started the run; pytest-django adds `_gw0`, `_gw1`, ... for
   xdist's workers, and drops each at the end.
 - A Redis database is claimed, never assumed: `SET tallybook:test-redis-db:<n> <owner> NX EX`
-  in database 0, for the URL's own database first (when it names one), then 1 to 15. The claim
-  is renewed before each test, released at the end, and lapses by itself when a run dies.
+  in database 0, for the URL's own database first (when it names one), then 1 to 15. It is
+  emptied when claimed and when released, the claim renewed before each test and released at
+  the end; it lapses by itself when a run dies.
 """
 
 from __future__ import annotations
@@ -57,13 +58,17 @@ class RedisClaim:
             raise RuntimeError(f"Every Redis database 1-15 at {url} is claimed by a test run")
         self.key = key
         self.url = urlunsplit(parts._replace(path=f"/{db}"))
+        self._empty()  # of whatever a run that died left there
+
+    def _empty(self) -> None:
         with redis.Redis.from_url(self.url) as mine:
-            mine.flushdb()  # whatever a run that died left there
+            mine.flushdb()
 
     def renew(self) -> None:
         if not self.claims.eval(_RENEW, 1, self.key, self.owner, CLAIM_TTL_S):
             raise RuntimeError(f"The claim on {self.url} lapsed: another run may be using it")
 
     def release(self) -> None:
+        self._empty()
         self.claims.eval(_RELEASE, 1, self.key, self.owner)
         self.claims.close()
