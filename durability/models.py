@@ -449,12 +449,12 @@ class Case(models.Model):
     def __str__(self) -> str:
         return f"{self.reason} #{self.pk}"
 
+    def get_absolute_url(self) -> str:
+        return reverse("case", args=[self.pk])
+
     @property
     def is_open(self) -> bool:
         return self.closed is None
-
-    def get_absolute_url(self) -> str:
-        return reverse("case", args=[self.pk])
 
     def to_dict(self) -> dict[str, Any]:
         return {

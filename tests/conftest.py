@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.test import Client
 
 from durability.models import ApiKey, Membership, Project, Role
-from tests import ledger
+from tests import isolation, ledger
 
 
 @dataclass
@@ -54,6 +58,58 @@ class Api:
 
     def failure(self, key: str = "k1", error: str = "boom", definitive: bool = False) -> Any:
         return self.post("failures", {"key": key, "error": error, "definitive": definitive})
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--screenshots",
+        metavar="DIR",
+        type=Path,
+        help="save the browser tests' screenshots (the README's) in DIR (bin/screenshots: "
+        "docs/screenshots); without it, in each test's temporary folder",
+    )
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(request: pytest.FixtureRequest) -> None:
+    """This run's own test database (tests/isolation.py), then pytest-django's per-worker
+    suffix."""
+    for database in settings.DATABASES.values():
+        test = database.setdefault("TEST", {})
+        if database["ENGINE"] != "django.db.backends.sqlite3" and not test.get("NAME"):
+            test["NAME"] = isolation.own_test_database(database["NAME"])
+    request.getfixturevalue("django_db_modify_db_settings_parallel_suffix")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _own_redis_database() -> Iterator[isolation.RedisClaim | None]:
+    """This process's own Redis database (tests/isolation.py), for the rest of the session:
+    for its queues, its live server and the processes its tests start."""
+    if not settings.REDIS_URL:
+        yield None
+        return
+    claim = isolation.RedisClaim(settings.REDIS_URL)
+    settings.REDIS_URL = os.environ["REDIS_URL"] = claim.url
+    settings.RQ_QUEUES = {
+        name: {**queue, "URL": claim.url} for name, queue in settings.RQ_QUEUES.items()
+    }
+    yield claim
+    claim.release()
+
+
+@pytest.fixture(autouse=True)
+def _redis_claim_renewed(_own_redis_database: isolation.RedisClaim | None) -> None:
+    if _own_redis_database is not None:
+        _own_redis_database.renew()
+
+
+@pytest.fixture
+def screenshots(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    """Where a browser test saves its screenshots: never a tracked file unless asked."""
+    chosen: Path | None = request.config.getoption("screenshots")
+    folder = request.config.invocation_params.dir / chosen if chosen else tmp_path / "screenshots"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 @pytest.fixture(autouse=True)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections import deque
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -27,7 +26,8 @@ class Reply:
     status: int = 200
     body: Any = None
     headers: dict[str, str] = field(default_factory=dict)
-    delay_s: float = 0.0
+    # Set by the test when the server may answer: until then it holds the request open.
+    hold: threading.Event | None = None
 
 
 class LocalHttp:
@@ -78,8 +78,8 @@ class LocalHttp:
             reply = Reply(404, {"error": "no such thing"})
         else:
             reply = queue.popleft() if len(queue) > 1 else queue[0]
-        if reply.delay_s:
-            time.sleep(reply.delay_s)
+        if reply.hold is not None:
+            reply.hold.wait(timeout=120)
         payload = reply.body if isinstance(reply.body, bytes) else json.dumps(reply.body).encode()
         handler.send_response(reply.status)
         handler.send_header("Content-Type", "application/json")

@@ -54,11 +54,11 @@ def test_an_overdue_case_posts_once_to_the_webhook(api, webhook, settings):
 
 
 def test_each_reason_has_its_own_threshold(api, webhook):
-    uncertain(api)
+    first = uncertain(api)
     api.intent("refund:2")
     api.receipt("refund:2", "re_a")
     api.receipt("refund:2", "re_b")  # a duplicate effect
-    soon = timezone.now() + timedelta(minutes=5)
+    soon = first.opened + timedelta(minutes=10)
     assert [a.case.reason for a in alerts_send(now=soon)] == ["duplicate_effect"]
     assert [a.case.reason for a in alerts_send(now=soon + HOUR)] == ["uncertain"]
 
@@ -66,16 +66,17 @@ def test_each_reason_has_its_own_threshold(api, webhook):
 def test_a_reason_the_settings_do_not_name_alerts_after_an_hour(api, webhook):
     api.intent("refund:1")
     api.intent("refund:1", request={"amount": 2})  # key reuse conflict
-    assert alerts_send(now=timezone.now() + timedelta(minutes=59)) == []
-    assert len(alerts_send(now=timezone.now() + 2 * HOUR)) == 1
+    opened = Case.objects.get(reason="key_reuse_conflict").opened
+    assert alerts_send(now=opened + timedelta(minutes=59)) == []
+    assert len(alerts_send(now=opened + 2 * HOUR)) == 1
 
 
 def test_a_young_or_closed_case_is_not_posted(api, webhook):
     first = uncertain(api, "refund:1")
     closed = uncertain(api, "refund:2")
     api.receipt("refund:2", "re_late")  # closes the uncertain case, opens a late success
-    assert alerts_send(now=timezone.now() + timedelta(minutes=30)) == []
-    sent = alerts_send(now=timezone.now() + 2 * HOUR)
+    assert alerts_send(now=first.opened + timedelta(minutes=30)) == []
+    sent = alerts_send(now=first.opened + 2 * HOUR)
     assert first.pk in [a.case_id for a in sent]
     assert closed.pk not in [a.case_id for a in sent]
     assert [a.case.reason for a in sent] == ["uncertain", "late_success"]

@@ -76,9 +76,10 @@ def test_revoking_twice_keeps_the_first_revocation_time(project):
 
 def test_using_a_key_records_when_it_was_last_used(api):
     assert ApiKey.objects.get().last_used_at is None
+    before = timezone.now()
     api.intent("k1")
     used = ApiKey.objects.get().last_used_at
-    assert used is not None and timezone.now() - used < timedelta(seconds=5)
+    assert used is not None and before <= used <= timezone.now()
 
 
 def test_last_used_is_refreshed_at_most_once_a_minute(api):
@@ -87,9 +88,10 @@ def test_last_used_is_refreshed_at_most_once_a_minute(api):
     api.receipt("k1")
     assert ApiKey.objects.get().last_used_at == first
     ApiKey.objects.update(last_used_at=timezone.now() - timedelta(minutes=2))
+    before = timezone.now()
     api.get("effects", key="k1")
     refreshed = ApiKey.objects.get().last_used_at
-    assert refreshed is not None and timezone.now() - refreshed < timedelta(seconds=5)
+    assert refreshed is not None and before <= refreshed <= timezone.now()
 
 
 def test_a_key_sees_only_its_own_projects_effects(api, other_api):

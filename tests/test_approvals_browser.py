@@ -50,7 +50,7 @@ def test_an_operator_approves_in_the_browser_and_the_waiting_agent_goes_on(
             request={"order": 88},
             authority={"grant": refunds.pk},
             amount={"value": "120.00", "currency": "EUR"},
-            wait_for_approval=60,
+            wait_for_approval=240,
         )
         try:
             with tb.run("refund-bot", version="2.3.0", run_id="ticket-88"), refund as fx:
@@ -64,7 +64,7 @@ def test_an_operator_approves_in_the_browser_and_the_waiting_agent_goes_on(
 
     waiting = threading.Thread(target=agent)
     waiting.start()
-    wait_until(lambda: Approval.objects.filter(effect__key="refund:88").exists())
+    wait_until(lambda: Approval.objects.filter(effect__key="refund:88").exists(), 120)
     assert waiting.is_alive(), outcome
 
     _log_in(page, "/approvals/")
@@ -76,7 +76,7 @@ def test_an_operator_approves_in_the_browser_and_the_waiting_agent_goes_on(
     page.get_by_role("button", name="Sign").click()
     page.wait_for_selector(".approval-approved")
 
-    waiting.join(timeout=30)
+    waiting.join(timeout=120)
     assert not waiting.is_alive()
     assert "error" not in outcome, outcome.get("error")
     assert outcome["decision"] == "proceed"

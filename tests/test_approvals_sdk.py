@@ -52,7 +52,7 @@ def operator_later(project: Project, alice: User) -> Iterator[Any]:
     def start(verdict: SignoffVerdict, reason: str = "checked the order") -> None:
         def run() -> None:
             try:
-                wait_until(lambda: Approval.objects.filter(effect__key="refund:7").exists())
+                wait_until(lambda: Approval.objects.filter(effect__key="refund:7").exists(), 120)
                 _sign(project, alice, verdict, reason)
             finally:
                 connection.close()
@@ -63,13 +63,14 @@ def operator_later(project: Project, alice: User) -> Iterator[Any]:
 
     yield start
     for thread in threads:
-        thread.join()
+        thread.join(timeout=120)
+        assert not thread.is_alive(), "the operator's thread did not finish"
 
 
 def test_the_block_waits_for_the_approval_and_then_runs(tb: Tallybook, refunds, operator_later):
     operator_later(SignoffVerdict.APPROVE)
     ran = False
-    with tb.effect("refund:7", **_options(refunds, wait_for_approval=20)) as fx:
+    with tb.effect("refund:7", **_options(refunds, wait_for_approval=120)) as fx:
         ran = True
         fx.receipt(system="stripe", external_id="re_7")
     assert ran and fx.decision == "proceed" and fx.attempt == 1
@@ -85,7 +86,7 @@ def test_a_denial_while_waiting_raises_effect_denied_with_the_reason(
     tb: Tallybook, refunds, operator_later
 ):
     operator_later(SignoffVerdict.DENY, "customer withdrew the claim")
-    block = tb.effect("refund:7", **_options(refunds, wait_for_approval=20))
+    block = tb.effect("refund:7", **_options(refunds, wait_for_approval=120))
     with pytest.raises(EffectDenied, match="customer withdrew the claim"), block:
         pytest.fail("a denied effect ran")
 
@@ -101,7 +102,7 @@ def test_without_waiting_it_raises_effect_in_doubt_naming_the_approval_and_wait_
     assert f"/approvals/{approval.pk}/" in str(report)
 
     _sign(project, alice, SignoffVerdict.APPROVE, "fine")
-    assert tb.wait_for("refund:7", timeout=5).decision == "proceed"
+    assert tb.wait_for("refund:7", timeout=60).decision == "proceed"
     with tb.effect("refund:7", **_options(refunds)) as fx:
         fx.receipt(system="stripe", external_id="re_7")
     assert Effect.objects.get().state == State.SUCCEEDED
@@ -126,7 +127,7 @@ def test_the_async_block_waits_for_the_approval_too(atb: AsyncTallybook, refunds
     operator_later(SignoffVerdict.APPROVE)
 
     async def agent() -> str:
-        async with atb.effect("refund:7", **_options(refunds, wait_for_approval=20)) as fx:
+        async with atb.effect("refund:7", **_options(refunds, wait_for_approval=120)) as fx:
             await fx.receipt(system="stripe", external_id="re_7")
         return str(fx.decision)
 

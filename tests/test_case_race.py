@@ -27,7 +27,7 @@ def _at_once(calls: list[Callable[[], Any]]) -> list[Any]:
 
     def run(i: int, call: Callable[[], Any]) -> None:
         try:
-            barrier.wait()
+            barrier.wait(timeout=60)
             results[i] = call()
         except Exception as exc:  # the loser's exception is the result under test
             results[i] = exc
@@ -38,7 +38,8 @@ def _at_once(calls: list[Callable[[], Any]]) -> list[Any]:
     for t in threads:
         t.start()
     for t in threads:
-        t.join(30)
+        t.join(timeout=120)
+        assert not t.is_alive(), "a call did not return"
     return results
 
 

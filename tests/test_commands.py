@@ -39,8 +39,9 @@ def test_createapikey_for_an_existing_project_adds_a_key_and_keeps_the_project(d
     assert ApiKey.authenticate(first) is not None
 
 
-def test_demo_seeds_every_state_reachable_today_and_its_login_and_key_work(db, client):
-    printed = "\n".join(run("demo"))
+def test_demo_seeds_every_state_reachable_today_and_its_login_and_key_work(db, client, tmp_path):
+    # Its files in the test's folder, not the checkout's .demo/ that a running bin/demo uses.
+    printed = "\n".join(run("demo", "--dir", str(tmp_path)))
     project = Project.objects.get(name="demo")
     states = set(project.effects.values_list("state", flat=True))
     assert states >= set(State) - UNREACHABLE_YET

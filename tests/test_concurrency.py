@@ -41,6 +41,7 @@ def in_threads(n: int, work: Callable[[int], Any]) -> list[Any]:
         thread.start()
     for thread in threads:
         thread.join(timeout=120)
+        assert not thread.is_alive(), "a writer did not return"
     assert not errors, errors
     return results
 

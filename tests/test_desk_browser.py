@@ -1,8 +1,8 @@
 """The desk in a real browser: Playwright drives Debian's Chromium against a live server.
 
 An operator logs in, filters the queue, opens a case and resolves it with the keyboard;
-a case resolved elsewhere leaves the queue without a reload. The screenshots saved here
-are the README's.
+a case resolved elsewhere leaves the queue without a reload. The screenshots taken here
+are the README's when `bin/screenshots` runs them.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from tests import ledger
 from tests.desk import late_success_case, uncertain_case
 
 CHROMIUM = Path("/usr/bin/chromium")
-SCREENSHOTS = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
 
 pytestmark = [
     pytest.mark.browser,
@@ -60,7 +59,8 @@ def browser() -> Iterator[Any]:
 @pytest.fixture
 def page(browser: Any, live_server: Any) -> Iterator[Any]:
     context = browser.new_context(viewport={"width": 1440, "height": 900}, base_url=live_server.url)
-    context.set_default_timeout(10_000)
+    # How long an action waits for its element or page: a bound, not an expected speed.
+    context.set_default_timeout(30_000)
     page = context.new_page()
     errors: list[str] = []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
@@ -121,11 +121,12 @@ def _rows(page: Any) -> list[str]:
     return [el.get_attribute("id") for el in page.query_selector_all("tr.case-row")]
 
 
-def test_an_operator_filters_the_queue_and_resolves_a_case_with_the_keyboard(page, desk):
+def test_an_operator_filters_the_queue_and_resolves_a_case_with_the_keyboard(
+    page, desk, screenshots
+):
     _log_in(page)
     assert len(_rows(page)) == 7
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SCREENSHOTS / "queue.png"))
+    page.screenshot(path=str(screenshots / "queue.png"))
 
     page.fill(".queue-filter input[name=workflow]", "refund-bot")
     page.click(".queue-filter button[type=submit]")
@@ -142,7 +143,7 @@ def test_an_operator_filters_the_queue_and_resolves_a_case_with_the_keyboard(pag
     assert page.get_attribute("tr.case-row.current", "id") == f"case-{second.pk}"
     page.keyboard.press("o")
     page.wait_for_url(re.compile(rf"/cases/{second.pk}/$"))
-    page.screenshot(path=str(SCREENSHOTS / "case.png"), full_page=True)
+    page.screenshot(path=str(screenshots / "case.png"), full_page=True)
 
     # n picks "it did not happen" and puts the cursor in the reason; Enter resolves.
     page.keyboard.press("n")
@@ -190,7 +191,8 @@ def test_a_case_resolved_elsewhere_leaves_the_queue_without_a_reload(page, desk,
         actor="user:ada",
         note="the customer was told",
     )
-    page.wait_for_selector(f"tr#case-{late.pk}.closed", timeout=12_000)
+    # The queue's pulse asks every 5 s; a minute is the bound, not the expected wait.
+    page.wait_for_selector(f"tr#case-{late.pk}.closed", timeout=60_000)
     assert "acknowledged by user:ada" in page.inner_text(f"tr#case-{late.pk}")
     assert page.evaluate("window.notReloaded") is True
 

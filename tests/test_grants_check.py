@@ -179,7 +179,7 @@ def test_concurrent_intents_under_a_count_limit_never_exceed_it(project):
 
     def ask(n: int) -> None:
         try:
-            barrier.wait()
+            barrier.wait(timeout=60)
             decisions.append(ledger.intent(project, f"k{n}", **under(g)).decision)
         finally:
             connection.close()
@@ -188,6 +188,7 @@ def test_concurrent_intents_under_a_count_limit_never_exceed_it(project):
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        t.join(timeout=120)
+        assert not t.is_alive(), "an intent did not return"
     assert sorted(decisions) == ["denied"] * 7 + ["proceed"] * 3
     assert Effect.objects.filter(state=State.PENDING).count() == 3

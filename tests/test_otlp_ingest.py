@@ -353,17 +353,18 @@ def test_it_answers_503_with_retry_after_when_the_database_cannot_keep_up(api, m
         with transaction.atomic():
             list(Run.objects.select_for_update())
             locked.set()
-            release.wait(10)
+            release.wait(timeout=120)  # set as soon as the request has its answer
         connection.close()
 
     holder = threading.Thread(target=hold_the_run)
     holder.start()
-    locked.wait(10)
+    assert locked.wait(timeout=60)
     try:
         r = post_traces(api.client, api.key, request(span("1111111111111111")), as_json=True)
     finally:
         release.set()
-        holder.join()
+        holder.join(timeout=60)
+    assert not holder.is_alive()
     assert r.status_code == 503
     assert r["Retry-After"] == "5"
     assert r.json()["code"] == 14  # UNAVAILABLE

@@ -87,7 +87,7 @@ def test_a_sweep_skips_an_effect_a_writer_holds_and_the_next_one_moves_it():
             with transaction.atomic():
                 Effect.objects.select_for_update().get(pk=effect.pk)
                 locked.set()
-                release.wait(timeout=30)
+                release.wait(timeout=120)  # set as soon as the sweep has run
         finally:
             connections.close_all()
 
@@ -99,4 +99,5 @@ def test_a_sweep_skips_an_effect_a_writer_holds_and_the_next_one_moves_it():
     finally:
         release.set()
         thread.join(timeout=30)
+    assert not thread.is_alive()
     assert [e.pk for e in machine.deadlines_sweep()] == [effect.pk]

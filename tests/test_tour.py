@@ -1,7 +1,7 @@
 """The README's three-minute tour, in Debian's Chromium against a live server with the demo
 seeded; and every page reachable from it loads nothing from elsewhere and logs no error.
 
-The tour's screenshot of the overview is the README's.
+The tour's screenshot of the overview is the README's when `bin/screenshots` runs it.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from tests import test_desk_browser as desk_browser
 
 # The desk's browser and page fixtures: Debian's Chromium, a page that fails on console errors.
 browser, page = desk_browser.browser, desk_browser.page
-CHROMIUM, SCREENSHOTS = desk_browser.CHROMIUM, desk_browser.SCREENSHOTS
+CHROMIUM = desk_browser.CHROMIUM
 
 pytestmark = [
     pytest.mark.browser,
@@ -87,13 +87,12 @@ def _log_in(page: Any, password: str) -> None:
     page.wait_for_url(re.compile(r"/$"))
 
 
-def test_the_readme_tour(page, demo):
+def test_the_readme_tour(page, demo, screenshots):
     # 1. Log in: the overview.
     _log_in(page, demo)
     assert page.inner_text("h1").startswith("Overview")
     assert page.is_visible("svg.chart")
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SCREENSHOTS / "overview.png"), full_page=True)
+    page.screenshot(path=str(screenshots / "overview.png"), full_page=True)
 
     # 2. The uncertain cases, from their number on the overview, in the queue.
     page.click("table.matrix tbody tr:has(td:text-is('uncertain')) td:last-child a")

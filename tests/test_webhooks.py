@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from durability.api.webhooks import signature_of
+from durability.api.webhooks import Rejected, signature_of, verify
 from durability.authority.webhook_sources import webhook_source_create
 from durability.models import (
     Case,
@@ -77,6 +77,15 @@ def _refund(key: str = "refund:1", charge: str = "re_1", cents: int = 1250) -> d
     }
 
 
+def _signed(body: bytes, stamp: str, secret: str, delivery: str = "d-1") -> dict[str, str]:
+    """A generic source's headers for a body signed at `stamp` (Unix seconds)."""
+    return {
+        "X-Tallybook-Signature": signature_of(secret, body, stamp),
+        "X-Tallybook-Timestamp": stamp,
+        "X-Tallybook-Delivery": delivery,
+    }
+
+
 def _post(
     client: Client,
     source: WebhookSource,
@@ -92,11 +101,7 @@ def _post(
         f"/hooks/{source.name}/",
         data=body,
         content_type="application/json",
-        headers={
-            "X-Tallybook-Signature": signature_of(secret or source.secret, body, stamp),
-            "X-Tallybook-Timestamp": stamp,
-            "X-Tallybook-Delivery": delivery,
-        },
+        headers=_signed(body, stamp, secret or source.secret, delivery),
     )
 
 
@@ -176,8 +181,10 @@ def test_a_provider_confirming_an_agents_receipt_makes_that_evidence_stronger(
     ("tamper", "message"),
     [
         ({"secret": "not-the-secret"}, "Bad signature"),
-        ({"skew": -301}, "replay window"),
-        ({"skew": 301}, "replay window"),
+        # An hour out: the server's clock cannot move it into the 300 s window before the
+        # test's timeout. The window's edges are tested against a fixed clock below.
+        ({"skew": -3600}, "replay window"),
+        ({"skew": 3600}, "replay window"),
     ],
     ids=["bad-signature", "stale", "from-the-future"],
 )
@@ -190,6 +197,26 @@ def test_an_unverified_delivery_is_a_401_and_changes_nothing(
     assert response.status_code == 401
     assert message in response.json()["error"]
     assert ledger.row_counts() == before
+
+
+# Late in its second: the window counts whole seconds, as the signed timestamp does.
+NOW = 1_760_000_000.9
+
+
+@pytest.mark.parametrize("skew", [-300, 300], ids=["oldest", "newest"])
+def test_a_delivery_signed_up_to_the_tolerance_away_is_inside_the_replay_window(stripe, skew):
+    body = json.dumps(_refund()).encode()
+    headers = _signed(body, str(int(NOW) + skew), stripe.secret)
+    assert verify(stripe, headers, body, NOW) == "d-1"
+
+
+@pytest.mark.parametrize("skew", [-301, 301], ids=["stale", "from-the-future"])
+def test_a_delivery_signed_a_second_beyond_the_tolerance_is_a_401(stripe, skew):
+    body = json.dumps(_refund()).encode()
+    headers = _signed(body, str(int(NOW) + skew), stripe.secret)
+    with pytest.raises(Rejected, match="replay window") as rejected:
+        verify(stripe, headers, body, NOW)
+    assert rejected.value.status == 401
 
 
 def test_a_delivery_without_a_timestamp_or_signature_is_a_401(client, stripe):

@@ -69,7 +69,8 @@ def verify(source: WebhookSource, headers: Mapping[str, str], body: bytes, now: 
         given.encode(), signature_of(source.secret, body, timestamp).encode()
     ):
         raise Rejected(401, "Bad signature")
-    if timestamp is not None and abs(now - int(timestamp)) > source.tolerance_s:
+    # The header is whole seconds: so is the comparison, the window the same on both sides.
+    if timestamp is not None and abs(int(now) - int(timestamp)) > source.tolerance_s:
         raise Rejected(401, f"Timestamp outside the {source.tolerance_s} s replay window")
     header = DELIVERY[WebhookKind(source.kind)]
     delivery = headers.get(header, "")

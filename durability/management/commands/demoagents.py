@@ -13,7 +13,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -74,6 +74,8 @@ class Clock:
 
 class Command(BaseCommand):
     help = "Run the demo's fake provider and simulated agents against a running Tallybook."
+    # call_command(..., until=predicate) also stops once the predicate holds (the tests).
+    stealth_options = ("until",)
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--project", default="demo")
@@ -115,7 +117,16 @@ class Command(BaseCommand):
             f"fake provider on {provider.url}."
         )
         with _stop_on_signals() as stop:
-            self._run(agents, provider, url, api_key, stop, options["seconds"], options["pace"])
+            self._run(
+                agents,
+                provider,
+                url,
+                api_key,
+                stop,
+                options["seconds"],
+                options["pace"],
+                options.get("until"),
+            )
 
     def _run(
         self,
@@ -126,6 +137,7 @@ class Command(BaseCommand):
         stop: StopRequest,
         seconds: float,
         pace: float,
+        until: Callable[[], bool] | None = None,
     ) -> None:
         clock = None if settings.REDIS_URL else Clock(pace)
         started = time.monotonic()
@@ -133,7 +145,7 @@ class Command(BaseCommand):
         try:
             while not stop.requested:
                 now = time.monotonic()
-                if seconds and now - started >= seconds:
+                if (seconds and now - started >= seconds) or (until is not None and until()):
                     break
                 for agent in agents:
                     self._supervise(agent, now)
