@@ -10,7 +10,7 @@ from django.core.exceptions import ValidationError
 from django.utils import timezone
 
 from durability.api.schemas import ReceiptIn
-from durability.ledger import machine
+from durability.ledger import evidence
 from durability.models import Attempt, AuditEntry, Case, Effect, Probe, Receipt, ReconcilerConfig
 from durability.reconcilers import REGISTRY, Found, NotFound, Reconciler, Unknown
 from durability.reconcilers.base import ProbeConfig
@@ -346,7 +346,7 @@ def test_an_answer_that_comes_after_the_effect_was_settled_changes_nothing(
     effect = timed_out(api)
 
     def receipt_arrives(effect):
-        machine.receipt_record(
+        evidence.receipt_record(
             project=project,
             actor="agent",
             receipt=ReceiptIn(key=effect.key, system="stripe", external_id="re_agent"),

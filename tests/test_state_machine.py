@@ -11,8 +11,10 @@ import pytest
 from django.db import transaction
 
 from durability.audit import Trail
-from durability.ledger import machine
+from durability.ledger import evidence, machine
+from durability.ledger.decisions import decide
 from durability.ledger.machine import TRANSITIONS, Event, IllegalTransition
+from durability.ledger.settling import EVIDENCE_STRENGTH, SETTLING_EVENTS
 from durability.models import AuditEntry, Case, Effect, Project, State
 from tests.ledger import (
     UNREACHABLE_YET,
@@ -81,7 +83,7 @@ def _reported_timeout(project):
 @drives((S.PENDING, E.DEADLINE))
 def _deadline_passed(project):
     effect_in(project, S.PENDING, timeout_s=30)
-    machine.deadlines_sweep(now=later(31))
+    evidence.deadlines_sweep(now=later(31))
 
 
 @drives((S.PENDING, E.INTERRUPTION))
@@ -137,14 +139,14 @@ def _verdict(state: State, event: Event) -> Callable[[Project], None]:
 
     def fire(project):
         effect_in(project, state)
-        evidence = "re_verdict" if event in machine.EVIDENCE_STRENGTH else ""
-        settle(project, "k1", event, evidence=evidence)
+        proof = "re_verdict" if event in EVIDENCE_STRENGTH else ""
+        settle(project, "k1", event, evidence=proof)
 
     return fire
 
 
 for _row in TRANSITIONS:
-    if _row[1] in machine.SETTLING_EVENTS and _row[0] is not None:
+    if _row[1] in SETTLING_EVENTS and _row[0] is not None:
         drives(_row)(_verdict(_row[0], _row[1]))
 
 
@@ -212,7 +214,7 @@ def test_the_machine_refuses_every_pair_outside_the_table_and_changes_nothing(pr
     counts, audit = row_counts(), AuditEntry.objects.count()
     trail = Trail(project.pk, "test")
     with pytest.raises(IllegalTransition), transaction.atomic():
-        machine._apply(effect, event, trail)
+        machine.apply(effect, event, trail)
     assert trail.entries == []
     assert row_counts() == counts and AuditEntry.objects.count() == audit
     if state is None:
@@ -269,7 +271,7 @@ def test_repeating_a_report_is_a_no_op(api, project, report):
 
 REFUSED_VERDICTS = [
     (event, state)
-    for event in sorted(machine.SETTLING_EVENTS)
+    for event in sorted(SETTLING_EVENTS)
     for state in State
     if (state, event) not in TRANSITIONS
 ]
@@ -280,14 +282,14 @@ def test_an_operator_verdict_the_state_does_not_allow_is_refused(project, event,
     effect = effect_in(project, state)
     counts = row_counts()
     with pytest.raises(IllegalTransition):
-        settle(project, "k1", event, evidence="re_x" if event in machine.EVIDENCE_STRENGTH else "")
+        settle(project, "k1", event, evidence="re_x" if event in EVIDENCE_STRENGTH else "")
     assert Effect.objects.get(pk=effect.pk).state == state
     assert row_counts() == counts
 
 
 def test_a_verdict_that_needs_evidence_is_refused_without_it(project):
     effect_in(project, S.TIMED_OUT)
-    for event in machine.EVIDENCE_STRENGTH:
+    for event in EVIDENCE_STRENGTH:
         with pytest.raises(ValueError, match="needs evidence"):
             settle(project, "k1", event)
 
@@ -329,7 +331,7 @@ def test_the_decision_for_each_state(api, project, state, replay, decision):
     if state in UNREACHABLE_YET:
         Effect.objects.filter(pk=effect.pk).update(replay=replay)
         effect.refresh_from_db()
-    outcome = machine.decide(effect)
+    outcome = decide(effect)
     assert outcome.decision == decision
     assert outcome.reason.endswith(".")
     if decision == "completed":
