@@ -81,17 +81,32 @@ def settle(project: Project, key: str, event: Event, *, evidence: str = "") -> E
     )
 
 
-# Grants and approvals come with a later issue; until then no service puts an effect
-# into these states, so the specifications create such rows directly.
-UNREACHABLE_YET = frozenset({State.AWAITING_APPROVAL, State.DENIED})
+def needs_approval(project: Project) -> Grant:
+    """A grant under which every effect waits for one person's approval."""
+    return Grant.objects.get_or_create(
+        project=project,
+        name="test: needs approval",
+        granted_by="test",
+        defaults={"kinds": ["*"], "targets": ["*"], "requires_approval": True},
+    )[0]
+
+
+def refusing(project: Project) -> Grant:
+    """A grant that covers no kind of effect: the grant check refuses every intent under it."""
+    return Grant.objects.get_or_create(
+        project=project,
+        name="test: nothing",
+        granted_by="test",
+        defaults={"kinds": [], "targets": ["*"]},
+    )[0]
 
 
 def effect_in(project: Project, state: State, key: str = "k1", **fields: Any) -> Effect:
     """An effect brought into `state` through the services, the way an agent and operator would."""
-    if state in UNREACHABLE_YET:
-        return Effect.objects.create(
-            project=project, key=key, kind="payment", target="stripe", fingerprint="f", state=state
-        )
+    if state == State.AWAITING_APPROVAL:
+        fields.setdefault("authority", {"grant": needs_approval(project).pk})
+    elif state == State.DENIED:
+        fields.setdefault("authority", {"grant": refusing(project).pk})
     intent(project, key, **fields)
     if state == State.SUCCEEDED:
         receipt(project, key)
