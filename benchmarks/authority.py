@@ -114,7 +114,7 @@ def main() -> None:
 
     from durability.api.schemas import IntentIn
     from durability.authority import grants
-    from durability.ledger import machine
+    from durability.ledger import intents
     from durability.models import Membership, Project, Role
 
     call_command("migrate", verbosity=0)
@@ -155,7 +155,7 @@ def main() -> None:
 
         def intent(i: int, prefix: str = f"a{n}", fields: dict[str, Any] = fields) -> None:
             body = {"key": f"{prefix}:{i}", "kind": "payment", "target": "stripe", **fields}
-            machine.intent_record(project=project, actor="bench", intent=IntentIn(**body))
+            intents.intent_record(project=project, actor="bench", intent=IntentIn(**body))
 
         _line(label, _times(intent, args.intents))
 

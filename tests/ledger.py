@@ -10,7 +10,10 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from durability.api.schemas import FailureIn, IntentIn, ReceiptIn, TimeoutIn
-from durability.ledger import machine
+from durability.ledger import evidence, intents, settling
+from durability.ledger.decisions import Outcome
+from durability.ledger.evidence import EffectOutcome, ReceiptOutcome
+from durability.ledger.machine import Event
 from durability.models import AuditEntry, Case, Effect, Grant, Project, Reason, State
 
 ACTOR = "test:agent"
@@ -36,43 +39,39 @@ def cases() -> QuerySet[Case]:
     return Case.objects.exclude(reason=Reason.UNAUTHORIZED_EFFECT)
 
 
-def intent(project: Project, key: str = "k1", **fields: Any) -> machine.Outcome:
+def intent(project: Project, key: str = "k1", **fields: Any) -> Outcome:
     body: dict[str, Any] = {"key": key, "kind": "payment", "target": "stripe"}
     body.setdefault("request", {"amount": 1})
     body.update(fields)
     body.setdefault("authority", {"grant": everything(project).pk})
-    return machine.intent_record(project=project, actor=ACTOR, intent=IntentIn(**body))
+    return intents.intent_record(project=project, actor=ACTOR, intent=IntentIn(**body))
 
 
-def receipt(
-    project: Project, key: str = "k1", external_id: str = "ext-1"
-) -> machine.ReceiptOutcome:
-    return machine.receipt_record(
+def receipt(project: Project, key: str = "k1", external_id: str = "ext-1") -> ReceiptOutcome:
+    return evidence.receipt_record(
         project=project,
         actor=ACTOR,
         receipt=ReceiptIn(key=key, system="stripe", external_id=external_id),
     )
 
 
-def failure(project: Project, key: str = "k1", *, definitive: bool) -> machine.EffectOutcome:
-    return machine.failure_record(
+def failure(project: Project, key: str = "k1", *, definitive: bool) -> EffectOutcome:
+    return evidence.failure_record(
         project=project,
         actor=ACTOR,
         failure=FailureIn(key=key, error="HTTP 502", definitive=definitive),
     )
 
 
-def timeout(project: Project, key: str = "k1") -> machine.EffectOutcome:
-    return machine.timeout_record(
+def timeout(project: Project, key: str = "k1") -> EffectOutcome:
+    return evidence.timeout_record(
         project=project, actor=ACTOR, timeout=TimeoutIn(key=key, reason="no answer in 30s")
     )
 
 
-def settle(
-    project: Project, key: str, event: machine.Event, *, evidence: str = ""
-) -> machine.EffectOutcome:
+def settle(project: Project, key: str, event: Event, *, evidence: str = "") -> EffectOutcome:
     effect = Effect.objects.get(project=project, key=key)
-    return machine.effect_settle(
+    return settling.effect_settle(
         project=project,
         effect_id=effect.pk,
         actor=OPERATOR,
@@ -82,17 +81,32 @@ def settle(
     )
 
 
-# Grants and approvals come with a later issue; until then no service puts an effect
-# into these states, so the specifications create such rows directly.
-UNREACHABLE_YET = frozenset({State.AWAITING_APPROVAL, State.DENIED})
+def needs_approval(project: Project) -> Grant:
+    """A grant under which every effect waits for one person's approval."""
+    return Grant.objects.get_or_create(
+        project=project,
+        name="test: needs approval",
+        granted_by="test",
+        defaults={"kinds": ["*"], "targets": ["*"], "requires_approval": True},
+    )[0]
+
+
+def refusing(project: Project) -> Grant:
+    """A grant that covers no kind of effect: the grant check refuses every intent under it."""
+    return Grant.objects.get_or_create(
+        project=project,
+        name="test: nothing",
+        granted_by="test",
+        defaults={"kinds": [], "targets": ["*"]},
+    )[0]
 
 
 def effect_in(project: Project, state: State, key: str = "k1", **fields: Any) -> Effect:
     """An effect brought into `state` through the services, the way an agent and operator would."""
-    if state in UNREACHABLE_YET:
-        return Effect.objects.create(
-            project=project, key=key, kind="payment", target="stripe", fingerprint="f", state=state
-        )
+    if state == State.AWAITING_APPROVAL:
+        fields.setdefault("authority", {"grant": needs_approval(project).pk})
+    elif state == State.DENIED:
+        fields.setdefault("authority", {"grant": refusing(project).pk})
     intent(project, key, **fields)
     if state == State.SUCCEEDED:
         receipt(project, key)
@@ -101,12 +115,12 @@ def effect_in(project: Project, state: State, key: str = "k1", **fields: Any) ->
     elif state in (State.TIMED_OUT, State.NOT_HAPPENED, State.ABANDONED):
         timeout(project, key)
         if state == State.NOT_HAPPENED:
-            settle(project, key, machine.Event.ATTEST_NOT_HAPPENED)
+            settle(project, key, Event.ATTEST_NOT_HAPPENED)
         elif state == State.ABANDONED:
-            settle(project, key, machine.Event.ABANDON)
+            settle(project, key, Event.ABANDON)
     elif state == State.COMPENSATED:
         receipt(project, key)
-        settle(project, key, machine.Event.COMPENSATE)
+        settle(project, key, Event.COMPENSATE)
     effect = Effect.objects.get(project=project, key=key)
     assert effect.state == state
     return effect

@@ -6,7 +6,7 @@ import pytest
 from django.db import DatabaseError, connection, transaction
 
 from durability.audit import entry_hash, first_broken_entry
-from durability.ledger import machine
+from durability.ledger.machine import Event
 from durability.models import AuditAction, AuditEntry, Effect, Project, State
 from tests.ledger import audit_of, effect_in, intent, receipt, timeout
 
@@ -184,4 +184,4 @@ def test_verifying_one_project_ignores_another_projects_chain(project):
 
 
 def test_every_state_machine_event_is_an_audit_action():
-    assert {event.value for event in machine.Event} <= set(AuditAction.values)
+    assert {event.value for event in Event} <= set(AuditAction.values)

@@ -15,7 +15,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from durability.api.schemas import AmountIn, ReceiptIn
-from durability.ledger import machine
+from durability.ledger import evidence
 from durability.models import Effect, Project, Receipt, Strength
 from tests import ledger
 from tests.authority import grant, under
@@ -25,7 +25,7 @@ PAGE = "/authority/audit/"
 
 
 def _provider(project: Project, key: str, external_id: str, amount: str | None = None) -> None:
-    machine.receipt_record(
+    evidence.receipt_record(
         project=project,
         actor="webhook:test",
         receipt=ReceiptIn(

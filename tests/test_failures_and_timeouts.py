@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from durability.ledger import machine
+from durability.ledger import evidence
 from durability.models import AuditEntry, Case, Effect, State
 from tests.ledger import effect_in, later, row_counts
 
@@ -109,7 +109,7 @@ def test_an_intent_with_a_timeout_gets_a_deadline_on_the_effect_and_the_attempt(
 def test_an_effect_without_a_timeout_has_no_deadline_and_is_never_swept(api):
     api.intent("k1")
     assert Effect.objects.get().deadline is None
-    assert machine.deadlines_sweep(now=later(10 * 365 * 24 * 3600)) == []
+    assert evidence.deadlines_sweep(now=later(10 * 365 * 24 * 3600)) == []
     assert Effect.objects.get().state == "pending"
 
 
@@ -117,7 +117,7 @@ def test_the_sweep_times_out_only_pending_effects_past_their_deadline(project):
     effect_in(project, State.PENDING, key="due", timeout_s=30)
     effect_in(project, State.PENDING, key="not-yet", timeout_s=300)
     effect_in(project, State.SUCCEEDED, key="done", timeout_s=30)
-    moved = machine.deadlines_sweep(now=later(60))
+    moved = evidence.deadlines_sweep(now=later(60))
     assert [e.key for e in moved] == ["due"]
     states = dict(Effect.objects.values_list("key", "state"))
     assert states == {"due": "timed_out", "not-yet": "pending", "done": "succeeded"}

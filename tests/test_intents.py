@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from durability.ledger.machine import fingerprint_of
+from durability.ledger.intents import fingerprint_of
 from durability.models import Attempt, Case, Effect
 
 

@@ -11,7 +11,7 @@ from django.core.exceptions import ValidationError
 from django.utils import timezone
 
 from durability.api.schemas import ReceiptIn
-from durability.ledger import machine
+from durability.ledger import evidence
 from durability.models import Attempt, AuditEntry, Case, Effect, Probe, Receipt, ReconcilerConfig
 from durability.reconcilers.base import Found, NotFound, ProbeConfig, Reconciler, Unknown
 from durability.reconcilers.services import effect_probe
@@ -353,7 +353,7 @@ def test_an_answer_that_comes_after_the_effect_was_settled_changes_nothing(
     effect = timed_out(api)
 
     def receipt_arrives(effect):
-        machine.receipt_record(
+        evidence.receipt_record(
             project=project,
             actor="agent",
             receipt=ReceiptIn(key=effect.key, system="stripe", external_id="re_agent"),

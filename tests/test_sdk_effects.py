@@ -10,7 +10,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from durability.ledger import machine
+from durability.ledger import evidence, settling
+from durability.ledger.machine import Event
 from durability.models import Attempt, Case, Effect, Receipt
 from durability.sdk import (
     EffectConflict,
@@ -44,7 +45,7 @@ def refund(tb, order="42", amount=1250, **options):
 def settle(effect_key, event):
     """What an operator does on the effect's page."""
     effect = Effect.objects.get(key=effect_key)
-    machine.effect_settle(
+    settling.effect_settle(
         project=effect.project,
         effect_id=effect.pk,
         actor="user:alice",
@@ -162,7 +163,7 @@ def test_the_same_key_for_another_request_raises_effect_conflict(tb):
 def test_an_effect_an_operator_abandoned_raises_effect_denied(tb):
     with pytest.raises(TimeoutError), refund(tb):
         raise TimeoutError
-    settle("refund:42", machine.Event.ABANDON)
+    settle("refund:42", Event.ABANDON)
 
     with pytest.raises(EffectDenied, match="abandoned"), refund(tb):
         pytest.fail("an abandoned effect ran")
@@ -209,7 +210,7 @@ def test_the_same_run_in_another_worker_finds_the_attempt_interrupted(worker):
 def test_a_timeout_then_a_late_receipt_is_a_late_success(tb):
     with refund(tb, timeout_s=1) as fx:
         time.sleep(1.1)
-        assert [e.key for e in machine.deadlines_sweep()] == ["refund:42"]
+        assert [e.key for e in evidence.deadlines_sweep()] == ["refund:42"]
         receipt = fx.receipt(system="fakepay", external_id="re_1")
 
     assert receipt.late
@@ -222,7 +223,7 @@ def test_a_timeout_then_a_late_receipt_is_a_late_success(tb):
 def test_wait_for_returns_once_an_operator_settles_the_case(tb):
     with pytest.raises(TimeoutError), refund(tb):
         raise TimeoutError
-    operator = threading.Timer(0.5, settle, ("refund:42", machine.Event.ATTEST_NOT_HAPPENED))
+    operator = threading.Timer(0.5, settle, ("refund:42", Event.ATTEST_NOT_HAPPENED))
     operator.start()
 
     status = tb.wait_for("refund:42", timeout=10, poll=0.1)

@@ -13,8 +13,8 @@ from django.db import connections, transaction
 from django.utils import timezone
 from rq import SimpleWorker
 
+from durability.ledger import evidence
 from durability.ledger import jobs as ledger_jobs
-from durability.ledger import machine
 from durability.models import Case, Effect, Project, State
 from tests.ledger import effect_in, row_counts
 
@@ -95,9 +95,9 @@ def test_a_sweep_skips_an_effect_a_writer_holds_and_the_next_one_moves_it():
     thread.start()
     try:
         assert locked.wait(timeout=30)
-        assert machine.deadlines_sweep() == []
+        assert evidence.deadlines_sweep() == []
     finally:
         release.set()
         thread.join(timeout=30)
     assert not thread.is_alive()
-    assert [e.pk for e in machine.deadlines_sweep()] == [effect.pk]
+    assert [e.pk for e in evidence.deadlines_sweep()] == [effect.pk]

@@ -13,7 +13,8 @@ from durability.api import signals
 from durability.api.decorators import ApiRequest, authorize, error, parse
 from durability.api.schemas import FailureIn, IntentIn, ReceiptIn, TimeoutIn
 from durability.authority.grants import GrantQuery
-from durability.ledger import machine
+from durability.ledger import decisions, evidence, machine
+from durability.ledger.intents import intent_record
 from durability.models import Case, Decision, Effect, Grant, Receipt
 
 STATUS_OF_DECISION = {Decision.CONFLICT: 409}
@@ -33,7 +34,7 @@ def intents(request: ApiRequest) -> JsonResponse:
     intent = parse(request, IntentIn)
     if isinstance(intent, JsonResponse):
         return intent
-    outcome = machine.intent_record(project=request.project, actor=request.actor, intent=intent)
+    outcome = intent_record(project=request.project, actor=request.actor, intent=intent)
     status = STATUS_OF_DECISION.get(outcome.decision, 201 if outcome.created else 200)
     return JsonResponse(
         {
@@ -53,7 +54,7 @@ def receipts(request: ApiRequest) -> JsonResponse:
     receipt = parse(request, ReceiptIn)
     if isinstance(receipt, JsonResponse):
         return receipt
-    outcome = machine.receipt_record(project=request.project, actor=request.actor, receipt=receipt)
+    outcome = evidence.receipt_record(project=request.project, actor=request.actor, receipt=receipt)
     return JsonResponse(
         {
             "receipt": outcome.receipt.to_dict(),
@@ -65,7 +66,7 @@ def receipts(request: ApiRequest) -> JsonResponse:
     )
 
 
-def _effect_change(record: Callable[[], machine.EffectOutcome]) -> JsonResponse:
+def _effect_change(record: Callable[[], evidence.EffectOutcome]) -> JsonResponse:
     """Apply an agent's report on an effect: 404 for an unknown key, 409 where its state
     refuses the report."""
     try:
@@ -90,7 +91,7 @@ def failures(request: ApiRequest) -> JsonResponse:
     if isinstance(failure, JsonResponse):
         return failure
     return _effect_change(
-        lambda: machine.failure_record(
+        lambda: evidence.failure_record(
             project=request.project, actor=request.actor, failure=failure
         )
     )
@@ -103,14 +104,14 @@ def timeouts(request: ApiRequest) -> JsonResponse:
     if isinstance(timeout, JsonResponse):
         return timeout
     return _effect_change(
-        lambda: machine.timeout_record(
+        lambda: evidence.timeout_record(
             project=request.project, actor=request.actor, timeout=timeout
         )
     )
 
 
 def _effect_detail(effect: Effect) -> dict[str, Any]:
-    outcome = machine.decide(effect)
+    outcome = decisions.decide(effect)
     detail: dict[str, Any] = {
         "effect": effect.to_dict(),
         "request": effect.request,

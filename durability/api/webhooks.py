@@ -27,7 +27,7 @@ from pydantic import ValidationError
 
 from durability.api.decorators import MiB, error, field_errors
 from durability.api.schemas import ReceiptIn
-from durability.ledger import machine
+from durability.ledger import evidence
 from durability.models import Strength, WebhookDelivery, WebhookKind, WebhookSource
 
 SIGNATURE = {
@@ -191,7 +191,7 @@ def _github(
 @dataclass
 class DeliveryOutcome:
     delivery: WebhookDelivery
-    outcomes: list[machine.ReceiptOutcome]
+    outcomes: list[evidence.ReceiptOutcome]
     duplicate: bool
 
 
@@ -217,7 +217,7 @@ def webhook_receive(
             seen = WebhookDelivery.objects.get(source=source, delivery_id=delivery_id)
             return DeliveryOutcome(seen, [], duplicate=True)
         outcomes = [
-            machine.receipt_record(
+            evidence.receipt_record(
                 project=source.project,
                 actor=f"webhook:{source.name}",
                 receipt=receipt,

@@ -2,7 +2,7 @@
 
 An approval is decided by the first `deny`, or by `needed` approvals from different
 people (the same person twice is refused). The decision itself is the state machine's
-(machine.effect_approval_decide); this module says who may sign and when it is final.
+(settling.effect_approval_decide); this module says who may sign and when it is final.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from django.db.models import Prefetch, QuerySet
 from django.utils import timezone
 
 from durability import audit
-from durability.ledger import machine
+from durability.ledger import settling
 from durability.models import (
     Approval,
     ApprovalStatus,
@@ -83,7 +83,7 @@ def approval_sign(
             )
             approval.decided = timezone.now()
             approval.save(update_fields=["status", "decided"])
-            machine.effect_approval_decide(
+            settling.effect_approval_decide(
                 project=project,
                 effect_id=effect.pk,
                 actor=actor,

@@ -33,7 +33,7 @@ from django.db.models import (
 )
 from django.utils import timezone
 
-from durability.ledger.machine import STRENGTH_RANK
+from durability.ledger.evidence import STRENGTH_RANK
 from durability.models import Case as LedgerCase
 from durability.models import Effect, Project, Reason, Receipt, State
 

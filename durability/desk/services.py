@@ -4,7 +4,7 @@ Each service is one transaction. Changes two operators may race on (resolving,
 acknowledging, assigning) are a compare-and-swap on `Case.version`: the caller passes
 the version it showed the operator, a conditional UPDATE bumps it, and of two
 concurrent changes exactly one wins; the other gets `CaseChanged`. An effect's state
-still changes only through the state machine (`machine.effect_settle`).
+still changes only through the state machine (`settling.effect_settle`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from django.utils.timesince import timesince
 
 from durability import audit
 from durability.api.schemas import ReceiptIn
-from durability.ledger import machine
+from durability.ledger import machine, settling
+from durability.ledger.cases import case_close
 from durability.models import (
     AuditAction,
     AuditEntry,
@@ -168,7 +169,7 @@ def case_resolve(
                 f"'{verdict.value}' does not apply to a case whose effect is {state}."
             )
         receipt = _evidence_receipt(case.effect, evidence) if evidence else None
-        machine.effect_settle(
+        settling.effect_settle(
             project=project,
             effect_id=case.effect.pk,
             actor=actor,
@@ -180,7 +181,7 @@ def case_resolve(
         if case.is_open:
             # A verdict given on a case the machine does not close by itself (a version
             # drift, say) still answers that case.
-            machine.case_close(case, event.value, note, trail)
+            case_close(case, event.value, note, trail)
     return case
 
 
@@ -194,7 +195,7 @@ def case_acknowledge(
             raise NotApplicable(
                 f"A case of reason {case.reason} needs a verdict, not an acknowledgement."
             )
-        machine.case_close(case, ACKNOWLEDGED, note, trail)
+        case_close(case, ACKNOWLEDGED, note, trail)
     return case
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from django.db.models import Q
 
-from durability.ledger import machine
+from durability.ledger import intents
 from durability.models import Attempt, AuditEntry, Case, Comment, Receipt
 
 LABELS = {
@@ -95,7 +95,7 @@ def story_of(case: Case) -> list[Moment]:
             moment.attempt = attempts[number]
             previous = attempts.get(number - 1)
             if previous is not None:
-                moment.changes = machine.context_drift(previous, moment.attempt)
+                moment.changes = intents.context_drift(previous, moment.attempt)
         if (receipt_id := entry.data.get("receipt")) is not None:
             moment.receipt = receipts.get(receipt_id)
         if (comment_id := entry.data.get("comment")) is not None:

@@ -49,7 +49,7 @@ from durability.desk.queue import (
     rows_of,
 )
 from durability.desk.story import story_of
-from durability.ledger import machine
+from durability.ledger import decisions, machine
 from durability.models import (
     AuditAction,
     AuditEntry,
@@ -289,7 +289,7 @@ def _case_page(
         "effect": effect,
         "access": access,
         "story": story_of(case),
-        "outcome": machine.decide(effect) if effect else None,
+        "outcome": decisions.decide(effect) if effect else None,
         "verdict_options": _verdict_options(case),
         "attest": cases.Verdict.HAPPENED in cases.verdicts_for(case),
         "members": cases.assignable_members(access.project),
@@ -526,5 +526,5 @@ def effect(request: AuthedRequest, effect_id: int) -> HttpResponse:
     )
     if found is None:
         raise Http404("No such effect in your projects")
-    outcome = machine.decide(found)
+    outcome = decisions.decide(found)
     return render(request, "durability/desk/effect.html", {"effect": found, "outcome": outcome})

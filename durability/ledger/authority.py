@@ -1,9 +1,9 @@
-"""Authority: the grant check an intent gets, evidence compared with its grant, grant changes.
+"""Authority in the ledger: the grant check an intent gets, and evidence compared with its grant.
 
-The state machine (durability.ledger.machine) asks `authority_check` before it records a new
-effect and `evidence_findings` after it stores a receipt, and applies what they answer;
-nothing here changes an effect. Grants themselves change only through `grant_create`,
-`grant_supersede` and `grant_revoke`, each audited: a grant is never edited in place.
+The ledger asks `authority_check` before it records a new effect (ledger.intents) and
+`evidence_finding` after it stores a receipt (ledger.evidence), and applies what they
+answer; nothing here changes an effect. Grants themselves change only through the
+audited services of durability.authority.grants: a grant is never edited in place.
 """
 
 from __future__ import annotations
@@ -233,7 +233,7 @@ class Finding:
 def evidence_finding(effect: Effect, receipt: Receipt) -> Finding | None:
     """What a new receipt for an effect says about its authority.
 
-    Effects awaiting approval or denied are left to the state machine, which flags any
+    Effects awaiting approval or denied are left to ledger.evidence, which flags any
     evidence for them as unauthorized.
     """
     if effect.state in (State.AWAITING_APPROVAL, State.DENIED):

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from durability.ledger import machine
+from durability.ledger import evidence
 
 
 def sweep() -> int:
     """One deadline sweep. Safe to run twice or concurrently: each move re-checks its row."""
-    return len(machine.deadlines_sweep())
+    return len(evidence.deadlines_sweep())

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from durability import audit
 from durability.api.schemas import ReceiptIn
-from durability.ledger import machine
+from durability.ledger import settling
 from durability.ledger.machine import Event
 from durability.models import AuditAction, Effect, Probe, ReconcilerConfig, State, Strength
 from durability.reconcilers.base import Answer, Found, NotFound, Unknown
@@ -126,7 +126,7 @@ def _apply(effect: Effect, config: ReconcilerConfig, answer: Answer, probe: Prob
             observed_at=answer.observed_at,
             data=answer.data,
         )
-        machine.effect_settle(
+        settling.effect_settle(
             project=effect.project,
             effect_id=effect.pk,
             actor=actor,
@@ -147,7 +147,7 @@ def _apply(effect: Effect, config: ReconcilerConfig, answer: Answer, probe: Prob
         elif probe.finished < trusted:
             probe.detail += f"; absence will be trusted from {trusted:%Y-%m-%d %H:%M:%S} UTC"
         else:
-            machine.effect_settle(
+            settling.effect_settle(
                 project=effect.project,
                 effect_id=effect.pk,
                 actor=actor,

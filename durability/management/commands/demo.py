@@ -21,7 +21,7 @@ from django.utils import timezone
 from durability.api.schemas import FailureIn, IntentIn, ReceiptIn, TimeoutIn
 from durability.authority import grants
 from durability.demo import DEMO_DIR, PROVIDER_PORT, repository
-from durability.ledger import machine
+from durability.ledger import evidence, intents, machine, settling
 from durability.models import (
     ApiKey,
     Approval,
@@ -86,26 +86,26 @@ class History:
             "authority": {"grant": self.grant_ids[grant]} if grant else None,
         }
         fields.update(extra)
-        outcome = machine.intent_record(
+        outcome = intents.intent_record(
             project=self.project, actor=ACTOR, intent=IntentIn.model_validate(fields)
         )
         return outcome.effect
 
     def receipt(self, key: str, system: str, external_id: str, **extra: Any) -> None:
         fields = {"key": key, "system": system, "external_id": external_id, **extra}
-        machine.receipt_record(
+        evidence.receipt_record(
             project=self.project, actor=ACTOR, receipt=ReceiptIn.model_validate(fields)
         )
 
     def timeout(self, key: str) -> None:
-        machine.timeout_record(
+        evidence.timeout_record(
             project=self.project, actor=ACTOR, timeout=TimeoutIn(key=key, reason="no answer")
         )
 
     def settle(
         self, effect: Effect, event: machine.Event, note: str, evidence: ReceiptIn | None = None
     ) -> None:
-        machine.effect_settle(
+        settling.effect_settle(
             project=self.project,
             effect_id=effect.pk,
             actor=OPERATOR,
@@ -216,7 +216,7 @@ class History:
 
     def declined(self) -> None:
         self.refund(101)
-        machine.failure_record(
+        evidence.failure_record(
             project=self.project,
             actor=ACTOR,
             failure=FailureIn(key="refund:H-101", error="card_closed", definitive=True),
@@ -281,7 +281,7 @@ class History:
 
     def version_drift(self) -> None:
         self.reply(110)
-        machine.failure_record(
+        evidence.failure_record(
             project=self.project,
             actor=ACTOR,
             failure=FailureIn(key="reply:H-110", error="HTTP 502", definitive=True),
@@ -295,7 +295,7 @@ class History:
     def approved(self) -> None:
         effect = self.refund(112, grant="large refunds")
         approval = Approval.objects.get(effect=effect)
-        machine.effect_approval_decide(
+        settling.effect_approval_decide(
             project=self.project,
             effect_id=approval.effect_id,
             actor=OPERATOR,

@@ -5,7 +5,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from durability.ledger import machine
+from durability.ledger import evidence
 
 
 class Command(BaseCommand):
@@ -18,7 +18,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         while True:
-            moved = machine.deadlines_sweep()
+            moved = evidence.deadlines_sweep()
             for effect in moved:
                 self.stdout.write(f"timed out: {effect.key} (effect {effect.pk})")
             if not options["every"]:

@@ -1,0 +1,291 @@
+"""Evidence about an attempt: receipts, failures, timeouts, and the deadline sweep.
+
+A receipt settles its effect (late if the effect had been given up on) or opens the case
+it calls for: orphan, duplicate, unauthorized, beyond its grant. A failure or a timeout
+moves a pending effect on; an uncertain outcome opens a case for a person.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+
+from django.utils import timezone
+
+from durability import audit
+from durability.api.schemas import FailureIn, ReceiptIn, TimeoutIn
+from durability.audit import Trail
+from durability.ledger import authority as grants
+from durability.ledger.cases import case_close, case_open, open_case_of, uncertain_case_open
+from durability.ledger.decisions import when
+from durability.ledger.machine import Event, apply, locked, locked_or_key_locked
+from durability.ledger.signals import effect_recorded
+from durability.models import (
+    AuditAction,
+    Case,
+    Effect,
+    Project,
+    Reason,
+    Receipt,
+    Severity,
+    State,
+    Strength,
+)
+
+S = State
+# Receipts that settle an effect given up on are late successes.
+LATE_FROM = frozenset({S.TIMED_OUT, S.FAILED, S.NOT_HAPPENED, S.ABANDONED})
+
+# How much a receipt proves: the provider's own word outranks a person's, which outranks
+# the agent's report about itself.
+STRENGTH_RANK = {
+    Strength.AGENT_REPORTED: 1,
+    Strength.OPERATOR_ATTESTED: 2,
+    Strength.PROVIDER_CONFIRMED: 3,
+}
+
+
+@dataclass
+class ReceiptOutcome:
+    receipt: Receipt
+    effect: Effect | None
+    case: Case | None
+    created: bool
+
+
+@dataclass
+class EffectOutcome:
+    """What a report on an effect (a failure, a timeout) or a verdict on it answers."""
+
+    effect: Effect
+    case: Case | None
+    changed: bool
+
+
+def aware(value: datetime | None) -> datetime | None:
+    """A time from outside, in UTC when it names no zone."""
+    if value is not None and timezone.is_naive(value):
+        return value.replace(tzinfo=UTC)
+    return value
+
+
+# -- receipts ------------------------------------------------------------------------------
+
+
+def receipt_record(
+    *,
+    project: Project,
+    actor: str,
+    receipt: ReceiptIn,
+    strength: Strength = Strength.AGENT_REPORTED,
+) -> ReceiptOutcome:
+    """Store evidence that an effect happened and settle the effect if it can be.
+
+    The same (key, system, external_id) twice is one receipt; a different external id
+    for a succeeded effect is a duplicate effect.
+    """
+    outcome = _receipt_store(project=project, actor=actor, receipt=receipt, strength=strength)
+    if outcome.effect is not None:
+        effect_recorded.send(sender=Effect, effect=outcome.effect, receipt=outcome.receipt)
+    return outcome
+
+
+def _receipt_store(
+    *, project: Project, actor: str, receipt: ReceiptIn, strength: Strength
+) -> ReceiptOutcome:
+    with audit.trail(project.pk, actor) as trail:
+        effect = locked_or_key_locked(project, receipt.key)
+        existing = Receipt.objects.filter(
+            project=project, key=receipt.key, system=receipt.system, external_id=receipt.external_id
+        ).first()
+        if existing is not None:
+            if STRENGTH_RANK[strength] > STRENGTH_RANK[Strength(existing.strength)]:
+                # The provider confirms what the agent reported: the same evidence, stronger.
+                trail.add(
+                    AuditAction.RECEIPT_CONFIRMED,
+                    effect=effect,
+                    receipt=existing.pk,
+                    was=existing.strength,
+                    strength=strength.value,
+                )
+                existing.strength = strength
+                existing.save(update_fields=["strength"])
+            return ReceiptOutcome(existing, effect, None, created=False)
+        row = Receipt(
+            project=project,
+            effect=effect,
+            key=receipt.key,
+            system=receipt.system,
+            external_id=receipt.external_id,
+            observed_at=aware(receipt.observed_at),
+            data=receipt.data,
+            amount=Decimal(receipt.amount.value) if receipt.amount else None,
+            currency=receipt.amount.currency if receipt.amount else "",
+            target=receipt.target or "",
+            strength=strength,
+            attempt=receipt.attempt,
+            trace_id=receipt.trace_id or "",
+            span_id=receipt.span_id or "",
+        )
+        if effect is None:
+            row.save()
+            trail.add(AuditAction.RECEIPT, receipt=row.pk, key=receipt.key, orphan=True)
+            case = case_open(
+                None,
+                Reason.ORPHAN_RECEIPT,
+                Severity.HIGH,
+                f"A receipt from {receipt.system} ({receipt.external_id}) names key "
+                f"{receipt.key!r}, which no intent has recorded.",
+                trail,
+                receipt=row,
+                key=receipt.key,
+            )
+            return ReceiptOutcome(row, None, case, created=True)
+        settled = _receipt_apply(effect, row, trail)
+        flagged = _authority_of_evidence(effect, row, trail)
+        return ReceiptOutcome(row, effect, settled or flagged, created=True)
+
+
+def _authority_of_evidence(effect: Effect, row: Receipt, trail: Trail) -> Case | None:
+    """Compare new evidence with the effect's grant: none, or beyond it, opens a case."""
+    finding = grants.evidence_finding(effect, row)
+    if finding is None:
+        return None
+    return case_open(
+        effect,
+        finding.reason,
+        finding.severity,
+        finding.summary,
+        trail,
+        receipt=row,
+        **finding.detail,
+    )
+
+
+def _receipt_apply(effect: Effect, row: Receipt, trail: Trail) -> Case | None:
+    """Apply a new receipt to its locked effect: the transition and the cases it implies."""
+    state = State(effect.state)
+    if state == S.PENDING:
+        row.save()
+        apply(effect, Event.RECEIPT, trail, receipt=row.pk)
+        return None
+    if state in LATE_FROM:
+        row.late = effect.late = True
+        row.save()
+        apply(effect, Event.RECEIPT, trail, receipt=row.pk, late=True)
+        uncertain = open_case_of(effect, Reason.UNCERTAIN)
+        if uncertain is not None:
+            case_close(uncertain, "auto_resolved", "a receipt arrived after the timeout", trail)
+        return case_open(
+            effect,
+            Reason.LATE_SUCCESS,
+            Severity.HIGH,
+            f"A receipt ({row.system}:{row.external_id}) arrived after the effect was "
+            f"recorded as {state.replace('_', ' ')}: it happened after all.",
+            trail,
+            receipt=row,
+            was=state.value,
+        )
+    row.save()
+    trail.add(AuditAction.RECEIPT, effect=effect, receipt=row.pk)
+    if state in (S.SUCCEEDED, S.COMPENSATED):
+        first = effect.receipts.exclude(pk=row.pk).order_by("received", "id").first()
+        return case_open(
+            effect,
+            Reason.DUPLICATE_EFFECT,
+            Severity.CRITICAL,
+            f"A second receipt ({row.system}:{row.external_id}) differs from the first "
+            f"({first.system}:{first.external_id}): the effect may have happened twice."
+            if first
+            else "A second receipt arrived: the effect may have happened twice.",
+            trail,
+            receipt=row,
+            first=first.pk if first else None,
+        )
+    # awaiting_approval or denied: evidence of an effect that had no authority.
+    return case_open(
+        effect,
+        Reason.UNAUTHORIZED_EFFECT,
+        Severity.CRITICAL,
+        f"A receipt ({row.system}:{row.external_id}) arrived for an effect that is {state}: "
+        "it happened without authority.",
+        trail,
+        receipt=row,
+    )
+
+
+# -- failures, timeouts, deadlines ---------------------------------------------------------
+
+
+def failure_record(*, project: Project, actor: str, failure: FailureIn) -> EffectOutcome:
+    """A failed attempt: definitive (nothing happened) or uncertain (treated as a timeout)."""
+    with audit.trail(project.pk, actor) as trail:
+        effect = locked(project, failure.key)
+        target = S.FAILED if failure.definitive else S.TIMED_OUT
+        if effect.state == target:
+            return EffectOutcome(effect, open_case_of(effect, Reason.UNCERTAIN), changed=False)
+        case: Case | None = None
+        if failure.definitive:
+            apply(effect, Event.FAILURE, trail, error=failure.error)
+        else:
+            apply(effect, Event.TIMEOUT, trail, error=failure.error, definitive=False)
+            case = uncertain_case_open(
+                effect,
+                f"Attempt {effect.attempt_count} failed without knowing whether the effect "
+                f"happened: {failure.error[:200]}",
+                trail,
+                error=failure.error,
+            )
+    return EffectOutcome(effect, case, changed=True)
+
+
+def timeout_record(*, project: Project, actor: str, timeout: TimeoutIn) -> EffectOutcome:
+    """The agent makes its timeout authoritative: the outcome is now uncertain."""
+    with audit.trail(project.pk, actor) as trail:
+        effect = locked(project, timeout.key)
+        if effect.state == S.TIMED_OUT:
+            return EffectOutcome(effect, open_case_of(effect, Reason.UNCERTAIN), changed=False)
+        apply(effect, Event.TIMEOUT, trail, reason=timeout.reason)
+        case = uncertain_case_open(
+            effect,
+            f"Attempt {effect.attempt_count} timed out: {timeout.reason[:200]}",
+            trail,
+            cause="timeout",
+            note=timeout.reason,
+        )
+    return EffectOutcome(effect, case, changed=True)
+
+
+def deadlines_sweep(*, now: datetime | None = None, limit: int = 1000) -> list[Effect]:
+    """Time out pending effects whose deadline has passed; returns those it moved.
+
+    Each effect moves in its own short transaction; rows locked by a concurrent
+    writer are skipped and left to the next sweep.
+    """
+    now = now or timezone.now()
+    due = list(
+        Effect.objects.filter(state=S.PENDING, deadline__lt=now)
+        .order_by("deadline")
+        .values_list("pk", "project_id")[:limit]
+    )
+    moved = []
+    for pk, project_id in due:
+        with audit.trail(project_id, "system:sweep") as trail:
+            effect = (
+                Effect.objects.select_for_update(skip_locked=True)
+                .filter(pk=pk, state=S.PENDING, deadline__lt=now)
+                .first()
+            )
+            if effect is None:
+                continue
+            apply(effect, Event.DEADLINE, trail, deadline=when(effect.deadline))
+            uncertain_case_open(
+                effect,
+                f"Attempt {effect.attempt_count} passed its deadline ({when(effect.deadline)}) "
+                "without a receipt: the effect may or may not have happened.",
+                trail,
+                cause="deadline",
+            )
+            moved.append(effect)
+    return moved

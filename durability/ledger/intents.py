@@ -1,0 +1,358 @@
+"""Intents: recording one and answering it with the decision.
+
+A new key is checked against its grant and recorded through the table's rows from None
+(intent, require_approval, refuse); a known key is answered by the decision rule
+(`decisions.decision_for`), and a `proceed` for it is a new attempt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.db import IntegrityError
+from django.utils import timezone
+
+from durability import audit
+from durability.api.schemas import IntentIn
+from durability.audit import Trail
+from durability.ledger import authority as grants
+from durability.ledger.cases import case_close, case_open, open_case_of, uncertain_case_open
+from durability.ledger.decisions import Outcome, approval_where, decide, decision_for
+from durability.ledger.machine import EFFECT_MUTABLE_FIELDS, Event, apply, locked_or_key_locked
+from durability.ledger.signals import effect_recorded
+from durability.models import (
+    Approval,
+    Attempt,
+    AuditAction,
+    Case,
+    Decision,
+    Effect,
+    Project,
+    Reason,
+    Receipt,
+    ReconcilerConfig,
+    Replay,
+    Severity,
+    State,
+)
+
+S = State
+# The event that records a new effect, by the grant check's ruling.
+ENTRY = {
+    grants.Ruling.PROCEED: Event.INTENT,
+    grants.Ruling.APPROVAL: Event.REQUIRE_APPROVAL,
+    grants.Ruling.DENY: Event.REFUSE,
+}
+# What an intent changes on a pending effect when it makes the attempt an approval allowed.
+ATTEMPT_FIELDS = [name for name in EFFECT_MUTABLE_FIELDS if name != "state"]
+
+
+def fingerprint_of(request: Any) -> str:
+    """SHA-256 over the canonical JSON of a request: sorted keys, no insignificant space."""
+    canonical = json.dumps(request, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def context_drift(previous: Attempt, current: Attempt) -> dict[str, list[Any]]:
+    keys = set(previous.context) | set(current.context)
+    return {
+        k: [previous.context.get(k), current.context.get(k)]
+        for k in sorted(keys)
+        if previous.context.get(k) != current.context.get(k)
+    }
+
+
+def intent_record(*, project: Project, actor: str, intent: IntentIn) -> Outcome:
+    """Record an intent and answer with a decision. Idempotent on the key.
+
+    Locks the effect row; concurrent intents for one key are serialised on it, so
+    exactly one of them is answered `proceed` for a new effect.
+    """
+    outcome = _intent_store(project=project, actor=actor, intent=intent)
+    effect_recorded.send(sender=Effect, effect=outcome.effect, receipt=None)
+    return outcome
+
+
+def _intent_store(*, project: Project, actor: str, intent: IntentIn) -> Outcome:
+    fingerprint = intent.fingerprint or fingerprint_of(intent.request)
+    with audit.trail(project.pk, actor) as trail:
+        effect = locked_or_key_locked(project, intent.key)
+        if effect is None:
+            outcome = _effect_new(project, intent, fingerprint, trail)
+            if outcome is not None:
+                return outcome
+            # Another intent for this key committed first: answer as a repeat.
+            effect = Effect.objects.select_for_update().get(project=project, key=intent.key)
+        return _answer(effect, intent, fingerprint, trail)
+
+
+# -- a new key ---------------------------------------------------------------------------
+
+
+def _effect_new(
+    project: Project, intent: IntentIn, fingerprint: str, trail: Trail
+) -> Outcome | None:
+    """Record a new effect as its grant check rules; None if another intent recorded the
+    key first."""
+    check = grants.authority_check(project=project, intent=intent)
+    event = ENTRY[check.ruling]
+    effect = Effect(
+        project=project,
+        key=intent.key,
+        kind=intent.kind,
+        target=intent.target,
+        fingerprint=fingerprint,
+        request=intent.request,
+        replay=intent.replay,
+        timeout_s=intent.timeout_s,
+        authority=intent.authority,
+        grant=check.grant,
+        amount=Decimal(intent.amount.value) if intent.amount else None,
+        currency=intent.amount.currency if intent.amount else "",
+    )
+    attempt: Attempt | None = None
+    if event == Event.INTENT:
+        attempt = _attempt_begin(effect, intent)
+    else:
+        _place(effect, intent)
+    authority: dict[str, Any] = {"grant": check.grant.pk} if check.grant else {}
+    if check.rule:
+        authority["rule"] = check.rule.value
+    numbered: dict[str, Any] = {"attempt": attempt.number} if attempt else {}
+    try:
+        apply(effect, event, trail, **numbered, fingerprint=fingerprint, **authority)
+    except IntegrityError:
+        return None
+    if check.ruling == grants.Ruling.DENY:
+        case = case_open(
+            effect, Reason.AUTHORITY_DENIED, Severity.MEDIUM, check.reason, trail, **authority
+        )
+        return Outcome(Decision.DENIED, effect, check.reason, case=case, created=True)
+    if check.ruling == grants.Ruling.APPROVAL:
+        assert check.grant is not None
+        approval = Approval.objects.create(
+            project_id=effect.project_id,
+            effect=effect,
+            grant=check.grant,
+            needed=check.approvers,
+            context=_context_of(intent),
+        )
+        case = case_open(
+            effect,
+            Reason.APPROVAL_REQUIRED,
+            Severity.MEDIUM,
+            check.reason,
+            trail,
+            approval=approval.pk,
+            approvers=check.approvers,
+            **authority,
+        )
+        reason = check.reason + approval_where(approval)
+        return Outcome(Decision.WAIT, effect, reason, case=case, created=True)
+    assert attempt is not None
+    attempt.effect = effect
+    attempt.save()
+    outcome = Outcome(
+        Decision.PROCEED,
+        effect,
+        "New effect: perform it, then send the receipt." + _reconciler_missing(effect),
+        created=True,
+    )
+    if check.unauthorized:
+        outcome.reason += " " + check.reason
+        case_open(
+            effect,
+            Reason.UNAUTHORIZED_EFFECT,
+            Severity.LOW,
+            f"{effect.key!r} was attempted with no grant; the project's audit policy let it "
+            "proceed.",
+            trail,
+            policy="audit",
+        )
+    _adopt_orphans(effect, trail, outcome)
+    return outcome
+
+
+def _reconciler_missing(effect: Effect) -> str:
+    """Replay policy `reconcile` counts on a reconciler; without one the intent is still
+    accepted (it may be configured before a timeout), and the agent is told."""
+    if (
+        effect.replay != Replay.RECONCILE
+        or ReconcilerConfig.objects.filter(
+            project_id=effect.project_id, target=effect.target, enabled=True
+        ).exists()
+    ):
+        return ""
+    return (
+        f" No reconciler is configured for target {effect.target!r}: if this attempt times "
+        "out, an operator must settle it."
+    )
+
+
+def _adopt_orphans(effect: Effect, trail: Trail, outcome: Outcome) -> None:
+    """Receipts that arrived before their intent belong to the new effect: it happened."""
+    orphans = list(
+        Receipt.objects.filter(project_id=effect.project_id, key=effect.key, effect=None)
+    )
+    if not orphans:
+        return
+    Receipt.objects.filter(pk__in=[r.pk for r in orphans]).update(effect=effect)
+    apply(effect, Event.RECEIPT, trail, receipt=orphans[0].pk, adopted=len(orphans))
+    # Their cases asked which effect the receipts belong to: this one. Closed before
+    # they are attached, as an effect has at most one open case per reason.
+    cases = Case.objects.filter(receipt__in=orphans, reason=Reason.ORPHAN_RECEIPT)
+    for case in cases.filter(closed=None):
+        case.effect = effect
+        case_close(case, "auto_resolved", "the intent for this key arrived", trail)
+    cases.update(effect=effect)
+    outcome.decision = Decision.COMPLETED
+    outcome.receipt = orphans[0]
+    outcome.reason = (
+        f"A receipt ({orphans[0].system}:{orphans[0].external_id}) arrived before this intent: "
+        "the effect already happened; do not repeat it."
+    )
+
+
+# -- a known key -------------------------------------------------------------------------
+
+
+def _answer(effect: Effect, intent: IntentIn, fingerprint: str, trail: Trail) -> Outcome:
+    """An intent for a recorded effect: the decision rule's answer, acted on."""
+    if effect.fingerprint != fingerprint:
+        return _conflict(effect, intent, fingerprint, trail)
+    if effect.state == S.PENDING and effect.attempt_count > 0:
+        carried_on = _attempt_resumed(effect, intent, trail)
+        if carried_on is not None:
+            return carried_on
+    if decision_for(effect) != Decision.PROCEED:
+        return decide(effect)
+    if effect.state == S.PENDING:
+        return _first_attempt(effect, intent, trail)
+    return _retry(effect, intent, trail)
+
+
+def _conflict(effect: Effect, intent: IntentIn, fingerprint: str, trail: Trail) -> Outcome:
+    case = case_open(
+        effect,
+        Reason.KEY_REUSE_CONFLICT,
+        Severity.HIGH,
+        f"Key {effect.key!r} was reused with a different request.",
+        trail,
+        fingerprint=fingerprint,
+        request=intent.request,
+        run_id=intent.run_id,
+    )
+    return Outcome(
+        Decision.CONFLICT,
+        effect,
+        f"Key {effect.key!r} was first used for a different request (fingerprint "
+        f"{effect.fingerprint[:12]}…, this one {fingerprint[:12]}…); do not perform it, "
+        "and give a different request its own key.",
+        case=case,
+    )
+
+
+def _attempt_resumed(effect: Effect, intent: IntentIn, trail: Trail) -> Outcome | None:
+    """An intent while an attempt is in progress: its own worker carries on with it (the
+    answer); the same run in another process interrupted it (the effect times out, and
+    the rule answers); anything else is left to the rule (None either way)."""
+    current = effect.attempts.order_by("-number").first()
+    assert current is not None
+    if intent.worker and current.worker == intent.worker:
+        return Outcome(
+            Decision.PROCEED,
+            effect,
+            f"Attempt {current.number} was already granted to this worker; carry on with it.",
+        )
+    # Both workers named (and so different): without identities a resent request and a
+    # resumed process look alike, and the attempt is left to its receipt or deadline.
+    if intent.run_id and current.run_id == intent.run_id and intent.worker and current.worker:
+        # The same run came back in another process: the attempt was interrupted
+        # somewhere between the intent and the receipt, and nobody knows where.
+        apply(effect, Event.INTERRUPTION, trail, attempt=current.number)
+        uncertain_case_open(
+            effect,
+            f"Run {intent.run_id!r} resumed while attempt {current.number} was pending: the "
+            "effect may or may not have happened.",
+            trail,
+            cause="interruption",
+        )
+    return None
+
+
+def _first_attempt(effect: Effect, intent: IntentIn, trail: Trail) -> Outcome:
+    """The first intent after an approval makes the attempt the approval allowed."""
+    attempt = _attempt_begin(effect, intent)
+    effect.updated = attempt.started
+    effect.save(update_fields=ATTEMPT_FIELDS)
+    attempt.save()
+    trail.add(AuditAction.ATTEMPT, effect=effect, attempt=attempt.number)
+    return Outcome(Decision.PROCEED, effect, "Approved: perform the effect, then send the receipt.")
+
+
+def _retry(effect: Effect, intent: IntentIn, trail: Trail) -> Outcome:
+    """A new attempt at an effect whose last one failed, did not happen or may be replayed."""
+    previous = effect.attempts.order_by("-number").first()
+    was = effect.state
+    effect.late = False
+    attempt = _attempt_begin(effect, intent)
+    apply(effect, Event.RETRY, trail, attempt=attempt.number)
+    attempt.save()
+    uncertain = open_case_of(effect, Reason.UNCERTAIN)
+    if uncertain is not None:
+        case_close(uncertain, "retried", f"replay policy '{effect.replay}' allows a retry", trail)
+    if previous is not None and (drift := context_drift(previous, attempt)):
+        case_open(
+            effect,
+            Reason.VERSION_DRIFT,
+            Severity.LOW,
+            f"Attempt {attempt.number} runs under a different context than attempt "
+            f"{previous.number}: {', '.join(drift)} changed.",
+            trail,
+            attempt=attempt.number,
+            changes=drift,
+        )
+    return Outcome(
+        Decision.PROCEED,
+        effect,
+        f"Attempt {attempt.number}: the previous attempt {was.replace('_', ' ')}; "
+        "perform the effect, then send the receipt.",
+    )
+
+
+# -- attempts ------------------------------------------------------------------------------
+
+
+def _context_of(intent: IntentIn) -> dict[str, Any]:
+    return intent.context.model_dump(exclude_none=True) if intent.context else {}
+
+
+def _place(effect: Effect, intent: IntentIn) -> None:
+    """Where in a run and trace the intent was made; the caller saves the effect."""
+    effect.run_id = intent.run_id or effect.run_id
+    effect.tool_call_id = intent.tool_call_id or ""
+    effect.trace_id = intent.trace_id or ""
+    effect.span_id = intent.span_id or ""
+
+
+def _attempt_begin(effect: Effect, intent: IntentIn) -> Attempt:
+    """Number, time and place the next attempt; the caller saves the effect."""
+    now = timezone.now()
+    effect.attempt_count += 1
+    effect.deadline = now + timedelta(seconds=effect.timeout_s) if effect.timeout_s else None
+    _place(effect, intent)
+    return Attempt(
+        effect=effect,
+        number=effect.attempt_count,
+        started=now,
+        deadline=effect.deadline,
+        context=_context_of(intent),
+        run_id=intent.run_id or "",
+        worker=intent.worker or "",
+        trace_id=intent.trace_id or "",
+        span_id=intent.span_id or "",
+    )
