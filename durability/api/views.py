@@ -10,7 +10,7 @@ from django.http import JsonResponse
 from django.views.decorators.http import require_GET, require_POST
 
 from durability.api import signals
-from durability.api.decorators import ApiRequest, authorize, error, parse
+from durability.api.decorators import ApiRequest, PayloadRequest, authorize, error
 from durability.api.schemas import FailureIn, IntentIn, ReceiptIn, TimeoutIn
 from durability.authority.grants import GrantQuery
 from durability.ledger import machine
@@ -28,12 +28,11 @@ def _receipt(receipt: Receipt | None) -> dict[str, Any] | None:
 
 
 @require_POST
-@authorize()
-def intents(request: ApiRequest) -> JsonResponse:
-    intent = parse(request, IntentIn)
-    if isinstance(intent, JsonResponse):
-        return intent
-    outcome = machine.intent_record(project=request.project, actor=request.actor, intent=intent)
+@authorize(schema=IntentIn)
+def intents(request: PayloadRequest[IntentIn]) -> JsonResponse:
+    outcome = machine.intent_record(
+        project=request.project, actor=request.actor, intent=request.payload
+    )
     status = STATUS_OF_DECISION.get(outcome.decision, 201 if outcome.created else 200)
     return JsonResponse(
         {
@@ -48,12 +47,11 @@ def intents(request: ApiRequest) -> JsonResponse:
 
 
 @require_POST
-@authorize()
-def receipts(request: ApiRequest) -> JsonResponse:
-    receipt = parse(request, ReceiptIn)
-    if isinstance(receipt, JsonResponse):
-        return receipt
-    outcome = machine.receipt_record(project=request.project, actor=request.actor, receipt=receipt)
+@authorize(schema=ReceiptIn)
+def receipts(request: PayloadRequest[ReceiptIn]) -> JsonResponse:
+    outcome = machine.receipt_record(
+        project=request.project, actor=request.actor, receipt=request.payload
+    )
     return JsonResponse(
         {
             "receipt": outcome.receipt.to_dict(),
@@ -84,27 +82,21 @@ def _effect_change(record: Callable[[], machine.EffectOutcome]) -> JsonResponse:
 
 
 @require_POST
-@authorize()
-def failures(request: ApiRequest) -> JsonResponse:
-    failure = parse(request, FailureIn)
-    if isinstance(failure, JsonResponse):
-        return failure
+@authorize(schema=FailureIn)
+def failures(request: PayloadRequest[FailureIn]) -> JsonResponse:
     return _effect_change(
         lambda: machine.failure_record(
-            project=request.project, actor=request.actor, failure=failure
+            project=request.project, actor=request.actor, failure=request.payload
         )
     )
 
 
 @require_POST
-@authorize()
-def timeouts(request: ApiRequest) -> JsonResponse:
-    timeout = parse(request, TimeoutIn)
-    if isinstance(timeout, JsonResponse):
-        return timeout
+@authorize(schema=TimeoutIn)
+def timeouts(request: PayloadRequest[TimeoutIn]) -> JsonResponse:
     return _effect_change(
         lambda: machine.timeout_record(
-            project=request.project, actor=request.actor, timeout=timeout
+            project=request.project, actor=request.actor, timeout=request.payload
         )
     )
 
