@@ -10,8 +10,24 @@ from django.http import JsonResponse
 from django.views.decorators.http import require_GET, require_POST
 
 from durability.api import signals
-from durability.api.decorators import ApiRequest, PayloadRequest, authorize, error
-from durability.api.schemas import FailureIn, IntentIn, ReceiptIn, TimeoutIn
+from durability.api.decorators import ApiRequest, PayloadRequest, answer, authorize, error
+from durability.api.schemas import (
+    AttemptOut,
+    CaseOut,
+    DecisionName,
+    DecisionOut,
+    EffectDetailOut,
+    EffectOut,
+    EffectResultOut,
+    FailureIn,
+    GrantListOut,
+    GrantOut,
+    IntentIn,
+    ReceiptIn,
+    ReceiptOut,
+    ReceiptResultOut,
+    TimeoutIn,
+)
 from durability.authority.grants import GrantQuery
 from durability.ledger import machine
 from durability.models import Case, Decision, Effect, Grant, Receipt
@@ -19,12 +35,12 @@ from durability.models import Case, Decision, Effect, Grant, Receipt
 STATUS_OF_DECISION = {Decision.CONFLICT: 409}
 
 
-def _case(case: Case | None) -> dict[str, Any] | None:
-    return case.to_dict() if case else None
+def _case(case: Case | None) -> CaseOut | None:
+    return CaseOut.of(case) if case else None
 
 
-def _receipt(receipt: Receipt | None) -> dict[str, Any] | None:
-    return receipt.to_dict() if receipt else None
+def _receipt(receipt: Receipt | None) -> ReceiptOut | None:
+    return ReceiptOut.of(receipt) if receipt else None
 
 
 @require_POST
@@ -33,16 +49,15 @@ def intents(request: PayloadRequest[IntentIn]) -> JsonResponse:
     outcome = machine.intent_record(
         project=request.project, actor=request.actor, intent=request.payload
     )
-    status = STATUS_OF_DECISION.get(outcome.decision, 201 if outcome.created else 200)
-    return JsonResponse(
-        {
-            "decision": outcome.decision,
-            "effect": outcome.effect.to_dict(),
-            "receipt": _receipt(outcome.receipt),
-            "case": _case(outcome.case),
-            "reason": outcome.reason,
-        },
-        status=status,
+    return answer(
+        DecisionOut(
+            decision=cast(DecisionName, outcome.decision),
+            effect=EffectOut.of(outcome.effect),
+            receipt=_receipt(outcome.receipt),
+            case=_case(outcome.case),
+            reason=outcome.reason,
+        ),
+        STATUS_OF_DECISION.get(outcome.decision, 201 if outcome.created else 200),
     )
 
 
@@ -52,14 +67,14 @@ def receipts(request: PayloadRequest[ReceiptIn]) -> JsonResponse:
     outcome = machine.receipt_record(
         project=request.project, actor=request.actor, receipt=request.payload
     )
-    return JsonResponse(
-        {
-            "receipt": outcome.receipt.to_dict(),
-            "effect": outcome.effect.to_dict() if outcome.effect else None,
-            "case": _case(outcome.case),
-            "created": outcome.created,
-        },
-        status=201 if outcome.created else 200,
+    return answer(
+        ReceiptResultOut(
+            receipt=ReceiptOut.of(outcome.receipt),
+            effect=EffectOut.of(outcome.effect) if outcome.effect else None,
+            case=_case(outcome.case),
+            created=outcome.created,
+        ),
+        201 if outcome.created else 200,
     )
 
 
@@ -72,12 +87,10 @@ def _effect_change(record: Callable[[], machine.EffectOutcome]) -> JsonResponse:
         return error(str(exc), 404, {"key": "No effect has this key"})
     except machine.IllegalTransition as exc:
         return error(str(exc), 409)
-    return JsonResponse(
-        {
-            "effect": outcome.effect.to_dict(),
-            "case": _case(outcome.case),
-            "changed": outcome.changed,
-        }
+    return answer(
+        EffectResultOut(
+            effect=EffectOut.of(outcome.effect), case=_case(outcome.case), changed=outcome.changed
+        )
     )
 
 
@@ -101,21 +114,25 @@ def timeouts(request: PayloadRequest[TimeoutIn]) -> JsonResponse:
     )
 
 
-def _effect_detail(effect: Effect) -> dict[str, Any]:
+def _effect_detail(effect: Effect) -> JsonResponse:
     outcome = machine.decide(effect)
-    detail: dict[str, Any] = {
-        "effect": effect.to_dict(),
-        "request": effect.request,
-        "authority": effect.authority,
-        "attempts": [a.to_dict() for a in effect.attempts.all()],
-        "receipts": [r.to_dict() for r in effect.receipts.all()],
-        "cases": [c.to_dict() for c in effect.cases.filter(closed=None).order_by("opened")],
-        "decision": outcome.decision,
-        "reason": outcome.reason,
-    }
+    # Each receiver adds its own fields (trajectories: run_id, tool_span_id, model_span_id).
+    sections: dict[str, Any] = {}
     for _, section in signals.effect_detail.send(sender=Effect, effect=effect):
-        detail.update(cast(dict[str, Any], section))
-    return detail
+        sections.update(cast(dict[str, Any], section))
+    return answer(
+        EffectDetailOut(
+            effect=EffectOut.of(effect),
+            request=effect.request,
+            authority=effect.authority,
+            attempts=[AttemptOut.of(a) for a in effect.attempts.all()],
+            receipts=[ReceiptOut.of(r) for r in effect.receipts.all()],
+            cases=[CaseOut.of(c) for c in effect.cases.filter(closed=None).order_by("opened")],
+            decision=cast(DecisionName, outcome.decision),
+            reason=outcome.reason,
+            **sections,
+        )
+    )
 
 
 @require_GET
@@ -124,7 +141,7 @@ def effect_detail(request: ApiRequest, effect_id: int) -> JsonResponse:
     effect = Effect.objects.filter(project=request.project, pk=effect_id).first()
     if effect is None:
         return error("No such effect in this project", 404)
-    return JsonResponse(_effect_detail(effect))
+    return _effect_detail(effect)
 
 
 @require_GET
@@ -140,7 +157,7 @@ def effects(request: ApiRequest) -> JsonResponse:
     effect = Effect.objects.filter(project=request.project, key=key).first()
     if effect is None:
         return error("No effect has this key in this project", 404, {"key": "Unknown key"})
-    return JsonResponse(_effect_detail(effect))
+    return _effect_detail(effect)
 
 
 GRANT_PAGE = 100
@@ -161,7 +178,7 @@ def grants(request: ApiRequest) -> JsonResponse:
         params = request.GET.copy()
         params["before"] = str(rows[-1].pk)
         next_url = f"{settings.SITE_URL}{request.path}?{params.urlencode()}"
-    return JsonResponse({"grants": [g.to_dict() for g in rows], "next": next_url})
+    return answer(GrantListOut(grants=[GrantOut.of(g) for g in rows], next=next_url))
 
 
 @require_GET
@@ -170,4 +187,4 @@ def grant_detail(request: ApiRequest, grant_id: int) -> JsonResponse:
     grant = Grant.objects.filter(project=request.project, pk=grant_id).first()
     if grant is None:
         return error("No such grant in this project", 404)
-    return JsonResponse(grant.to_dict())
+    return answer(GrantOut.of(grant))
