@@ -7,8 +7,7 @@ import hmac
 import secrets
 import uuid
 from datetime import datetime, timedelta
-from decimal import Decimal
-from typing import Any, TypedDict
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -154,26 +153,6 @@ class Decision(models.TextChoices):
     CONFLICT = "conflict"
 
 
-class EffectDict(TypedDict):
-    id: int
-    key: str
-    kind: str
-    target: str
-    state: str
-    late: bool
-    replay: str
-    fingerprint: str
-    attempt: int
-    deadline: str | None
-    created: str
-    updated: str
-    url: str
-
-
-def _iso(value: datetime | None) -> str | None:
-    return value.isoformat() if value else None
-
-
 # An effect that names a run, a trace or a tool call: its trajectory link is due.
 EFFECT_NAMES_TRAJECTORY = ~Q(trace_id="") | ~Q(tool_call_id="") | ~Q(run_id="")
 
@@ -258,23 +237,6 @@ class Effect(models.Model):
     def get_absolute_url(self) -> str:
         return reverse("effect", args=[self.pk])
 
-    def to_dict(self) -> EffectDict:
-        return {
-            "id": self.pk,
-            "key": self.key,
-            "kind": self.kind,
-            "target": self.target,
-            "state": self.state,
-            "late": self.late,
-            "replay": self.replay,
-            "fingerprint": self.fingerprint,
-            "attempt": self.attempt_count,
-            "deadline": _iso(self.deadline),
-            "created": self.created.isoformat(),
-            "updated": self.updated.isoformat(),
-            "url": settings.SITE_URL + self.get_absolute_url(),
-        }
-
 
 class Attempt(models.Model):
     effect = models.ForeignKey(Effect, models.CASCADE, related_name="attempts")
@@ -296,18 +258,6 @@ class Attempt(models.Model):
 
     def __str__(self) -> str:
         return f"{self.effect} #{self.number}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "number": self.number,
-            "started": self.started.isoformat(),
-            "deadline": _iso(self.deadline),
-            "context": self.context,
-            "run_id": self.run_id,
-            "worker": self.worker,
-            "trace_id": self.trace_id,
-            "span_id": self.span_id,
-        }
 
 
 class Strength(models.TextChoices):
@@ -354,22 +304,6 @@ class Receipt(models.Model):
 
     def __str__(self) -> str:
         return f"{self.system}:{self.external_id}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.pk,
-            "key": self.key,
-            "system": self.system,
-            "external_id": self.external_id,
-            "observed_at": _iso(self.observed_at),
-            "data": self.data,
-            "strength": self.strength,
-            "attempt": self.attempt,
-            "trace_id": self.trace_id,
-            "span_id": self.span_id,
-            "late": self.late,
-            "received": self.received.isoformat(),
-        }
 
 
 class Reason(models.TextChoices):
@@ -455,17 +389,6 @@ class Case(models.Model):
     @property
     def is_open(self) -> bool:
         return self.closed is None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.pk,
-            "reason": self.reason,
-            "severity": self.get_severity_display(),
-            "summary": self.summary,
-            "opened": self.opened.isoformat(),
-            "closed": _iso(self.closed),
-            "url": settings.SITE_URL + self.get_absolute_url(),
-        }
 
 
 class Resolution(models.Model):
@@ -744,37 +667,6 @@ class CaseAlert(models.Model):
         return f"alert for case {self.case_id}"
 
 
-class GrantDict(TypedDict):
-    id: int
-    lineage: str
-    version: int
-    supersedes: int | None
-    name: str
-    principal: str
-    kinds: list[str]
-    targets: list[str]
-    currency: str
-    max_amount: str | None
-    max_daily_amount: str | None
-    max_count: int | None
-    count_period_s: int | None
-    requires_approval: bool
-    second_approval_above: str | None
-    expires: str | None
-    note: str
-    granted_by: str
-    created: str
-    superseded_at: str | None
-    revoked: str | None
-    revoked_by: str
-    status: str
-    url: str
-
-
-def _decimal(value: Decimal | None) -> str | None:
-    return None if value is None else format(value.normalize(), "f")
-
-
 class Grant(models.Model):
     """Authority: which agents or workflows may perform which effects where, within which
     limits, until when, and whether a person must approve each one first.
@@ -863,34 +755,6 @@ class Grant(models.Model):
         if self.expires and self.expires <= (now or timezone.now()):
             return "expired"
         return "live"
-
-    def to_dict(self) -> GrantDict:
-        return {
-            "id": self.pk,
-            "lineage": str(self.lineage),
-            "version": self.version,
-            "supersedes": self.supersedes_id,
-            "name": self.name,
-            "principal": self.principal,
-            "kinds": self.kinds,
-            "targets": self.targets,
-            "currency": self.currency,
-            "max_amount": _decimal(self.max_amount),
-            "max_daily_amount": _decimal(self.max_daily_amount),
-            "max_count": self.max_count,
-            "count_period_s": self.count_period_s,
-            "requires_approval": self.requires_approval,
-            "second_approval_above": _decimal(self.second_approval_above),
-            "expires": _iso(self.expires),
-            "note": self.note,
-            "granted_by": self.granted_by,
-            "created": self.created.isoformat(),
-            "superseded_at": _iso(self.superseded_at),
-            "revoked": _iso(self.revoked),
-            "revoked_by": self.revoked_by,
-            "status": self.status(),
-            "url": settings.SITE_URL + self.get_absolute_url(),
-        }
 
 
 class ApprovalStatus(models.TextChoices):

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from durability.api.schemas import CaseOut
 from durability.ledger import evidence, settling
 from durability.ledger.machine import Event
 from durability.models import Attempt, Case, Effect, Receipt
@@ -125,7 +126,7 @@ def test_an_effect_in_doubt_raises_the_interruption_report_and_does_not_run(tb):
     report, case = raised.value, Case.objects.get(reason="uncertain", closed=None)
     assert report.decision == "wait" and "forbids a blind retry" in report.reason
     assert report.case and (report.case.id, report.case.reason) == (case.pk, "uncertain")
-    assert report.case_url == report.case.url == case.to_dict()["url"]
+    assert report.case_url == report.case.url == CaseOut.of(case).url
     assert report.case.url in str(report)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.http import require_POST
 
-from durability.api.decorators import ApiRequest, authorize, error, parse
+from durability.api.decorators import ApiRequest, PayloadRequest, authorize, error
 from trajectories import ingest, links, otlp
 from trajectories.schemas import EventBatchIn
 
@@ -15,13 +15,10 @@ OTLP_MAX_BODY = 4 * 1024 * 1024
 
 
 @require_POST
-@authorize(max_body=EVENTS_MAX_BODY)
-def events(request: ApiRequest) -> JsonResponse:
-    batch = parse(request, EventBatchIn)
-    if isinstance(batch, JsonResponse):
-        return batch
+@authorize(schema=EventBatchIn, max_body=EVENTS_MAX_BODY)
+def events(request: PayloadRequest[EventBatchIn]) -> JsonResponse:
     try:
-        outcome = ingest.events_ingest(project=request.project, events=batch.events)
+        outcome = ingest.events_ingest(project=request.project, events=request.payload.events)
     except ingest.Overloaded as exc:
         response = error(str(exc), exc.status)
         response["Retry-After"] = str(exc.retry_after)

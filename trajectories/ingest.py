@@ -39,7 +39,15 @@ from trajectories.models import (
     Span,
     SpanKind,
 )
-from trajectories.schemas import EVENT_SCHEMAS, RunEventIn, SpanEventIn
+from trajectories.schemas import (
+    EVENT_SCHEMAS,
+    EventBatchOut,
+    EventResultName,
+    EventResultOut,
+    EventStatus,
+    RunEventIn,
+    SpanEventIn,
+)
 from trajectories.semconv import SpanData, requested_tool_calls
 
 # Concurrent ingest transactions per project; more are answered 429.
@@ -478,27 +486,29 @@ def spans_ingest(*, project: Project, spans: list[SpanData]) -> Touched:
 # -- run and span events -----------------------------------------------------------------
 
 
-EVENT_STATUS = {"stored": 201, "duplicate": 200, "rejected": 400}
+EVENT_STATUS: dict[EventResultName, EventStatus] = {
+    "stored": 201,
+    "duplicate": 200,
+    "rejected": 400,
+}
 
 
 @dataclass
 class EventResult:
     index: int
     id: str | None
-    result: str
+    result: EventResultName
     error: str | None = None
     fields: dict[str, str] | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "index": self.index,
-            "id": self.id,
-            "status": EVENT_STATUS[self.result],
-            "result": self.result,
-        }
+    def answer(self) -> EventResultOut:
+        """Its answer; `error` and `fields` stay unset, so out of the JSON, unless rejected."""
+        answer = EventResultOut(
+            index=self.index, id=self.id, status=EVENT_STATUS[self.result], result=self.result
+        )
         if self.error:
-            body["error"], body["fields"] = self.error, self.fields
-        return body
+            answer.error, answer.fields = self.error, self.fields
+        return answer
 
 
 @dataclass
@@ -507,15 +517,17 @@ class EventsOutcome:
     touched: Touched
 
     def to_dict(self) -> dict[str, Any]:
-        counts = {"stored": 0, "duplicate": 0, "rejected": 0}
+        """The answer of POST /api/v1/events, shaped by EventBatchOut."""
+        counts = dict.fromkeys(EVENT_STATUS, 0)
         for r in self.results:
             counts[r.result] += 1
-        return {
-            "stored": counts["stored"],
-            "duplicates": counts["duplicate"],
-            "rejected": counts["rejected"],
-            "results": [r.to_dict() for r in self.results],
-        }
+        batch = EventBatchOut(
+            stored=counts["stored"],
+            duplicates=counts["duplicate"],
+            rejected=counts["rejected"],
+            results=[r.answer() for r in self.results],
+        )
+        return batch.model_dump(mode="json", exclude_unset=True)
 
 
 def _nul_at(value: Any, where: str = "") -> str | None:

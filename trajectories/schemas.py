@@ -99,13 +99,17 @@ class EventBatchIn(BaseModel):
     )
 
 
+EventStatus = Literal[201, 200, 400]
+EventResultName = Literal["stored", "duplicate", "rejected"]
+
+
 class EventResultOut(BaseModel):
     index: int
     id: str | None
-    status: Literal[201, 200, 400] = Field(
+    status: EventStatus = Field(
         description="201 stored, 200 an id seen before (nothing changed), 400 rejected."
     )
-    result: Literal["stored", "duplicate", "rejected"]
+    result: EventResultName
     error: str | None = None
     fields: dict[str, str] | None = None
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import wraps
-from typing import Any
+from typing import Any, Concatenate, cast, overload
 
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from pydantic import BaseModel, ValidationError
 
+from durability.api.schemas import ErrorOut
 from durability.models import ApiKey, Project
 
 MiB = 1024 * 1024
@@ -24,11 +25,22 @@ class ApiRequest(HttpRequest):
     actor: str
 
 
+class PayloadRequest[M: BaseModel](ApiRequest):
+    """An ApiRequest whose JSON body `authorize(schema=M)` has validated into `payload`."""
+
+    payload: M
+
+
+type View[R: HttpRequest, **P] = Callable[Concatenate[R, P], HttpResponse]
+
+
 def error(message: str, status: int, fields: dict[str, str] | None = None) -> JsonResponse:
-    body: dict[str, Any] = {"error": message}
-    if fields:
-        body["fields"] = fields
-    return JsonResponse(body, status=status)
+    return answer(ErrorOut(error=message, fields=fields or None), status, exclude_none=True)
+
+
+def answer(body: BaseModel, status: int = 200, *, exclude_none: bool = False) -> JsonResponse:
+    """A JSON answer whose shape is the pydantic model `body`'s."""
+    return JsonResponse(body.model_dump(mode="json", exclude_none=exclude_none), status=status)
 
 
 def field_errors(exc: ValidationError) -> dict[str, str]:
@@ -45,18 +57,78 @@ def field_errors(exc: ValidationError) -> dict[str, str]:
     return fields
 
 
+class _Refused(Exception):
+    def __init__(self, response: JsonResponse) -> None:
+        self.response = response
+
+
 def _bearer(request: HttpRequest) -> str:
     header = request.headers.get("Authorization", "")
     scheme, _, token = header.partition(" ")
     return token.strip() if scheme.lower() == "bearer" else ""
 
 
-def authorize(
-    *, max_body: int = MiB
-) -> Callable[[Callable[..., HttpResponse]], Callable[..., HttpResponse]]:
-    """Authenticate the Bearer key and set `request.project`; cap the body at `max_body`."""
+def _body(request: HttpRequest, max_body: int) -> bytes:
+    """The body, or a 413 past `max_body` (declared or read)."""
+    try:
+        declared = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        raise _Refused(error("Invalid Content-Length", 400)) from None
+    too_big = _Refused(error(f"Request body over {max_body} bytes", 413))
+    if declared > max_body:
+        raise too_big
+    try:
+        body = request.body
+    except RequestDataTooBig:
+        raise too_big from None
+    if len(body) > max_body:
+        raise too_big
+    return body
 
-    def decorator(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+
+def _parse[M: BaseModel](request: HttpRequest, body: bytes, schema: type[M]) -> M:
+    """Validate a JSON body against `schema`: the model, or a 400 naming each bad field."""
+    if request.content_type not in ("application/json", ""):
+        raise _Refused(
+            error(
+                "Content-Type must be application/json",
+                415,
+                {"Content-Type": f"Expected application/json, not {request.content_type}"},
+            )
+        )
+    try:
+        return schema.model_validate_json(body or b"")
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        for e in errors:
+            if e["type"] == "json_invalid":
+                raise _Refused(error("Malformed JSON", 400, {"body": e["msg"]})) from None
+        if any(e["type"] == "model_type" and not e["loc"] for e in errors):
+            raise _Refused(
+                error("The body must be a JSON object", 400, {"body": "Expected an object"})
+            ) from None
+        raise _Refused(error("Invalid request", 400, field_errors(exc))) from None
+
+
+@overload
+def authorize[**P](
+    *, max_body: int = MiB
+) -> Callable[[View[ApiRequest, P]], View[HttpRequest, P]]: ...
+
+
+@overload
+def authorize[M: BaseModel, **P](
+    *, schema: type[M], max_body: int = MiB
+) -> Callable[[View[PayloadRequest[M], P]], View[HttpRequest, P]]: ...
+
+
+def authorize(
+    *, schema: type[BaseModel] | None = None, max_body: int = MiB
+) -> Callable[[View[Any, ...]], View[HttpRequest, ...]]:
+    """Authenticate the Bearer key and set `request.project`; cap the body at `max_body`;
+    with a `schema`, validate the JSON body once and set it as `request.payload`."""
+
+    def decorator(view: View[Any, ...]) -> View[HttpRequest, ...]:
         @csrf_exempt
         @wraps(view)
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
@@ -65,18 +137,13 @@ def authorize(
                 response = error("Missing, wrong or revoked API key", 401)
                 response["WWW-Authenticate"] = 'Bearer realm="tallybook"'
                 return response
+            api_request = cast(PayloadRequest[BaseModel], request)
             try:
-                declared = int(request.META.get("CONTENT_LENGTH") or 0)
-            except ValueError:
-                return error("Invalid Content-Length", 400)
-            if declared > max_body:
-                return error(f"Request body over {max_body} bytes", 413)
-            try:
-                if len(request.body) > max_body:
-                    return error(f"Request body over {max_body} bytes", 413)
-            except RequestDataTooBig:
-                return error(f"Request body over {max_body} bytes", 413)
-            api_request: ApiRequest = request  # type: ignore[assignment]
+                body = _body(request, max_body)
+                if schema is not None:
+                    api_request.payload = _parse(request, body, schema)
+            except _Refused as refused:
+                return refused.response
             api_request.project = key.project
             api_request.api_key = key
             api_request.actor = f"api:{key.prefix}"
@@ -85,22 +152,3 @@ def authorize(
         return wrapper
 
     return decorator
-
-
-def parse[M: BaseModel](request: HttpRequest, schema: type[M]) -> M | JsonResponse:
-    """Validate a JSON body against `schema`: the model, or a 400 naming each bad field."""
-    if request.content_type not in ("application/json", ""):
-        return error(
-            "Content-Type must be application/json",
-            415,
-            {"Content-Type": f"Expected application/json, not {request.content_type}"},
-        )
-    try:
-        return schema.model_validate_json(request.body or b"")
-    except ValidationError as exc:
-        for e in exc.errors(include_url=False):
-            if e["type"] == "json_invalid":
-                return error("Malformed JSON", 400, {"body": e["msg"]})
-        if any(e["type"] == "model_type" and not e["loc"] for e in exc.errors()):
-            return error("The body must be a JSON object", 400, {"body": "Expected an object"})
-        return error("Invalid request", 400, field_errors(exc))

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from decimal import Decimal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Self, cast
 
+from django.conf import settings
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -14,6 +16,9 @@ from pydantic import (
     StringConstraints,
     field_validator,
 )
+
+if TYPE_CHECKING:
+    from durability.models import Attempt, Case, Effect, Grant, Receipt
 
 HexTraceId = Annotated[
     str, StringConstraints(pattern=r"^[0-9a-f]{32}$"), Field(description="32 lowercase hex digits")
@@ -30,6 +35,9 @@ Name = Annotated[str, StringConstraints(min_length=1, max_length=100, strip_whit
 Text = Annotated[str, StringConstraints(max_length=255)]
 ReplayPolicy = Literal["never", "safe", "idempotent", "reconcile"]
 DecisionName = Literal["proceed", "completed", "wait", "denied", "conflict"]
+SeverityName = Literal["low", "medium", "high", "critical"]
+StrengthName = Literal["agent_reported", "provider_confirmed", "operator_attested"]
+GrantStatus = Literal["live", "expired", "revoked", "superseded"]
 
 
 Money = Annotated[
@@ -200,6 +208,24 @@ class TimeoutIn(Strict):
     reason: Annotated[str, StringConstraints(min_length=1, max_length=4000)]
 
 
+# -- Answers ------------------------------------------------------------------------------
+# Each answer is declared once, here; `of(row)` builds it from its model, reading only the
+# row's own columns (no query), and `durability.api.decorators.answer` sends its dump. The
+# casts name the literals that a choices column holds; validation checks them all the same.
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None
+
+
+def _decimal(value: Decimal | None) -> str | None:
+    return None if value is None else format(value.normalize(), "f")
+
+
+def _url(row: Effect | Case | Grant) -> str:
+    return settings.SITE_URL + row.get_absolute_url()
+
+
 class EffectOut(BaseModel):
     id: int
     key: str
@@ -215,15 +241,45 @@ class EffectOut(BaseModel):
     updated: str
     url: str
 
+    @classmethod
+    def of(cls, effect: Effect) -> Self:
+        return cls(
+            id=effect.pk,
+            key=effect.key,
+            kind=effect.kind,
+            target=effect.target,
+            state=effect.state,
+            late=effect.late,
+            replay=cast(ReplayPolicy, effect.replay),
+            fingerprint=effect.fingerprint,
+            attempt=effect.attempt_count,
+            deadline=_iso(effect.deadline),
+            created=effect.created.isoformat(),
+            updated=effect.updated.isoformat(),
+            url=_url(effect),
+        )
+
 
 class CaseOut(BaseModel):
     id: int
     reason: str
-    severity: Literal["low", "medium", "high", "critical"]
+    severity: SeverityName
     summary: str
     opened: str
     closed: str | None
     url: str
+
+    @classmethod
+    def of(cls, case: Case) -> Self:
+        return cls(
+            id=case.pk,
+            reason=case.reason,
+            severity=cast(SeverityName, case.get_severity_display()),
+            summary=case.summary,
+            opened=case.opened.isoformat(),
+            closed=_iso(case.closed),
+            url=_url(case),
+        )
 
 
 class ReceiptOut(BaseModel):
@@ -233,12 +289,29 @@ class ReceiptOut(BaseModel):
     external_id: str
     observed_at: str | None
     data: Any
-    strength: Literal["agent_reported", "provider_confirmed", "operator_attested"]
+    strength: StrengthName
     attempt: int | None
     trace_id: str
     span_id: str
     late: bool
     received: str
+
+    @classmethod
+    def of(cls, receipt: Receipt) -> Self:
+        return cls(
+            id=receipt.pk,
+            key=receipt.key,
+            system=receipt.system,
+            external_id=receipt.external_id,
+            observed_at=_iso(receipt.observed_at),
+            data=receipt.data,
+            strength=cast(StrengthName, receipt.strength),
+            attempt=receipt.attempt,
+            trace_id=receipt.trace_id,
+            span_id=receipt.span_id,
+            late=receipt.late,
+            received=receipt.received.isoformat(),
+        )
 
 
 class AttemptOut(BaseModel):
@@ -250,6 +323,19 @@ class AttemptOut(BaseModel):
     worker: str
     trace_id: str
     span_id: str
+
+    @classmethod
+    def of(cls, attempt: Attempt) -> Self:
+        return cls(
+            number=attempt.number,
+            started=attempt.started.isoformat(),
+            deadline=_iso(attempt.deadline),
+            context=attempt.context,
+            run_id=attempt.run_id,
+            worker=attempt.worker,
+            trace_id=attempt.trace_id,
+            span_id=attempt.span_id,
+        )
 
 
 class DecisionOut(BaseModel):
@@ -321,10 +407,57 @@ class GrantOut(BaseModel):
     superseded_at: str | None
     revoked: str | None
     revoked_by: str
-    status: Literal["live", "expired", "revoked", "superseded"]
+    status: GrantStatus
     url: str
+
+    @classmethod
+    def of(cls, grant: Grant) -> Self:
+        return cls(
+            id=grant.pk,
+            lineage=str(grant.lineage),
+            version=grant.version,
+            supersedes=grant.supersedes_id,
+            name=grant.name,
+            principal=grant.principal,
+            kinds=grant.kinds,
+            targets=grant.targets,
+            currency=grant.currency,
+            max_amount=_decimal(grant.max_amount),
+            max_daily_amount=_decimal(grant.max_daily_amount),
+            max_count=grant.max_count,
+            count_period_s=grant.count_period_s,
+            requires_approval=grant.requires_approval,
+            second_approval_above=_decimal(grant.second_approval_above),
+            expires=_iso(grant.expires),
+            note=grant.note,
+            granted_by=grant.granted_by,
+            created=grant.created.isoformat(),
+            superseded_at=_iso(grant.superseded_at),
+            revoked=_iso(grant.revoked),
+            revoked_by=grant.revoked_by,
+            status=cast(GrantStatus, grant.status()),
+            url=_url(grant),
+        )
 
 
 class GrantListOut(BaseModel):
     grants: list[GrantOut]
     next: str | None = Field(description="The URL of the next page, or null on the last.")
+
+
+class HookReceiptOut(BaseModel):
+    key: str
+    external_id: str
+    created: bool
+    effect: EffectOut | None
+    case: CaseOut | None
+
+
+class HookDeliveryOut(BaseModel):
+    """The webhook intake's answer (/hooks/<source>/): the provider's, so it is not in the
+    OpenAPI document of the agents' API."""
+
+    delivery: str
+    duplicate: bool
+    receipts: list[HookReceiptOut]
+    ignored: int

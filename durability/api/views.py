@@ -10,8 +10,24 @@ from django.http import JsonResponse
 from django.views.decorators.http import require_GET, require_POST
 
 from durability.api import signals
-from durability.api.decorators import ApiRequest, authorize, error, parse
-from durability.api.schemas import FailureIn, IntentIn, ReceiptIn, TimeoutIn
+from durability.api.decorators import ApiRequest, PayloadRequest, answer, authorize, error
+from durability.api.schemas import (
+    AttemptOut,
+    CaseOut,
+    DecisionName,
+    DecisionOut,
+    EffectDetailOut,
+    EffectOut,
+    EffectResultOut,
+    FailureIn,
+    GrantListOut,
+    GrantOut,
+    IntentIn,
+    ReceiptIn,
+    ReceiptOut,
+    ReceiptResultOut,
+    TimeoutIn,
+)
 from durability.authority.grants import GrantQuery
 from durability.ledger import decisions, evidence, machine
 from durability.ledger.intents import intent_record
@@ -20,49 +36,44 @@ from durability.models import Case, Decision, Effect, Grant, Receipt
 STATUS_OF_DECISION = {Decision.CONFLICT: 409}
 
 
-def _case(case: Case | None) -> dict[str, Any] | None:
-    return case.to_dict() if case else None
+def _case(case: Case | None) -> CaseOut | None:
+    return CaseOut.of(case) if case else None
 
 
-def _receipt(receipt: Receipt | None) -> dict[str, Any] | None:
-    return receipt.to_dict() if receipt else None
+def _receipt(receipt: Receipt | None) -> ReceiptOut | None:
+    return ReceiptOut.of(receipt) if receipt else None
 
 
 @require_POST
-@authorize()
-def intents(request: ApiRequest) -> JsonResponse:
-    intent = parse(request, IntentIn)
-    if isinstance(intent, JsonResponse):
-        return intent
-    outcome = intent_record(project=request.project, actor=request.actor, intent=intent)
-    status = STATUS_OF_DECISION.get(outcome.decision, 201 if outcome.created else 200)
-    return JsonResponse(
-        {
-            "decision": outcome.decision,
-            "effect": outcome.effect.to_dict(),
-            "receipt": _receipt(outcome.receipt),
-            "case": _case(outcome.case),
-            "reason": outcome.reason,
-        },
-        status=status,
+@authorize(schema=IntentIn)
+def intents(request: PayloadRequest[IntentIn]) -> JsonResponse:
+    outcome = intent_record(project=request.project, actor=request.actor, intent=request.payload)
+    return answer(
+        DecisionOut(
+            decision=cast(DecisionName, outcome.decision),
+            effect=EffectOut.of(outcome.effect),
+            receipt=_receipt(outcome.receipt),
+            case=_case(outcome.case),
+            reason=outcome.reason,
+        ),
+        STATUS_OF_DECISION.get(outcome.decision, 201 if outcome.created else 200),
     )
 
 
 @require_POST
-@authorize()
-def receipts(request: ApiRequest) -> JsonResponse:
-    receipt = parse(request, ReceiptIn)
-    if isinstance(receipt, JsonResponse):
-        return receipt
-    outcome = evidence.receipt_record(project=request.project, actor=request.actor, receipt=receipt)
-    return JsonResponse(
-        {
-            "receipt": outcome.receipt.to_dict(),
-            "effect": outcome.effect.to_dict() if outcome.effect else None,
-            "case": _case(outcome.case),
-            "created": outcome.created,
-        },
-        status=201 if outcome.created else 200,
+@authorize(schema=ReceiptIn)
+def receipts(request: PayloadRequest[ReceiptIn]) -> JsonResponse:
+    outcome = evidence.receipt_record(
+        project=request.project, actor=request.actor, receipt=request.payload
+    )
+    return answer(
+        ReceiptResultOut(
+            receipt=ReceiptOut.of(outcome.receipt),
+            effect=EffectOut.of(outcome.effect) if outcome.effect else None,
+            case=_case(outcome.case),
+            created=outcome.created,
+        ),
+        201 if outcome.created else 200,
     )
 
 
@@ -75,56 +86,52 @@ def _effect_change(record: Callable[[], evidence.EffectOutcome]) -> JsonResponse
         return error(str(exc), 404, {"key": "No effect has this key"})
     except machine.IllegalTransition as exc:
         return error(str(exc), 409)
-    return JsonResponse(
-        {
-            "effect": outcome.effect.to_dict(),
-            "case": _case(outcome.case),
-            "changed": outcome.changed,
-        }
+    return answer(
+        EffectResultOut(
+            effect=EffectOut.of(outcome.effect), case=_case(outcome.case), changed=outcome.changed
+        )
     )
 
 
 @require_POST
-@authorize()
-def failures(request: ApiRequest) -> JsonResponse:
-    failure = parse(request, FailureIn)
-    if isinstance(failure, JsonResponse):
-        return failure
+@authorize(schema=FailureIn)
+def failures(request: PayloadRequest[FailureIn]) -> JsonResponse:
     return _effect_change(
         lambda: evidence.failure_record(
-            project=request.project, actor=request.actor, failure=failure
+            project=request.project, actor=request.actor, failure=request.payload
         )
     )
 
 
 @require_POST
-@authorize()
-def timeouts(request: ApiRequest) -> JsonResponse:
-    timeout = parse(request, TimeoutIn)
-    if isinstance(timeout, JsonResponse):
-        return timeout
+@authorize(schema=TimeoutIn)
+def timeouts(request: PayloadRequest[TimeoutIn]) -> JsonResponse:
     return _effect_change(
         lambda: evidence.timeout_record(
-            project=request.project, actor=request.actor, timeout=timeout
+            project=request.project, actor=request.actor, timeout=request.payload
         )
     )
 
 
-def _effect_detail(effect: Effect) -> dict[str, Any]:
+def _effect_detail(effect: Effect) -> JsonResponse:
     outcome = decisions.decide(effect)
-    detail: dict[str, Any] = {
-        "effect": effect.to_dict(),
-        "request": effect.request,
-        "authority": effect.authority,
-        "attempts": [a.to_dict() for a in effect.attempts.all()],
-        "receipts": [r.to_dict() for r in effect.receipts.all()],
-        "cases": [c.to_dict() for c in effect.cases.filter(closed=None).order_by("opened")],
-        "decision": outcome.decision,
-        "reason": outcome.reason,
-    }
+    # Each receiver adds its own fields (trajectories: run_id, tool_span_id, model_span_id).
+    sections: dict[str, Any] = {}
     for _, section in signals.effect_detail.send(sender=Effect, effect=effect):
-        detail.update(cast(dict[str, Any], section))
-    return detail
+        sections.update(cast(dict[str, Any], section))
+    return answer(
+        EffectDetailOut(
+            effect=EffectOut.of(effect),
+            request=effect.request,
+            authority=effect.authority,
+            attempts=[AttemptOut.of(a) for a in effect.attempts.all()],
+            receipts=[ReceiptOut.of(r) for r in effect.receipts.all()],
+            cases=[CaseOut.of(c) for c in effect.cases.filter(closed=None).order_by("opened")],
+            decision=cast(DecisionName, outcome.decision),
+            reason=outcome.reason,
+            **sections,
+        )
+    )
 
 
 @require_GET
@@ -133,7 +140,7 @@ def effect_detail(request: ApiRequest, effect_id: int) -> JsonResponse:
     effect = Effect.objects.filter(project=request.project, pk=effect_id).first()
     if effect is None:
         return error("No such effect in this project", 404)
-    return JsonResponse(_effect_detail(effect))
+    return _effect_detail(effect)
 
 
 @require_GET
@@ -149,7 +156,7 @@ def effects(request: ApiRequest) -> JsonResponse:
     effect = Effect.objects.filter(project=request.project, key=key).first()
     if effect is None:
         return error("No effect has this key in this project", 404, {"key": "Unknown key"})
-    return JsonResponse(_effect_detail(effect))
+    return _effect_detail(effect)
 
 
 GRANT_PAGE = 100
@@ -170,7 +177,7 @@ def grants(request: ApiRequest) -> JsonResponse:
         params = request.GET.copy()
         params["before"] = str(rows[-1].pk)
         next_url = f"{settings.SITE_URL}{request.path}?{params.urlencode()}"
-    return JsonResponse({"grants": [g.to_dict() for g in rows], "next": next_url})
+    return answer(GrantListOut(grants=[GrantOut.of(g) for g in rows], next=next_url))
 
 
 @require_GET
@@ -179,4 +186,4 @@ def grant_detail(request: ApiRequest, grant_id: int) -> JsonResponse:
     grant = Grant.objects.filter(project=request.project, pk=grant_id).first()
     if grant is None:
         return error("No such grant in this project", 404)
-    return JsonResponse(grant.to_dict())
+    return answer(GrantOut.of(grant))

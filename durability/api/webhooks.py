@@ -25,8 +25,8 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 from pydantic import ValidationError
 
-from durability.api.decorators import MiB, error, field_errors
-from durability.api.schemas import ReceiptIn
+from durability.api.decorators import MiB, answer, error, field_errors
+from durability.api.schemas import CaseOut, EffectOut, HookDeliveryOut, HookReceiptOut, ReceiptIn
 from durability.ledger import evidence
 from durability.models import Strength, WebhookDelivery, WebhookKind, WebhookSource
 
@@ -253,21 +253,21 @@ def hook(request: HttpRequest, name: str) -> JsonResponse:
     outcome = webhook_receive(
         source=source, delivery_id=delivery_id, receipts=receipts, ignored=ignored
     )
-    return JsonResponse(
-        {
-            "delivery": delivery_id,
-            "duplicate": outcome.duplicate,
-            "receipts": [
-                {
-                    "key": o.receipt.key,
-                    "external_id": o.receipt.external_id,
-                    "created": o.created,
-                    "effect": o.effect.to_dict() if o.effect else None,
-                    "case": o.case.to_dict() if o.case else None,
-                }
+    return answer(
+        HookDeliveryOut(
+            delivery=delivery_id,
+            duplicate=outcome.duplicate,
+            receipts=[
+                HookReceiptOut(
+                    key=o.receipt.key,
+                    external_id=o.receipt.external_id,
+                    created=o.created,
+                    effect=EffectOut.of(o.effect) if o.effect else None,
+                    case=CaseOut.of(o.case) if o.case else None,
+                )
                 for o in outcome.outcomes
             ],
-            "ignored": ignored,
-        },
-        status=200 if outcome.duplicate else 201,
+            ignored=ignored,
+        ),
+        200 if outcome.duplicate else 201,
     )
