@@ -28,8 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
-
-from durability.sdk import Tallybook
+from tallybook import Tallybook
 
 ROOT = Path(__file__).resolve().parent.parent
 

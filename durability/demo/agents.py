@@ -1,7 +1,7 @@
 """The demo's agents: a refund bot, a release bot and a support bot.
 
 Each runs as its own process (`python -m durability.demo.agents refund-bot …`), works
-through numbered tickets, and makes its effects durable with `durability.sdk` exactly as
+through numbered tickets, and makes its effects durable with `tallybook` exactly as
 a real agent would. Its memory (the next ticket, the ticket in hand, tickets parked until
 a person or a reconciler settles them) is a small JSON file, so that a process that dies
 mid-ticket is restarted by `manage.py demoagents` and resumes that ticket, as a job queue
@@ -31,8 +31,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
-from durability.demo import telemetry
-from durability.sdk import (
+from tallybook import (
     EffectConflict,
     EffectDenied,
     EffectInDoubt,
@@ -40,6 +39,8 @@ from durability.sdk import (
     Tallybook,
     TallybookError,
 )
+
+from durability.demo import telemetry
 
 log = logging.getLogger("durability.demo")
 # What os._exit reports when an agent "crashes": the supervisor restarts it.

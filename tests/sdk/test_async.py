@@ -5,12 +5,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from tallybook import AsyncTallybook, EffectInDoubt, EffectUnsettled, Receipt
 
 from durability.models import Attempt, Case, Effect
 from durability.models import Receipt as ReceiptRow
-from durability.sdk import AsyncTallybook, EffectInDoubt, EffectUnsettled, Receipt
-
-pytest_plugins = ["tests.sdk_fixtures"]
 
 
 def refund(atb, order="42"):

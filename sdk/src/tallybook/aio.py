@@ -11,12 +11,13 @@ import asyncio
 import functools
 from collections.abc import Awaitable, Callable, Coroutine
 from types import TracebackType
-from typing import Any, Protocol, Self, Unpack
+from typing import TYPE_CHECKING, Any, Protocol
 
-from durability.sdk.client import (
+from tallybook.client import (
     Base,
     Block,
     EffectOptions,
+    P,
     ReceiptSlot,
     ToolCall,
     ToolOptions,
@@ -24,11 +25,14 @@ from durability.sdk.client import (
     still_in_doubt,
     tool_receipt,
 )
-from durability.sdk.records import EffectStatus, Receipt
+from tallybook.records import EffectStatus, Receipt
+
+if TYPE_CHECKING:
+    from typing_extensions import Self, Unpack
 
 
 class AsyncToolDecorator(Protocol):
-    def __call__[**P](
+    def __call__(
         self, fn: Callable[P, Awaitable[Receipt]], /
     ) -> Callable[P, Coroutine[Any, Any, Receipt]]: ...
 
@@ -95,7 +99,7 @@ class AsyncTallybook(Base):
     ) -> AsyncToolDecorator:
         """Decorate an async tool function that performs an effect and returns its `Receipt`."""
 
-        def decorate[**P](
+        def decorate(
             fn: Callable[P, Awaitable[Receipt]],
         ) -> Callable[P, Coroutine[Any, Any, Receipt]]:
             call = ToolCall(fn, key)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
 
 Json = dict[str, Any]
@@ -14,10 +14,10 @@ def iso8601(value: datetime | float | str | None) -> str | None:
     if value is None or isinstance(value, str):
         return value
     if isinstance(value, datetime):
-        return (value if value.tzinfo else value.replace(tzinfo=UTC)).isoformat()
+        return (value if value.tzinfo else value.replace(tzinfo=timezone.utc)).isoformat()
     if isinstance(value, bool):
         raise TypeError("observed_at must be a datetime, epoch seconds or an ISO 8601 string")
-    return datetime.fromtimestamp(value, tz=UTC).isoformat()
+    return datetime.fromtimestamp(value, tz=timezone.utc).isoformat()
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,10 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from tallybook import Tallybook
 
 from durability.models import Attempt, Effect, Receipt
-from durability.sdk import Tallybook
-from tests.sdk_support import FAST
-
-pytest_plugins = ["tests.sdk_fixtures"]
+from tests.sdk.support import FAST
 
 
 @pytest.fixture

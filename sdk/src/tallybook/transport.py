@@ -15,12 +15,12 @@ import random
 import threading
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import urlsplit
 
-from durability.sdk.errors import ServerUnavailable
+from tallybook.errors import ServerUnavailable
 
 # Errors of a keep-alive connection the server closed while it sat idle in the pool.
 STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
@@ -62,8 +62,8 @@ def retry_after(value: str | None) -> float | None:
     except (TypeError, ValueError):
         return None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return max(0.0, (when - datetime.now(UTC)).total_seconds())
+        when = when.replace(tzinfo=timezone.utc)
+    return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
 
 
 class Transport:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-log = logging.getLogger("durability.sdk")
+log = logging.getLogger("tallybook")
 
 # A temporary file this old is the remains of a process that died while writing it.
 STALE_TMP_SECONDS = 3600

@@ -11,10 +11,10 @@ from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from tallybook import IntentNotRecorded, ServerUnavailable, Tallybook
+from tallybook.transport import Retry, Transport
 
-from durability.sdk import IntentNotRecorded, ServerUnavailable, Tallybook
-from durability.sdk.transport import Retry, Transport
-from tests.sdk_support import free_port
+from tests.sdk.support import free_port
 
 PROCEED = {
     "decision": "proceed",

@@ -9,18 +9,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from tallybook import IntentNotRecorded, Tallybook
 
 from durability.models import Case, Effect, Receipt
-from durability.sdk import IntentNotRecorded, Tallybook
 from tests import ledger
-from tests.sdk_support import FAST, run_agent, wait_until
-
-pytest_plugins = ["tests.sdk_fixtures"]
+from tests.sdk.support import FAST, run_agent, wait_until
 
 
 @dataclass
 class Agent:
-    """tests/sdk_agent.py refunding order 42 through the live server, one process per call."""
+    """tests/sdk/agent.py refunding order 42 through the live server, one process per call."""
 
     url: str
     key: str

@@ -25,11 +25,20 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, NotRequired, Protocol, Self, TypedDict, Unpack
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Generic,
+    Literal,
+    ParamSpec,
+    Protocol,
+    TypedDict,
+    TypeVar,
+)
 from urllib.parse import quote
 
-from durability.sdk import tracing
-from durability.sdk.errors import (
+from tallybook import tracing
+from tallybook.errors import (
     INTERRUPTIONS,
     EffectInDoubt,
     EffectUnsettled,
@@ -38,19 +47,25 @@ from durability.sdk.errors import (
     ServerUnavailable,
     TallybookError,
 )
-from durability.sdk.records import EffectStatus, Json, Receipt, iso8601
-from durability.sdk.spool import Entry, Spool, default_root, spool_dir
-from durability.sdk.transport import Retry, Transport
+from tallybook.records import EffectStatus, Json, Receipt, iso8601
+from tallybook.spool import Entry, Spool, default_root, spool_dir
+from tallybook.transport import Retry, Transport
+
+if TYPE_CHECKING:
+    # Annotations only (never evaluated): Python 3.10 has these in typing_extensions' stubs.
+    from typing_extensions import NotRequired, Self, Unpack
 
 VERSION = "0.1.0"
 DEFAULT_URL = "http://127.0.0.1:8000"
 NO_RETRY = Retry(retries=0)
 MAX_ERROR = 4000  # what the server keeps of a failure's error
 APPROVAL = "approval_required"  # the case of an effect that waits for a person's approval
-log = logging.getLogger("durability.sdk")
+log = logging.getLogger("tallybook")
 
 ReplayPolicy = Literal["never", "safe", "idempotent", "reconcile"]
 Observed = datetime | float | str | None
+R = TypeVar("R")
+P = ParamSpec("P")
 
 
 class Amount(TypedDict):
@@ -100,7 +115,7 @@ def _without_none(values: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
-class ReceiptSlot[R]:
+class ReceiptSlot(Generic[R]):
     """`fx.receipt`: the receipt on record (its attributes) and, called, how to record one."""
 
     __slots__ = ("_record", "_stored")
@@ -279,7 +294,7 @@ def tool_receipt(made: object, fn: Callable[..., Any]) -> dict[str, Any]:
     """The receipt a decorated tool function returned, as the arguments of `fx.receipt`."""
     if not isinstance(made, Receipt):
         raise TypeError(
-            f"{fn.__qualname__} must return a durability.sdk.Receipt, not {type(made).__name__}"
+            f"{fn.__qualname__} must return a tallybook.Receipt, not {type(made).__name__}"
         )
     return {
         "system": made.system,
@@ -290,7 +305,7 @@ def tool_receipt(made: object, fn: Callable[..., Any]) -> dict[str, Any]:
 
 
 class ToolDecorator(Protocol):
-    def __call__[**P](self, fn: Callable[P, Receipt], /) -> Callable[P, Receipt]: ...
+    def __call__(self, fn: Callable[P, Receipt], /) -> Callable[P, Receipt]: ...
 
 
 class ToolCall:
@@ -459,7 +474,7 @@ class Base:
             self._record("failures", failure)
         except RequestRejected as rejected:
             log.error("Tallybook refused the failure of %r: %s", failure["key"], rejected)
-            if exc is not None:
+            if exc is not None and sys.version_info >= (3, 11):
                 exc.add_note(f"Tallybook refused the failure report: {rejected}")
 
     def _deliver(self, entry: Entry, retry: Retry | None) -> Json | None:
@@ -650,7 +665,7 @@ class Tallybook(Base):
         the call returns the stored receipt.
         """
 
-        def decorate[**P](fn: Callable[P, Receipt]) -> Callable[P, Receipt]:
+        def decorate(fn: Callable[P, Receipt]) -> Callable[P, Receipt]:
             call = ToolCall(fn, key)
 
             @functools.wraps(fn)

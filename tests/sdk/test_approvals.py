@@ -11,14 +11,12 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 from django.db import connection
+from tallybook import AsyncTallybook, EffectDenied, EffectInDoubt, Tallybook
 
 from durability import approvals
 from durability.models import Approval, Effect, Grant, Project, SignoffVerdict, State
-from durability.sdk import AsyncTallybook, EffectDenied, EffectInDoubt, Tallybook
 from tests.authority import grant
-from tests.sdk_support import wait_until
-
-pytest_plugins = ["tests.sdk_fixtures"]
+from tests.sdk.support import wait_until
 
 
 @pytest.fixture

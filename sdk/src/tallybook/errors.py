@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from durability.sdk.records import Case, Json
+from tallybook.records import Case, Json
 
 
 class TallybookError(Exception):

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from tallybook import EffectInDoubt, Receipt, Tallybook
 
 from durability.models import Effect
 from durability.models import Receipt as ReceiptRow
-from durability.sdk import EffectInDoubt, Receipt, Tallybook
 from tests import ledger
-
-pytest_plugins = ["tests.sdk_fixtures"]
 
 
 @pytest.fixture
@@ -76,7 +74,7 @@ def test_a_tool_that_returns_no_receipt_is_a_bug_reported_loudly(tb: Tallybook):
     def charge(order: int) -> Receipt:
         return "done"  # type: ignore[return-value]
 
-    with pytest.raises(TypeError, match="must return a durability.sdk.Receipt"):
+    with pytest.raises(TypeError, match="must return a tallybook.Receipt"):
         charge(1)
 
     assert Effect.objects.get(key="charge:1").state == "timed_out"

@@ -9,10 +9,7 @@ import time
 from datetime import UTC, datetime
 
 import pytest
-
-from durability import machine
-from durability.models import Attempt, Case, Effect, Receipt
-from durability.sdk import (
+from tallybook import (
     EffectConflict,
     EffectDenied,
     EffectInDoubt,
@@ -21,10 +18,11 @@ from durability.sdk import (
     RequestRejected,
     Tallybook,
 )
-from tests import ledger
-from tests.sdk_support import FAST, ROOT, free_port
 
-pytest_plugins = ["tests.sdk_fixtures"]
+from durability import machine
+from durability.models import Attempt, Case, Effect, Receipt
+from tests import ledger
+from tests.sdk.support import FAST, SDK_SRC, free_port
 
 
 class Declined(Exception):
@@ -289,6 +287,6 @@ def test_a_misspelt_option_is_refused_before_anything_is_sent(tb):
 
 
 def test_the_sdk_imports_without_django_or_any_installed_package():
-    # -S: no site-packages at all; only the standard library and the repository.
-    code = "import sys, durability.sdk; assert 'django' not in sys.modules, sorted(sys.modules)"
-    subprocess.run([sys.executable, "-S", "-c", code], cwd=ROOT, check=True)
+    # -S: no site-packages at all; only the standard library and the SDK's folder.
+    code = "import sys, tallybook; assert 'django' not in sys.modules, sorted(sys.modules)"
+    subprocess.run([sys.executable, "-S", "-c", code], cwd=SDK_SRC, check=True)
