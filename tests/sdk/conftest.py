@@ -28,7 +28,7 @@ def tb(live_server: Any, api_key: str, spool_root: Path) -> Iterator[Tallybook]:
 def atb(live_server: Any, api_key: str, spool_root: Path) -> Iterator[AsyncTallybook]:
     client = AsyncTallybook(live_server.url, api_key, spool=spool_root, **FAST)
     yield client
-    client._close()
+    client._close(5.0)
 
 
 @pytest.fixture

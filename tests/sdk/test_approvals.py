@@ -61,7 +61,8 @@ def operator_later(project: Project, alice: User) -> Iterator[Any]:
 
     yield start
     for thread in threads:
-        thread.join()
+        thread.join(timeout=30)
+        assert not thread.is_alive(), "the operator's thread hangs"
 
 
 def test_the_block_waits_for_the_approval_and_then_runs(tb: Tallybook, refunds, operator_later):
@@ -71,6 +72,7 @@ def test_the_block_waits_for_the_approval_and_then_runs(tb: Tallybook, refunds, 
         ran = True
         fx.receipt(system="stripe", external_id="re_7")
     assert ran and fx.decision == "proceed" and fx.attempt == 1
+    assert tb.flush()
     effect = Effect.objects.get(key="refund:7")
     assert (effect.state, str(effect.amount), effect.currency) == (
         State.SUCCEEDED,
@@ -102,6 +104,7 @@ def test_without_waiting_it_raises_effect_in_doubt_naming_the_approval_and_wait_
     assert tb.wait_for("refund:7", timeout=5).decision == "proceed"
     with tb.effect("refund:7", **_options(refunds)) as fx:
         fx.receipt(system="stripe", external_id="re_7")
+    assert tb.flush()
     assert Effect.objects.get().state == State.SUCCEEDED
 
 
@@ -129,4 +132,5 @@ def test_the_async_block_waits_for_the_approval_too(atb: AsyncTallybook, refunds
         return str(fx.decision)
 
     assert asyncio.run(agent()) == "proceed"
+    assert asyncio.run(atb.flush())
     assert Effect.objects.get().state == State.SUCCEEDED

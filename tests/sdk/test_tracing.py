@@ -43,6 +43,7 @@ def test_intent_and_receipt_link_to_the_tool_call_span(traced, exported):
     ):
         fx.receipt(system="fakepay", external_id="re_1")
 
+    assert traced.flush()
     trace_id, span_id = hex_ids(tool)
     attempt = Attempt.objects.get(effect__key="refund:42")
     assert (attempt.trace_id, attempt.span_id) == (trace_id, span_id)

@@ -27,11 +27,13 @@ from tallybook.errors import (
     EffectInterrupted,
     EffectUnsettled,
     IntentNotRecorded,
+    ReceiptConflict,
     RequestRejected,
     ServerUnavailable,
     TallybookError,
 )
 from tallybook.records import Case, EffectStatus, Receipt
+from tallybook.scope import current_run
 
 __all__ = [
     "__version__",
@@ -48,9 +50,11 @@ __all__ = [
     "EffectUnsettled",
     "IntentNotRecorded",
     "Receipt",
+    "ReceiptConflict",
     "ReceiptSlot",
     "RequestRejected",
     "ServerUnavailable",
     "Tallybook",
     "TallybookError",
+    "current_run",
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 from collections.abc import Awaitable, Callable, Coroutine
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
@@ -17,37 +18,48 @@ from tallybook.client import (
     Base,
     Block,
     EffectOptions,
+    Observed,
     P,
     ReceiptSlot,
-    ToolCall,
+    T,
     ToolOptions,
+    check_options,
+    in_doubt,
     polls,
     still_in_doubt,
-    tool_receipt,
 )
 from tallybook.records import EffectStatus, Receipt
+from tallybook.tools import ReceiptFrom, ToolCall
 
 if TYPE_CHECKING:
     from typing_extensions import Self, Unpack
 
 
 class AsyncToolDecorator(Protocol):
-    def __call__(
-        self, fn: Callable[P, Awaitable[Receipt]], /
-    ) -> Callable[P, Coroutine[Any, Any, Receipt]]: ...
+    def __call__(self, fn: Callable[P, Awaitable[T]], /) -> Callable[P, Coroutine[Any, Any, T]]: ...
 
 
 class AsyncEffect(Block):
     """`async with tb.effect(...) as fx`: the intent on entry, the outcome on exit."""
+
+    _tb: AsyncTallybook
 
     async def __aenter__(self) -> Self:
         body = self._begin()
         fail_open = self._options.get("fail_open")
         try:
             answer = await asyncio.to_thread(self._tb._intent, self.key, body, fail_open)
-            if (patience := self._awaits_approval(answer)) is not None:
-                assert isinstance(self._tb, AsyncTallybook)
-                await self._tb.wait_for(self.key, timeout=patience)
+            while (step := self._before_giving_up(answer)) is not None:
+                assert answer is not None
+                if step == "probe":
+                    found = self._options["on_in_doubt"](in_doubt(self.key, answer))
+                    if inspect.isawaitable(found):
+                        found = await found
+                    if (receipt := self._probe_body(answer, found)) is None:
+                        continue
+                    await asyncio.to_thread(self._tb._record, "receipts", receipt)
+                else:
+                    await self._tb.wait_for(self.key, timeout=step)
                 answer = await asyncio.to_thread(self._tb._intent, self.key, body, fail_open)
             self._answered(answer)
         except BaseException as exc:
@@ -64,7 +76,7 @@ class AsyncEffect(Block):
         failure, unsettled = self._exit_plan(exc)
         try:
             if failure is not None:
-                await asyncio.to_thread(self._tb._report, failure, exc)
+                await asyncio.to_thread(self._tb._report, failure)
         finally:
             self._span.end(exc or unsettled)
         if unsettled is not None:
@@ -77,14 +89,14 @@ class AsyncEffect(Block):
 
     async def fail(self, error: str | BaseException, *, definitive: bool = False) -> None:
         """The effect failed; `definitive=True` when the provider said nothing happened."""
-        await asyncio.to_thread(self._tb._record, "failures", self._failure_body(error, definitive))
-        self._settled = True
+        body = self._failure_once(error, definitive)
+        await asyncio.to_thread(self._tb._record, "failures", body)
 
     async def _record_receipt(self, **fields: Any) -> Receipt:
-        body = self._receipt_body(**fields)
-        return self._receipt_recorded(
-            body, await asyncio.to_thread(self._tb._record, "receipts", body)
-        )
+        body, receipt = self._receipt_once(**fields)
+        if body is not None:
+            await asyncio.to_thread(self._tb._record, "receipts", body)
+        return receipt
 
 
 class AsyncTallybook(Base):
@@ -95,26 +107,60 @@ class AsyncTallybook(Base):
         return AsyncEffect(self, key, options)
 
     def tool(
-        self, key: str | Callable[..., str], **options: Unpack[ToolOptions]
+        self,
+        key: str | Callable[..., str],
+        *,
+        request: Callable[..., Any] | None = None,
+        receipt: ReceiptFrom = None,
+        **options: Unpack[ToolOptions],
     ) -> AsyncToolDecorator:
-        """Decorate an async tool function that performs an effect and returns its `Receipt`."""
+        """Decorate an async tool function that performs an effect; see `Tallybook.tool`."""
+        check_options(options, ToolOptions, required=("kind", "target"))
 
-        def decorate(
-            fn: Callable[P, Awaitable[Receipt]],
-        ) -> Callable[P, Coroutine[Any, Any, Receipt]]:
-            call = ToolCall(fn, key)
+        def decorate(fn: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any, Any, T]]:
+            call = ToolCall(fn, key, system=options["target"], request=request, receipt=receipt)
 
             @functools.wraps(fn)
-            async def wrapper(*args: P.args, **kwargs: P.kwargs) -> Receipt:
-                effect_key, request = call.bind(args, kwargs)
-                async with self.effect(effect_key, request=request, **options) as fx:
+            async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+                effect_key, body = call.bind(args, kwargs)
+                async with self.effect(effect_key, request=body, **options) as fx:
                     if fx.completed:
-                        return fx._done_before()
-                    return await fx.receipt(**tool_receipt(await fn(*args, **kwargs), fn))
+                        replayed: T = call.replay(fx._done_before())
+                        return replayed
+                    result = await fn(*args, **kwargs)
+                    fields, problem = call.evidence(result)
+                    recorded = await fx.receipt(**fields)
+                    if problem is not None:
+                        raise problem
+                    answer: T = call.answer(result, recorded)
+                    return answer
 
             return wrapper
 
         return decorate
+
+    async def receipt(
+        self,
+        key: str,
+        *,
+        system: str,
+        external_id: str,
+        observed_at: Observed = None,
+        data: Any = None,
+        attempt: int | None = None,
+    ) -> Receipt:
+        """Record a receipt outside an effect block; see `Tallybook.receipt`."""
+        return await asyncio.to_thread(
+            functools.partial(
+                self._receipt_later,
+                key,
+                system=system,
+                external_id=external_id,
+                observed_at=observed_at,
+                data=data,
+                attempt=attempt,
+            )
+        )
 
     async def wait_for(
         self, key: str, *, timeout: float = 300.0, poll: float = 1.0
@@ -131,9 +177,13 @@ class AsyncTallybook(Base):
             await asyncio.sleep(pause)
         return status
 
-    async def aclose(self) -> None:
-        """Stop the spool's delivery thread; what it holds waits for the next client."""
-        await asyncio.to_thread(self._close)
+    async def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until every spooled receipt and failure is delivered; whether they are."""
+        return await asyncio.to_thread(self._flush, timeout)
+
+    async def aclose(self, timeout: float = 5.0) -> None:
+        """Deliver what the spool holds (unless the server is away), then stop sending."""
+        await asyncio.to_thread(self._close, timeout)
 
     async def __aenter__(self) -> Self:
         return self

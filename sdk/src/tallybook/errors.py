@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from tallybook.records import Case, Json
 
 
@@ -24,16 +22,12 @@ class RequestRejected(TallybookError):
         super().__init__(f"HTTP {status}: {error}" + (f" ({detail})" if detail else ""))
 
 
-class IntentNotRecorded(TallybookError):
-    """The intent could not be recorded, so the effect was not performed (fail closed)."""
+class ReceiptConflict(TallybookError):
+    """A block that has its outcome was given a different one: nothing was sent.
 
-    def __init__(self, key: str, cause: ServerUnavailable | RequestRejected) -> None:
-        self.key, self.cause = key, cause
-        self.status = cause.status if isinstance(cause, RequestRejected) else None
-        super().__init__(
-            f"The intent for {key!r} could not be recorded, so the effect was not performed: "
-            f"{cause}"
-        )
+    One block is one effect. A provider that really did it twice is reported with
+    `tb.receipt(key, ...)`, which the server records as a duplicate effect.
+    """
 
 
 class EffectUnsettled(TallybookError):
@@ -41,23 +35,44 @@ class EffectUnsettled(TallybookError):
 
 
 class EffectInterrupted(TallybookError):
-    """The server's answer forbids performing the effect now: the interruption report.
+    """Do not perform the effect now: the base of every such outcome, and its report.
 
-    Carries the decision, the server's one-sentence reason, the case an operator
-    settles (if one is open) and its URL.
+    Carries the decision, the one-sentence reason, the case an operator settles (if one
+    is open) and its URL.
     """
 
-    def __init__(self, key: str, answer: Json) -> None:
-        self.key = key
-        self.decision: str = answer["decision"]
-        self.reason: str = answer["reason"]
-        self.effect: dict[str, Any] = answer["effect"]
-        self.case: Case | None = Case.from_json(answer.get("case"))
-        self.case_url: str | None = self.case.url if self.case else None
-        report = f"{key}: {self.decision}. {self.reason}"
-        if self.case is not None:
-            report += f" Case #{self.case.id} ({self.case.reason}): {self.case.url}"
+    def __init__(
+        self, key: str, decision: str, reason: str, effect: Json | None, case: Case | None
+    ) -> None:
+        self.key, self.decision, self.reason = key, decision, reason
+        self.effect: Json | None = effect
+        self.case: Case | None = case
+        self.case_url: str | None = case.url if case else None
+        report = f"{key}: {decision}. {reason}"
+        if case is not None:
+            report += f" Case #{case.id} ({case.reason}): {case.url}"
         super().__init__(report)
+
+    @classmethod
+    def answered(cls, key: str, answer: Json) -> EffectInterrupted:
+        """The exception for the server's answer to an intent."""
+        case = Case.from_json(answer.get("case"))
+        return cls(key, answer["decision"], answer["reason"], answer["effect"], case)
+
+
+class IntentNotRecorded(EffectInterrupted):
+    """The intent could not be recorded, so the effect was not performed (fail closed)."""
+
+    def __init__(self, key: str, cause: ServerUnavailable | RequestRejected) -> None:
+        self.cause = cause
+        self.status = cause.status if isinstance(cause, RequestRejected) else None
+        super().__init__(
+            key,
+            "unrecorded",
+            f"The intent could not be recorded, so the effect was not performed: {cause}",
+            None,
+            None,
+        )
 
 
 class EffectInDoubt(EffectInterrupted):
