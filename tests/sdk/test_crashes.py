@@ -4,7 +4,6 @@ moments, and a real server process stopped for a while. Nothing is repeated, not
 from __future__ import annotations
 
 import contextlib
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,7 +84,7 @@ def test_a_server_away_for_a_while_loses_no_receipt(server, api_key, spool_root)
     with pytest.raises(IntentNotRecorded), tb.effect("send:3", kind="email", target="smtp"):
         pytest.fail("an effect ran without a recorded intent")
     assert len(tb.spool.pending()) == 3
-    time.sleep(1.5)
+    wait_until(lambda: tb._failing, what="the sender to find the server away")
 
     server.start()
 

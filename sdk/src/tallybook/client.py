@@ -52,7 +52,7 @@ from tallybook.errors import (
 from tallybook.records import EffectStatus, Json, Receipt, iso8601
 from tallybook.spool import Entry, Spool, default_root, spool_dir
 from tallybook.tools import ReceiptFrom, ToolCall
-from tallybook.transport import Retry, Transport
+from tallybook.transport import Channel, Retry, Transport
 
 if TYPE_CHECKING:
     # Annotations only (never evaluated): Python 3.10 has these in typing_extensions' stubs.
@@ -125,7 +125,7 @@ class Given:
 # Set at first use and fixed from there on.
 @dataclass(frozen=True)
 class Config:
-    transport: Transport
+    transport: Channel
     spool: Spool
     fail_open: bool
     intent_budget: float

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from tallybook.errors import ServerUnavailable
@@ -65,6 +65,26 @@ def retry_after(value: str | None) -> float | None:
     if when.tzinfo is None:
         when = when.replace(tzinfo=timezone.utc)
     return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
+
+
+class Channel(Protocol):
+    """What the client needs of a server: a Transport, or `tallybook.testing`'s fake."""
+
+    url: str
+    timeout: float
+    retry: Retry
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        retry: Retry | None = None,
+        budget: float | None = None,
+    ) -> Response: ...
+
+    def close(self) -> None: ...
 
 
 class Transport:
