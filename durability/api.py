@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from django.conf import settings
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_GET, require_POST
 
@@ -15,6 +14,7 @@ from durability.grants import GrantQuery
 from durability.models import Case, Decision, Effect, Grant, Receipt
 from durability.openapi import openapi_document
 from durability.schemas import FailureIn, IntentIn, ReceiptIn, TimeoutIn
+from durability.site import site_url
 from trajectories.jobs import effect_link_later
 from trajectories.links import effect_trajectory
 
@@ -175,7 +175,7 @@ def grants(request: ApiRequest) -> JsonResponse:
     if more:
         params = request.GET.copy()
         params["before"] = str(rows[-1].pk)
-        next_url = f"{settings.SITE_URL}{request.path}?{params.urlencode()}"
+        next_url = f"{site_url()}{request.path}?{params.urlencode()}"
     return JsonResponse({"grants": [g.to_dict() for g in rows], "next": next_url})
 
 

@@ -15,7 +15,6 @@ from decimal import Decimal
 from enum import StrEnum
 from typing import Any
 
-from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -38,6 +37,7 @@ from durability.models import (
     Strength,
 )
 from durability.schemas import FailureIn, IntentIn, ReceiptIn, TimeoutIn
+from durability.site import site_url
 
 
 class Event(StrEnum):
@@ -298,7 +298,7 @@ def decide(effect: Effect) -> Outcome:
 
 
 def _where(approval: Approval) -> str:
-    return f" Wait for approval {approval.pk}: {settings.SITE_URL}{approval.get_absolute_url()}"
+    return f" Wait for approval {approval.pk}: {site_url()}{approval.get_absolute_url()}"
 
 
 def _denial(effect: Effect) -> str:

@@ -20,6 +20,7 @@ from django.utils import timezone
 from pydantic import ValidationError as PydanticValidationError
 
 from durability.reconcilers import Reconciler, UnknownKind, reconciler_for
+from durability.site import site_url
 
 API_KEY_PREFIX = "tb_"
 # Refresh ApiKey.last_used_at at most this often, so authentication stays one read.
@@ -272,7 +273,7 @@ class Effect(models.Model):
             "deadline": _iso(self.deadline),
             "created": self.created.isoformat(),
             "updated": self.updated.isoformat(),
-            "url": settings.SITE_URL + self.get_absolute_url(),
+            "url": site_url() + self.get_absolute_url(),
         }
 
 
@@ -464,7 +465,7 @@ class Case(models.Model):
             "summary": self.summary,
             "opened": self.opened.isoformat(),
             "closed": _iso(self.closed),
-            "url": settings.SITE_URL + self.get_absolute_url(),
+            "url": site_url() + self.get_absolute_url(),
         }
 
 
@@ -840,7 +841,7 @@ class Grant(models.Model):
             "revoked": _iso(self.revoked),
             "revoked_by": self.revoked_by,
             "status": self.status(),
-            "url": settings.SITE_URL + self.get_absolute_url(),
+            "url": site_url() + self.get_absolute_url(),
         }
 
 
