@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -111,3 +112,16 @@ def run_agent(url: str, key: str, spool: Path, ledger: Path, *args: str) -> tupl
     )
     lines = done.stdout.strip().splitlines()
     return done.returncode, json.loads(lines[-1]) if lines else done.stderr
+
+
+def find_python(version: str) -> Path:
+    """An interpreter of `version` ("3.10"): pyenv's, else one on PATH. Fails if none."""
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    candidates = sorted(root.glob(f"versions/{version}.*/bin/python{version}"))
+    if on_path := shutil.which(f"python{version}"):
+        candidates.append(Path(on_path))
+    for candidate in candidates:
+        done = subprocess.run([candidate, "--version"], capture_output=True, text=True)
+        if done.returncode == 0 and done.stdout.startswith(f"Python {version}."):
+            return candidate
+    raise AssertionError(f"no Python {version} here: the SDK's package is tested on it")
