@@ -15,7 +15,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from durability.sdk import EffectDenied, EffectInDoubt, Tallybook
+from tallybook import EffectDenied, EffectInDoubt, Tallybook
 
 TICKETS = [("T-1001", "42", 1250), ("T-1002", "43", 990), ("T-1003", "44", 15000)]
 

@@ -17,7 +17,7 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-from durability.sdk import EffectInDoubt, Receipt, Tallybook
+from tallybook import EffectInDoubt, Receipt, Tallybook
 
 tb = Tallybook()  # TALLYBOOK_URL and TALLYBOOK_API_KEY from the environment
 

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from tallybook import Tallybook
 
 from durability.models import Approval, Effect, Project, State
-from durability.sdk import Tallybook
 from tests.authority import grant
-from tests.sdk_support import FAST, wait_until
+from tests.sdk.support import FAST, wait_until
 from tests.test_desk_browser import CHROMIUM, _log_in, browser, page
 
 __all__ = ["browser", "page"]  # the browser fixtures, used by name

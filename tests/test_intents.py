@@ -58,3 +58,11 @@ def test_the_same_key_with_another_request_is_a_conflict_and_opens_a_case(api):
     assert body["case"]["reason"] == "key_reuse_conflict"
     assert Effect.objects.get(key="k").state == "pending"
     assert Case.objects.filter(reason="key_reuse_conflict", closed=None).count() == 1
+
+
+def test_links_use_the_address_asked_at_unless_site_url_is_set(api, settings):
+    assert api.intent("k1").json()["effect"]["url"].startswith("http://testserver/effects/")
+
+    settings.SITE_URL, settings.SITE_URL_CONFIGURED = "https://desk.example", True
+
+    assert api.intent("k2").json()["effect"]["url"].startswith("https://desk.example/effects/")

@@ -16,11 +16,11 @@ from urllib.parse import urljoin, urlsplit
 
 import pytest
 from django.core.management import call_command
+from tallybook import Tallybook
 
 from durability.demo import agents, telemetry
 from durability.demo.provider import ProviderServer
 from durability.models import ApiKey, Effect, Grant, Project, State
-from durability.sdk import Tallybook
 from tests import test_desk_browser as desk_browser
 
 # The desk's browser and page fixtures: Debian's Chromium, a page that fails on console errors.

@@ -7,7 +7,6 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Self, cast
 
-from django.conf import settings
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -16,6 +15,8 @@ from pydantic import (
     StringConstraints,
     field_validator,
 )
+
+from durability.site import site_url
 
 if TYPE_CHECKING:
     from durability.models import Attempt, Case, Effect, Grant, Receipt
@@ -223,7 +224,7 @@ def _decimal(value: Decimal | None) -> str | None:
 
 
 def _url(row: Effect | Case | Grant) -> str:
-    return settings.SITE_URL + row.get_absolute_url()
+    return site_url() + row.get_absolute_url()
 
 
 class EffectOut(BaseModel):

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, cast
 
-from django.conf import settings
 from django.http import JsonResponse
 from django.views.decorators.http import require_GET, require_POST
 
@@ -32,6 +31,7 @@ from durability.authority.grants import GrantQuery
 from durability.ledger import decisions, evidence, machine
 from durability.ledger.intents import intent_record
 from durability.models import Case, Decision, Effect, Grant, Receipt
+from durability.site import site_url
 
 STATUS_OF_DECISION = {Decision.CONFLICT: 409}
 
@@ -176,7 +176,7 @@ def grants(request: ApiRequest) -> JsonResponse:
     if more:
         params = request.GET.copy()
         params["before"] = str(rows[-1].pk)
-        next_url = f"{settings.SITE_URL}{request.path}?{params.urlencode()}"
+        next_url = f"{site_url()}{request.path}?{params.urlencode()}"
     return answer(GrantListOut(grants=[GrantOut.of(g) for g in rows], next=next_url))
 
 

@@ -3,7 +3,7 @@
 `manage.py demo` seeds a fresh demo project (grants, reconcilers, a history of effects);
 `manage.py demoagents` then runs, until stopped, a fake payment and deploy provider
 (`provider`), a local git repository, and three agent processes (`agents`): a refund bot,
-a release bot and a support bot. They record their effects through `durability.sdk` over
+a release bot and a support bot. They record their effects through `tallybook` over
 HTTP and their trajectories through OpenTelemetry (`telemetry`), and now and then they
 crash, time out, retry badly or overstep their grants, so that every kind of case shows up
 in the queue — some settled by the reconcilers on their own, some left to the operator.

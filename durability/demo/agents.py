@@ -1,7 +1,7 @@
 """The demo's agents: a refund bot, a release bot and a support bot.
 
 Each runs as its own process (`python -m durability.demo.agents refund-bot …`), works
-through numbered tickets, and makes its effects durable with `durability.sdk` exactly as
+through numbered tickets, and makes its effects durable with `tallybook` exactly as
 a real agent would. Its memory (the next ticket, the ticket in hand, tickets parked until
 a person or a reconciler settles them) is a small JSON file, so that a process that dies
 mid-ticket is restarted by `manage.py demoagents` and resumes that ticket, as a job queue
@@ -31,8 +31,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
-from durability.demo import telemetry
-from durability.sdk import (
+from tallybook import (
     EffectConflict,
     EffectDenied,
     EffectInDoubt,
@@ -40,6 +39,8 @@ from durability.sdk import (
     Tallybook,
     TallybookError,
 )
+
+from durability.demo import telemetry
 
 log = logging.getLogger("durability.demo")
 # What os._exit reports when an agent "crashes": the supervisor restarts it.
@@ -466,11 +467,10 @@ class SupportBot(Agent):
             with self.tb.effect(key, **options) as fx:
                 sent = self._send(request, key)
                 fx.receipt(system="chat", external_id=sent["id"])
-            # The first send answers after all; its receipt is evidence too.
+            # The first send answers after all: a second message, reported as one.
             late = first.result(timeout=60) if first else None
             if late is not None:
-                with self.tb.effect(key, **options) as fx:
-                    fx.receipt(system="chat", external_id=late["id"])
+                self.tb.receipt(key, system="chat", external_id=late["id"])
 
     def email(self, ticket: Ticket, customer: str, task: str) -> None:
         request = {"customer": customer, "subject": "Your parcel", "to": "team@example.com"}

@@ -10,10 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.conf import settings
-
 from durability.ledger.cases import open_case_of
 from durability.models import Approval, Case, Decision, Effect, Reason, Receipt, Replay, State
+from durability.site import site_url
 
 S = State
 # Replay policies under which a timed-out effect may be attempted again without a person.
@@ -107,7 +106,7 @@ def decide(effect: Effect) -> Outcome:
 
 
 def approval_where(approval: Approval) -> str:
-    return f" Wait for approval {approval.pk}: {settings.SITE_URL}{approval.get_absolute_url()}"
+    return f" Wait for approval {approval.pk}: {site_url()}{approval.get_absolute_url()}"
 
 
 def _denial(effect: Effect) -> str:

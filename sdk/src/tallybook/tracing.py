@@ -50,7 +50,7 @@ class EffectSpan:
         ambient = current_ids()
         if not OTEL:
             return
-        tracer = trace.get_tracer("durability.sdk", tracer_provider=self._provider)
+        tracer = trace.get_tracer("tallybook", tracer_provider=self._provider)
         self._span = tracer.start_span(self._name, attributes=self._attributes)
         self._token = otel_context.attach(trace.set_span_in_context(self._span))
         # Link to the caller's span (the tool call); to ours when the caller has none.

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-log = logging.getLogger("durability.sdk")
+log = logging.getLogger("tallybook")
 
 # A temporary file this old is the remains of a process that died while writing it.
 STALE_TMP_SECONDS = 3600
@@ -47,6 +47,15 @@ def spool_dir(root: Path, url: str, api_key: str) -> Path:
     return root / digest
 
 
+def _key_of(path: Path) -> str | None:
+    """The effect key of a spooled event; None when it cannot be read (it is sent as it is)."""
+    try:
+        key = json.loads(path.read_bytes())["body"].get("key")
+    except (OSError, ValueError, KeyError, AttributeError):
+        return None
+    return key if isinstance(key, str) else None
+
+
 @dataclass
 class Entry:
     """One spooled event, held under its lock until it is done or released."""
@@ -63,12 +72,20 @@ class Spool:
         self.rejected = directory / "rejected"
         self.rejected.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._lock = threading.Lock()
-        self._pending = sorted(directory.glob("*.json"))
+        # Each pending entry and the key of its effect, oldest first.
+        self._pending: dict[Path, str | None] = {
+            path: _key_of(path) for path in sorted(directory.glob("*.json"))
+        }
         self._sweep_tmp()
 
     def pending(self) -> list[Path]:
         with self._lock:
             return list(self._pending)
+
+    def pending_for(self, key: str) -> list[Path]:
+        """The entries of one effect, oldest first: what its next intent must not overtake."""
+        with self._lock:
+            return [path for path, entry_key in self._pending.items() if entry_key == key]
 
     def put(self, endpoint: str, body: dict[str, Any]) -> Entry:
         """Write an event durably and return it, locked, for the caller to send."""
@@ -89,7 +106,7 @@ class Spool:
             tmp.unlink(missing_ok=True)
             raise
         with self._lock:
-            self._pending.append(path)
+            self._pending[path] = body.get("key")
         return Entry(path, endpoint, body, handle)
 
     def claim(self, path: Path, *, wait: bool) -> Entry | None:
@@ -136,8 +153,7 @@ class Spool:
 
     def _forget(self, path: Path) -> None:
         with self._lock:
-            if path in self._pending:
-                self._pending.remove(path)
+            self._pending.pop(path, None)
 
     def _sync_directory(self) -> None:
         fd = os.open(self.directory, os.O_RDONLY)

@@ -1,6 +1,6 @@
 """The Tallybook SDK: make an agent's external effects durable.
 
-    from durability.sdk import Tallybook
+    from tallybook import Tallybook
 
     tb = Tallybook()  # TALLYBOOK_URL, TALLYBOOK_API_KEY
     with tb.run("refund-bot", version="2.3.0", run_id=ticket_id):
@@ -11,28 +11,32 @@
             refund = stripe.Refund.create(...)
             fx.receipt(system="stripe", external_id=refund.id, observed_at=refund.created)
 
-Imports nothing outside the standard library (OpenTelemetry is used when installed);
-Django is not needed.
+Imports nothing outside the standard library; OpenTelemetry is used when
+`opentelemetry-api` is installed (`pip install tallybook-sdk[otel]`).
 """
 
 from __future__ import annotations
 
-from durability.sdk.aio import AsyncEffect, AsyncTallybook
-from durability.sdk.client import Amount, Effect, ReceiptSlot, Tallybook
-from durability.sdk.errors import (
+from tallybook.aio import AsyncEffect, AsyncTallybook
+from tallybook.client import VERSION as __version__
+from tallybook.client import Amount, Effect, ReceiptSlot, Tallybook
+from tallybook.errors import (
     EffectConflict,
     EffectDenied,
     EffectInDoubt,
     EffectInterrupted,
     EffectUnsettled,
     IntentNotRecorded,
+    ReceiptConflict,
     RequestRejected,
     ServerUnavailable,
     TallybookError,
 )
-from durability.sdk.records import Case, EffectStatus, Receipt
+from tallybook.records import Case, EffectStatus, Receipt
+from tallybook.scope import current_run
 
 __all__ = [
+    "__version__",
     "Amount",
     "AsyncEffect",
     "AsyncTallybook",
@@ -46,9 +50,11 @@ __all__ = [
     "EffectUnsettled",
     "IntentNotRecorded",
     "Receipt",
+    "ReceiptConflict",
     "ReceiptSlot",
     "RequestRejected",
     "ServerUnavailable",
     "Tallybook",
     "TallybookError",
+    "current_run",
 ]

@@ -11,14 +11,12 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 from django.db import connection
+from tallybook import AsyncTallybook, EffectDenied, EffectInDoubt, Tallybook
 
 from durability.authority import approvals
 from durability.models import Approval, Effect, Grant, Project, SignoffVerdict, State
-from durability.sdk import AsyncTallybook, EffectDenied, EffectInDoubt, Tallybook
 from tests.authority import grant
-from tests.sdk_support import wait_until
-
-pytest_plugins = ["tests.sdk_fixtures"]
+from tests.sdk.support import wait_until
 
 
 @pytest.fixture
@@ -74,6 +72,7 @@ def test_the_block_waits_for_the_approval_and_then_runs(tb: Tallybook, refunds, 
         ran = True
         fx.receipt(system="stripe", external_id="re_7")
     assert ran and fx.decision == "proceed" and fx.attempt == 1
+    assert tb.flush()
     effect = Effect.objects.get(key="refund:7")
     assert (effect.state, str(effect.amount), effect.currency) == (
         State.SUCCEEDED,
@@ -105,6 +104,7 @@ def test_without_waiting_it_raises_effect_in_doubt_naming_the_approval_and_wait_
     assert tb.wait_for("refund:7", timeout=60).decision == "proceed"
     with tb.effect("refund:7", **_options(refunds)) as fx:
         fx.receipt(system="stripe", external_id="re_7")
+    assert tb.flush()
     assert Effect.objects.get().state == State.SUCCEEDED
 
 
@@ -132,4 +132,5 @@ def test_the_async_block_waits_for_the_approval_too(atb: AsyncTallybook, refunds
         return str(fx.decision)
 
     assert asyncio.run(agent()) == "proceed"
+    assert asyncio.run(atb.flush())
     assert Effect.objects.get().state == State.SUCCEEDED

@@ -6,12 +6,12 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from tallybook import Tallybook, current_run
+from tallybook.otel import RUN_ID, install
 
 from durability.models import Attempt, Effect, Receipt
-from durability.sdk import Tallybook
-from tests.sdk_support import FAST
-
-pytest_plugins = ["tests.sdk_fixtures"]
+from tests.sdk.support import FAST
+from trajectories import semconv
 
 
 @pytest.fixture
@@ -45,6 +45,7 @@ def test_intent_and_receipt_link_to_the_tool_call_span(traced, exported):
     ):
         fx.receipt(system="fakepay", external_id="re_1")
 
+    assert traced.flush()
     trace_id, span_id = hex_ids(tool)
     attempt = Attempt.objects.get(effect__key="refund:42")
     assert (attempt.trace_id, attempt.span_id) == (trace_id, span_id)
@@ -86,3 +87,20 @@ def test_without_a_tracer_provider_ids_come_from_the_current_span_only(tb, expor
 
     assert Attempt.objects.get().span_id == hex_ids(tool)[1]
     assert [s.name for s in exporter.get_finished_spans()] == ["tool"]
+
+
+def test_the_run_span_processor_files_every_span_under_the_current_run(tb, exported):
+    provider, exporter = exported
+    install(provider)
+    tracer = provider.get_tracer("a framework")
+
+    with tb.run("refund-bot", run_id="ticket-7"):
+        assert tb.current_run() == current_run() == "ticket-7"
+        with tracer.start_as_current_span("chat gpt-x"), tracer.start_as_current_span("tool"):
+            pass
+    with tracer.start_as_current_span("outside"):
+        assert tb.current_run() is None
+
+    runs = {span.name: span.attributes.get(RUN_ID) for span in exporter.get_finished_spans()}
+    assert runs == {"chat gpt-x": "ticket-7", "tool": "ticket-7", "outside": None}
+    assert RUN_ID == semconv.RUN_ID

@@ -11,10 +11,10 @@ from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from tallybook import IntentNotRecorded, ServerUnavailable, Tallybook
+from tallybook.transport import Retry, Transport
 
-from durability.sdk import IntentNotRecorded, ServerUnavailable, Tallybook
-from durability.sdk.transport import Retry, Transport
-from tests.sdk_support import free_port
+from tests.sdk.support import free_port
 
 PROCEED = {
     "decision": "proceed",
@@ -54,7 +54,8 @@ class Script:
         status, headers, body, delay = (
             self.answers.popleft() if len(self.answers) > 1 else (self.answers[0])
         )
-        time.sleep(delay)
+        # A delay is seconds, or an event the test sets to let the answer go.
+        delay.wait(30) if isinstance(delay, threading.Event) else time.sleep(delay)
         data = json.dumps(body).encode()
         handler.send_response(status)
         for name, value in {"Content-Type": "application/json", **headers}.items():
@@ -76,9 +77,29 @@ def answer(status, body=None, delay=0.0, **headers):
     return (status, headers, body if body is not None else {"error": "x"}, delay)
 
 
-def transport(url, retries=4, backoff=0.05, timeout=5.0):
+class Clock:
+    """Time for a transport that only pretends to sleep: the pauses it asked for, kept."""
+
+    def __init__(self):
+        self.now, self.pauses = 1000.0, []
+
+    def sleep(self, seconds):
+        self.pauses.append(seconds)
+        self.now += seconds
+
+    def __call__(self):
+        return self.now
+
+
+def transport(url, retries=4, backoff=0.05, timeout=5.0, clock=None):
+    timing = {"sleep": clock.sleep, "clock": clock} if clock else {}
     return Transport(
-        url, "tb_test", timeout=timeout, retry=Retry(retries, backoff, 5.0), user_agent="test"
+        url,
+        "tb_test",
+        timeout=timeout,
+        retry=Retry(retries, backoff, 5.0),
+        user_agent="test",
+        **timing,
     )
 
 
@@ -98,48 +119,59 @@ def test_it_does_not_retry_a_4xx():
 
 
 def test_the_pauses_grow_exponentially_with_jitter():
+    clock = Clock()
     with Script(answer(503)) as server, pytest.raises(ServerUnavailable, match="5 tries"):
-        transport(server.url, retries=4, backoff=0.1).request("GET", "/x")
+        transport(server.url, retries=4, backoff=0.1, clock=clock).request("GET", "/x")
 
-    times = [t for t, *_ in server.seen]
-    pauses = [b - a for a, b in zip(times, times[1:], strict=False)]
-    for n, pause in enumerate(pauses):
+    assert len(server.seen) == 5 and len(clock.pauses) == 4
+    for n, pause in enumerate(clock.pauses):
         step = 0.1 * 2**n
-        assert step / 2 <= pause <= step + 0.5, (n, pauses)
+        assert step / 2 <= pause <= step, (n, clock.pauses)
 
 
 def test_it_honours_retry_after_in_seconds():
+    clock = Clock()
     with Script(answer(429, **{"Retry-After": "1"}), answer(200, {})) as server:
-        transport(server.url, backoff=0.01).request("GET", "/x")
+        transport(server.url, backoff=0.01, clock=clock).request("GET", "/x")
 
-    (first, *_), (second, *_) = server.seen
-    assert second - first >= 1.0
+    assert clock.pauses == [1.0] and len(server.seen) == 2
 
 
 def test_it_honours_retry_after_as_an_http_date():
-    when = formatdate(time.time() + 2, usegmt=True)
+    clock = Clock()
+    when = formatdate(time.time() + 3, usegmt=True)
     with Script(answer(503, **{"Retry-After": when}), answer(200, {})) as server:
-        transport(server.url, backoff=0.01).request("GET", "/x")
+        transport(server.url, backoff=0.01, clock=clock).request("GET", "/x")
 
-    (first, *_), (second, *_) = server.seen
-    assert second - first >= 0.9  # the date has a resolution of one second
+    (pause,) = clock.pauses
+    assert 1.0 < pause <= 3.0  # the date has a resolution of one second
 
 
 def test_a_slow_answer_times_out_and_is_retried():
     with Script(answer(200, {}, delay=3.0), answer(200, {"late": False})) as server:
-        started = time.monotonic()
         response = transport(server.url, timeout=0.3).request("GET", "/x")
 
     assert response.body == {"late": False}
-    assert time.monotonic() - started < 2.0
+    assert len(server.seen) == 2
 
 
 def test_connection_refused_is_retried_then_reported():
-    started = time.monotonic()
+    clock = Clock()
+    url = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(ServerUnavailable, match="3 tries.*ConnectionRefused"):
-        transport(f"http://127.0.0.1:{free_port()}", retries=2, backoff=0.1).request("GET", "/x")
+        transport(url, retries=2, backoff=0.1, clock=clock).request("GET", "/x")
 
-    assert time.monotonic() - started >= 0.05 + 0.1
+    assert len(clock.pauses) == 2
+
+
+def test_a_budget_ends_the_retries_before_a_pause_would_pass_it():
+    clock = Clock()
+    with Script(answer(503)) as server, pytest.raises(ServerUnavailable, match="tries: HTTP 503"):
+        client = transport(server.url, retries=10, backoff=0.4, clock=clock)
+        client.request("GET", "/x", budget=1.0)
+
+    # The budget, not the retries, ended it: no pause went past the second.
+    assert 2 <= len(server.seen) < 11 and sum(clock.pauses) < 1.0
 
 
 def test_one_connection_is_reused_for_consecutive_requests():
@@ -186,3 +218,34 @@ def test_a_retried_intent_names_the_same_worker_so_the_server_sees_one_attempt(t
     assert paths == ["/api/v1/intents", "/api/v1/intents", "/api/v1/failures"]
     workers = {json.loads(body)["worker"] for _, _, path, body in server.seen[:2]}
     assert workers == {tb.worker}
+
+
+def test_a_receipt_returns_before_the_server_has_answered_it(tmp_path):
+    held = threading.Event()
+    with Script(answer(201, PROCEED), answer(201, {}, delay=held)) as server:
+        tb = Tallybook(server.url, "tb_x", spool=tmp_path)
+        with tb.effect("k", kind="email", target="smtp") as fx:
+            fx.receipt(system="smtp", external_id="msg-1")
+
+        assert not held.is_set() and len(tb.spool.pending()) == 1
+        held.set()
+        assert tb.flush()
+        tb.close()
+
+    assert [path for _, _, path, _ in server.seen] == ["/api/v1/intents", "/api/v1/receipts"]
+
+
+def test_an_intent_the_server_sits_on_fails_closed_within_its_budget(tmp_path):
+    held = threading.Event()
+    with Script(answer(201, PROCEED, delay=held)) as server:
+        tb = Tallybook(server.url, "tb_x", spool=tmp_path, intent_budget=0.5)
+        with (
+            pytest.raises(IntentNotRecorded, match="TimeoutError|timed out"),
+            tb.effect("k", kind="email", target="smtp"),
+        ):
+            pytest.fail("the effect ran")
+
+        # Given up on while the server still held the request: the budget ended it.
+        assert not held.is_set() and server.seen
+        held.set()
+        tb.close()

@@ -14,13 +14,14 @@ import os
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from durability.sdk.errors import ServerUnavailable
+from tallybook.errors import ServerUnavailable
 
 # Errors of a keep-alive connection the server closed while it sat idle in the pool.
 STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
@@ -62,15 +63,43 @@ def retry_after(value: str | None) -> float | None:
     except (TypeError, ValueError):
         return None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return max(0.0, (when - datetime.now(UTC)).total_seconds())
+        when = when.replace(tzinfo=timezone.utc)
+    return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
+
+
+class Channel(Protocol):
+    """What the client needs of a server: a Transport, or `tallybook.testing`'s fake."""
+
+    url: str
+    timeout: float
+    retry: Retry
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        retry: Retry | None = None,
+        budget: float | None = None,
+    ) -> Response: ...
+
+    def close(self) -> None: ...
 
 
 class Transport:
     """Thread-safe JSON client of one Tallybook server."""
 
     def __init__(
-        self, url: str, api_key: str, *, timeout: float, retry: Retry, user_agent: str
+        self,
+        url: str,
+        api_key: str,
+        *,
+        timeout: float,
+        retry: Retry,
+        user_agent: str,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -91,18 +120,29 @@ class Transport:
         self._lock = threading.Lock()
         self._idle: list[http.client.HTTPConnection] = []
         self._pid = os.getpid()
+        self._sleep, self._clock = sleep, clock
 
     def request(
-        self, method: str, path: str, body: Any = None, *, retry: Retry | None = None
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        retry: Retry | None = None,
+        budget: float | None = None,
     ) -> Response:
-        """Send one request, retrying what is worth retrying; 4xx answers are returned."""
+        """Send one request, retrying what is worth retrying; 4xx answers are returned.
+
+        `budget` caps the seconds of all tries together, waits and pauses included.
+        """
         retry = retry or self.retry
         payload = None if body is None else json.dumps(body).encode()
+        deadline = None if budget is None else self._clock() + budget
         attempt = 0
         while True:
             wait: float | None = None
             try:
-                status, headers, data = self._exchange(method, path, payload)
+                status, headers, data = self._exchange(method, path, payload, self._left(deadline))
             except (OSError, http.client.HTTPException) as exc:
                 problem = f"{type(exc).__name__}: {exc}"
             else:
@@ -110,12 +150,19 @@ class Transport:
                     return Response(status, _decode(data))
                 problem = f"HTTP {status}"
                 wait = retry_after(headers.get("Retry-After"))
-            if attempt >= retry.retries:
+            pause = retry.delay(attempt, wait)
+            if attempt >= retry.retries or self._left(deadline) <= pause:
                 raise ServerUnavailable(
                     f"{method} {self.url}{path} failed after {attempt + 1} tries: {problem}"
                 )
-            time.sleep(retry.delay(attempt, wait))
+            self._sleep(pause)
             attempt += 1
+
+    def _left(self, deadline: float | None) -> float:
+        """The timeout of the next try: the configured one, or what is left of the budget."""
+        if deadline is None:
+            return self.timeout
+        return max(0.001, min(self.timeout, deadline - self._clock()))
 
     def close(self) -> None:
         with self._lock:
@@ -124,9 +171,9 @@ class Transport:
             conn.close()
 
     def _exchange(
-        self, method: str, path: str, payload: bytes | None
+        self, method: str, path: str, payload: bytes | None, timeout: float
     ) -> tuple[int, http.client.HTTPMessage, bytes]:
-        conn, reused = self._acquire()
+        conn, reused = self._acquire(timeout)
         try:
             try:
                 return self._roundtrip(conn, method, path, payload)
@@ -135,7 +182,7 @@ class Transport:
                     raise
                 # The server dropped an idle keep-alive connection: one fresh try, not a retry.
                 conn.close()
-                conn = self._connect()
+                conn = self._connect(timeout)
                 return self._roundtrip(conn, method, path, payload)
         except BaseException:
             conn.close()
@@ -153,18 +200,21 @@ class Transport:
             self._release(conn)
         return response.status, response.headers, data
 
-    def _connect(self) -> http.client.HTTPConnection:
+    def _connect(self, timeout: float) -> http.client.HTTPConnection:
         cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-        return cls(self._host, self._port, timeout=self.timeout)
+        return cls(self._host, self._port, timeout=timeout)
 
-    def _acquire(self) -> tuple[http.client.HTTPConnection, bool]:
+    def _acquire(self, timeout: float) -> tuple[http.client.HTTPConnection, bool]:
         with self._lock:
             if self._pid != os.getpid():
                 # A forked child must not share its parent's sockets.
                 self._idle, self._pid = [], os.getpid()
-            if self._idle:
-                return self._idle.pop(), True
-        return self._connect(), False
+            conn = self._idle.pop() if self._idle else None
+        if conn is None:
+            return self._connect(timeout), False
+        if conn.sock is not None:
+            conn.sock.settimeout(timeout)
+        return conn, True
 
     def _release(self, conn: http.client.HTTPConnection) -> None:
         with self._lock:

@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from durability.sdk import EffectInDoubt, Tallybook
-from durability.sdk.spool import Spool
+from tallybook import EffectInDoubt, Tallybook
+from tallybook.spool import Spool
 
 
 def refund(ledger: Path, order: str) -> str:

@@ -5,12 +5,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from tallybook import AsyncTallybook, EffectInDoubt, EffectUnsettled
 
 from durability.models import Attempt, Case, Effect
 from durability.models import Receipt as ReceiptRow
-from durability.sdk import AsyncTallybook, EffectInDoubt, EffectUnsettled, Receipt
-
-pytest_plugins = ["tests.sdk_fixtures"]
 
 
 def refund(atb, order="42"):
@@ -44,6 +42,7 @@ def test_async_effects_run_concurrently_in_one_loop(atb):
 
     asyncio.run(agent())
 
+    assert asyncio.run(atb.flush())
     assert Effect.objects.filter(state="succeeded").count() == 10
 
 
@@ -71,20 +70,22 @@ def test_an_async_block_left_unsettled_raises(atb):
     with pytest.raises(EffectUnsettled):
         asyncio.run(agent())
 
+    assert asyncio.run(atb.flush())
     assert Case.objects.filter(reason="uncertain").count() == 1
 
 
 def test_an_async_tool_is_recorded_once(atb: AsyncTallybook):
     calls = []
 
-    @atb.tool("email:{to}", kind="email", target="fakesmtp")
-    async def send_email(to: str) -> Receipt:
+    @atb.tool("email:{to}", kind="email", target="fakesmtp", receipt="id")
+    async def send_email(to: str) -> dict:
         calls.append(to)
-        return Receipt(system="fakesmtp", external_id=f"msg-{len(calls)}")
+        return {"id": f"msg-{len(calls)}", "to": to}
 
     async def agent():
         return [await send_email("ann@example.com") for _ in range(2)]
 
     first, again = asyncio.run(agent())
 
-    assert calls == ["ann@example.com"] and first.id == again.id
+    assert calls == ["ann@example.com"]
+    assert first == again == {"id": "msg-1", "to": "ann@example.com"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -15,8 +16,10 @@ from typing import Any
 
 from django.db import connection
 
-ROOT = Path(__file__).absolute().parent.parent
-AGENT = Path(__file__).absolute().parent / "sdk_agent.py"
+ROOT = Path(__file__).absolute().parent.parent.parent
+# The SDK's own folder: put on sys.path alone, it is all an agent needs.
+SDK_SRC = ROOT / "sdk" / "src"
+AGENT = Path(__file__).absolute().parent / "agent.py"
 # Quick retries, so that a test of a server that is away takes a second, not a minute.
 FAST: dict[str, Any] = {"retries": 2, "backoff": 0.05, "max_backoff": 0.5, "timeout": 5.0}
 
@@ -85,7 +88,7 @@ def database_url_of_tests() -> str:
 
 
 def run_agent(url: str, key: str, spool: Path, ledger: Path, *args: str) -> tuple[int, Any]:
-    """Run tests/sdk_agent.py without site-packages (the SDK needs none); its exit code and
+    """Run tests/sdk/agent.py without site-packages (the SDK needs none); its exit code and
     the JSON line it printed."""
     done = subprocess.run(
         [
@@ -102,10 +105,23 @@ def run_agent(url: str, key: str, spool: Path, ledger: Path, *args: str) -> tupl
             str(ledger),
             *args,
         ],
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": str(SDK_SRC)},
         capture_output=True,
         text=True,
         timeout=60,
     )
     lines = done.stdout.strip().splitlines()
     return done.returncode, json.loads(lines[-1]) if lines else done.stderr
+
+
+def find_python(version: str) -> Path:
+    """An interpreter of `version` ("3.10"): pyenv's, else one on PATH. Fails if none."""
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    candidates = sorted(root.glob(f"versions/{version}.*/bin/python{version}"))
+    if on_path := shutil.which(f"python{version}"):
+        candidates.append(Path(on_path))
+    for candidate in candidates:
+        done = subprocess.run([candidate, "--version"], capture_output=True, text=True)
+        if done.returncode == 0 and done.stdout.startswith(f"Python {version}."):
+            return candidate
+    raise AssertionError(f"no Python {version} here: the SDK's package is tested on it")

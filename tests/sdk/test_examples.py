@@ -11,9 +11,7 @@ import sys
 import pytest
 
 from durability.models import Attempt, Effect, Receipt
-from tests.sdk_support import ROOT
-
-pytest_plugins = ["tests.sdk_fixtures"]
+from tests.sdk.support import ROOT
 
 
 @pytest.fixture

@@ -4,23 +4,20 @@ moments, and a real server process stopped for a while. Nothing is repeated, not
 from __future__ import annotations
 
 import contextlib
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from tallybook import IntentNotRecorded, Tallybook
 
 from durability.models import Case, Effect, Receipt
-from durability.sdk import IntentNotRecorded, Tallybook
 from tests import ledger
-from tests.sdk_support import FAST, run_agent, wait_until
-
-pytest_plugins = ["tests.sdk_fixtures"]
+from tests.sdk.support import FAST, run_agent, wait_until
 
 
 @dataclass
 class Agent:
-    """tests/sdk_agent.py refunding order 42 through the live server, one process per call."""
+    """tests/sdk/agent.py refunding order 42 through the live server, one process per call."""
 
     url: str
     key: str
@@ -87,7 +84,7 @@ def test_a_server_away_for_a_while_loses_no_receipt(server, api_key, spool_root)
     with pytest.raises(IntentNotRecorded), tb.effect("send:3", kind="email", target="smtp"):
         pytest.fail("an effect ran without a recorded intent")
     assert len(tb.spool.pending()) == 3
-    time.sleep(1.5)
+    wait_until(lambda: tb._failing, what="the sender to find the server away")
 
     server.start()
 

@@ -1,4 +1,4 @@
-"""Fixtures of the SDK tests, a pytest plugin: `pytest_plugins = ["tests.sdk_fixtures"]`."""
+"""Fixtures of the SDK tests: clients of the live server, and a server process to stop."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tallybook import AsyncTallybook, Tallybook
 
-from durability.sdk import AsyncTallybook, Tallybook
-from tests.sdk_support import FAST, ServerProcess, database_url_of_tests
+from tests.sdk.support import FAST, ServerProcess, database_url_of_tests
 
 
 @pytest.fixture
@@ -28,7 +28,7 @@ def tb(live_server: Any, api_key: str, spool_root: Path) -> Iterator[Tallybook]:
 def atb(live_server: Any, api_key: str, spool_root: Path) -> Iterator[AsyncTallybook]:
     client = AsyncTallybook(live_server.url, api_key, spool=spool_root, **FAST)
     yield client
-    client._close()
+    client._close(5.0)
 
 
 @pytest.fixture

@@ -2,22 +2,33 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
 
 Json = dict[str, Any]
 
 
+# What the API takes as a timestamp, checked here so that a typo fails before it is sent.
+ISO8601 = re.compile(
+    r"\d{4}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?)?(Z|z|[+-]\d{2}(:?\d{2})?)?"
+)
+
+
 def iso8601(value: datetime | float | str | None) -> str | None:
-    """A datetime (naive means UTC) or epoch seconds as ISO 8601; a string is taken as given."""
-    if value is None or isinstance(value, str):
+    """A datetime (naive means UTC) or epoch seconds as ISO 8601; a string is checked."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if not ISO8601.fullmatch(value):
+            raise ValueError(f"observed_at must be an ISO 8601 time, not {value!r}")
         return value
     if isinstance(value, datetime):
-        return (value if value.tzinfo else value.replace(tzinfo=UTC)).isoformat()
+        return (value if value.tzinfo else value.replace(tzinfo=timezone.utc)).isoformat()
     if isinstance(value, bool):
         raise TypeError("observed_at must be a datetime, epoch seconds or an ISO 8601 string")
-    return datetime.fromtimestamp(value, tz=UTC).isoformat()
+    return datetime.fromtimestamp(value, tz=timezone.utc).isoformat()
 
 
 @dataclass(frozen=True)

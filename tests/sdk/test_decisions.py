@@ -1,0 +1,181 @@
+"""One table of cases for the decision table, run against the real server and against
+`tallybook.testing`'s fake, so that an agent's tests on the fake mean what they say."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from tallybook import (
+    EffectConflict,
+    EffectDenied,
+    EffectInDoubt,
+    EffectUnsettled,
+    Tallybook,
+)
+from tallybook.testing import FakeTallybook
+
+from durability.api.schemas import ReceiptIn
+from durability.ledger import settling
+from durability.ledger.machine import Event
+from durability.models import Effect
+from tests.sdk.support import FAST
+
+KEY = "refund:42"
+RAISES = {"wait": EffectInDoubt, "denied": EffectDenied, "conflict": EffectConflict}
+
+# (what the agent or the operator does, the decision the block is given, the state after)
+# Agent: "receipt" / "fail" (definitive) / "crash" (an exception: unknown outcome) / "leave"
+# (neither) / "skip" (a completed block does nothing) / "late" (tb.receipt outside a block),
+# with "other" sending another request under the key. Operator: "not_happened" /
+# "happened" / "abandon".
+CASES: dict[str, tuple[dict[str, Any], list[tuple[str, str | None, str]]]] = {
+    "a new effect proceeds, and once done is completed": (
+        {},
+        [("receipt", "proceed", "succeeded"), ("skip", "completed", "succeeded")],
+    ),
+    "a definitive failure lets the next attempt proceed": (
+        {},
+        [("fail", "proceed", "failed"), ("receipt", "proceed", "succeeded")],
+    ),
+    "an unknown outcome waits for a person, who may say it did not happen": (
+        {},
+        [
+            ("crash", "proceed", "timed_out"),
+            ("skip", "wait", "timed_out"),
+            ("not_happened", None, "not_happened"),
+            ("receipt", "proceed", "succeeded"),
+        ],
+    ),
+    "an unknown outcome that a person says happened is completed": (
+        {},
+        [
+            ("crash", "proceed", "timed_out"),
+            ("happened", None, "succeeded"),
+            ("skip", "completed", "succeeded"),
+        ],
+    ),
+    "an unknown outcome of an idempotent effect is retried": (
+        {"replay": "idempotent"},
+        [("crash", "proceed", "timed_out"), ("receipt", "proceed", "succeeded")],
+    ),
+    "a block left unsettled is an unknown outcome": (
+        {},
+        [("leave", "proceed", "timed_out"), ("skip", "wait", "timed_out")],
+    ),
+    "a late receipt is a success": (
+        {},
+        [("crash", "proceed", "timed_out"), ("late", None, "succeeded")],
+    ),
+    "an abandoned effect is denied": (
+        {},
+        [
+            ("crash", "proceed", "timed_out"),
+            ("abandon", None, "abandoned"),
+            ("skip", "denied", "abandoned"),
+        ],
+    ),
+    "a key reused for another request is a conflict": (
+        {},
+        [("receipt", "proceed", "succeeded"), ("other", "conflict", "succeeded")],
+    ),
+}
+
+
+@dataclass
+class Backend:
+    """A client and an operator's hands, on the real server or on the fake."""
+
+    tb: Tallybook
+    operator: Any
+    state: Any
+
+
+@pytest.fixture(params=["server", "fake"])
+def backend(request, spool_root, live_server, api_key):
+    if request.param == "fake":
+        fake = FakeTallybook()
+        verdicts = {
+            "not_happened": lambda: fake.fake.settle(KEY, happened=False),
+            "happened": lambda: fake.fake.settle(KEY, happened=True),
+            "abandon": lambda: fake.fake.abandon(KEY),
+        }
+        yield Backend(fake, lambda what: verdicts[what](), lambda: fake.fake.state(KEY))
+        fake.close()
+        return
+    tb = Tallybook(live_server.url, api_key, spool=spool_root, **FAST)
+    yield Backend(tb, _settle, lambda: Effect.objects.get(key=KEY).state)
+    tb.close()
+
+
+def _settle(what: str) -> None:
+    effect = Effect.objects.get(key=KEY)
+    event = {
+        "not_happened": Event.ATTEST_NOT_HAPPENED,
+        "happened": Event.ATTEST_HAPPENED,
+        "abandon": Event.ABANDON,
+    }[what]
+    evidence = ReceiptIn(key=KEY, system="fakepay", external_id="seen-by-alice")
+    settling.effect_settle(
+        project=effect.project,
+        effect_id=effect.pk,
+        actor="user:alice",
+        event=event,
+        note="checked with fakepay",
+        evidence=evidence if what == "happened" else None,
+    )
+
+
+def _act(backend: Backend, what: str, options: dict[str, Any], n: int) -> str | None:
+    """Do one step; the decision the block was given (None for an operator's step)."""
+    tb = backend.tb
+    if what in ("not_happened", "happened", "abandon"):
+        backend.operator(what)
+        return None
+    if what == "late":
+        tb.receipt(KEY, system="fakepay", external_id=f"re_late_{n}")
+        return None
+    request = {"order": 42, "other": what == "other"}
+    block = tb.effect(KEY, kind="payment", target="fakepay", request=request, **options)
+    try:
+        with block as fx:
+            if what == "receipt":
+                fx.receipt(system="fakepay", external_id=f"re_{n}")
+            elif what == "fail":
+                fx.fail("declined", definitive=True)
+            elif what == "crash":
+                raise ConnectionError("fakepay hung up")
+            elif what == "leave":
+                pass
+    except tuple(RAISES.values()) as report:
+        return report.decision
+    except (ConnectionError, EffectUnsettled):
+        pass
+    return fx.decision
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_fake_and_the_server_decide_alike(backend, case):
+    options, steps = CASES[case]
+    for n, (what, decision, state) in enumerate(steps):
+        assert _act(backend, what, options, n) == decision, (case, n, what)
+        assert backend.tb.flush()
+        assert backend.state() == state, (case, n, what)
+
+
+def test_the_fake_answers_a_completed_tool_with_its_result():
+    tb = FakeTallybook()
+    sent = []
+
+    @tb.tool("email:{to}", kind="email", target="fakesmtp", receipt="id")
+    def send_email(to: str) -> dict:
+        sent.append(to)
+        return {"id": f"msg-{len(sent)}"}
+
+    assert send_email("ann@example.com") == send_email("ann@example.com") == {"id": "msg-1"}
+    assert sent == ["ann@example.com"]
+    assert tb.fake.effects["email:ann@example.com"].receipts[0]["data"] == {
+        "result": {"id": "msg-1"}
+    }
+    tb.close()
