@@ -20,8 +20,12 @@ class RequestRejected(TallybookError):
 
     def __init__(self, status: int, error: str, fields: dict[str, str] | None = None) -> None:
         self.status, self.error, self.fields = status, error, fields or {}
+        self._args = (status, error, fields)
         detail = "; ".join(f"{name}: {message}" for name, message in self.fields.items())
         super().__init__(f"HTTP {status}: {error}" + (f" ({detail})" if detail else ""))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), self._args
 
 
 class IntentNotRecorded(TallybookError):
@@ -34,6 +38,9 @@ class IntentNotRecorded(TallybookError):
             f"The intent for {key!r} could not be recorded, so the effect was not performed: "
             f"{cause}"
         )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.key, self.cause)
 
 
 class EffectUnsettled(TallybookError):
@@ -48,7 +55,7 @@ class EffectInterrupted(TallybookError):
     """
 
     def __init__(self, key: str, answer: Json) -> None:
-        self.key = key
+        self.key, self._answer = key, answer
         self.decision: str = answer["decision"]
         self.reason: str = answer["reason"]
         self.effect: dict[str, Any] = answer["effect"]
@@ -58,6 +65,10 @@ class EffectInterrupted(TallybookError):
         if self.case is not None:
             report += f" Case #{self.case.id} ({self.case.reason}): {self.case.url}"
         super().__init__(report)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Durable engines (DBOS, Temporal) and process pools pickle the exceptions they re-raise.
+        return type(self), (self.key, self._answer)
 
 
 class EffectInDoubt(EffectInterrupted):
