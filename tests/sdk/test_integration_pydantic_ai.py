@@ -6,6 +6,7 @@ deferred call until an operator approves it in the desk."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -30,6 +31,7 @@ from tests.authority import grant
 from tests.desk import logged_in
 from tests.otlp_support import queue, work
 from tests.sdk import pydantic_ai_agent as refunds
+from tests.sdk.support import wait_until
 from trajectories.models import Span
 
 __all__ = ["queue"]  # the RQ queue fixture, used by name
@@ -225,3 +227,42 @@ def test_under_dbos_a_recovered_workflow_answers_a_crashed_tool_call_with_a_case
     effect = Effect.objects.get(key=KEY)
     assert effect.state == State.TIMED_OUT
     assert Case.objects.filter(effect=effect, reason="uncertain", closed=None).exists()
+
+
+def test_waiting_for_the_approval_runs_the_tool_once_the_desk_approves(
+    atb, spans, project, alice, tmp_path
+):
+    gate = grant(project, name="refunds", requires_approval=True)
+    ledger = tmp_path / "fakepay-ledger.txt"
+    agent = _agent(atb, spans[0], ledger, authority={"grant": gate.pk}, wait_for_approval=20)
+
+    def operator() -> None:
+        try:
+            wait_until(lambda: Approval.objects.filter(effect__key=KEY).exists())
+            approval = Approval.objects.get(effect__key=KEY)
+            logged_in(alice).post(
+                f"/approvals/{approval.pk}/sign/", {"verdict": "approve", "reason": "fine"}
+            )
+        finally:
+            connection.close()
+
+    desk = threading.Thread(target=operator)
+    desk.start()
+    try:
+        result = agent.run_sync("Refund order 42", conversation_id=CONVERSATION)
+    finally:
+        desk.join()
+
+    assert result.output == "Refunded: re_42"
+    assert ledger.read_text() == "42\n"
+
+
+def test_without_declarations_every_tool_call_is_an_effect(atb, spans, tmp_path):
+    agent = refunds.agent(tmp_path / "fakepay-ledger.txt", Effects(atb), output_type=str)
+
+    assert agent.run_sync("Refund order 42", conversation_id=CONVERSATION).output == (
+        "Refunded: re_42"
+    )
+    effect = Effect.objects.get(key=KEY)
+    assert (effect.kind, effect.target, effect.replay) == ("tool_call", "refund", "never")
+    assert Receipt.objects.get(effect=effect).external_id == refunds.CALL
