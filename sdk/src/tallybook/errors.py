@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from tallybook.records import Case, Json
 
 
@@ -18,8 +20,12 @@ class RequestRejected(TallybookError):
 
     def __init__(self, status: int, error: str, fields: dict[str, str] | None = None) -> None:
         self.status, self.error, self.fields = status, error, fields or {}
+        self._args = (status, error, fields)
         detail = "; ".join(f"{name}: {message}" for name, message in self.fields.items())
         super().__init__(f"HTTP {status}: {error}" + (f" ({detail})" if detail else ""))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), self._args
 
 
 class ReceiptConflict(TallybookError):
@@ -53,6 +59,10 @@ class EffectInterrupted(TallybookError):
             report += f" Case #{case.id} ({case.reason}): {case.url}"
         super().__init__(report)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Durable engines (DBOS, Temporal) and process pools pickle the exceptions they re-raise.
+        return type(self), (self.key, self.decision, self.reason, self.effect, self.case)
+
     @classmethod
     def answered(cls, key: str, answer: Json) -> EffectInterrupted:
         """The exception for the server's answer to an intent."""
@@ -73,6 +83,9 @@ class IntentNotRecorded(EffectInterrupted):
             None,
             None,
         )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.key, self.cause)
 
 
 class EffectInDoubt(EffectInterrupted):

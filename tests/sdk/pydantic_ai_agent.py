@@ -1,0 +1,150 @@
+"""A pydantic-ai refund agent on FunctionModel, for tests/sdk/test_integration_pydantic_ai.py:
+the model asks for `refund(order=42)` as tool call CALL, and says what came of it.
+
+Run as a script, it is an agent process that can be killed mid-effect (--crash) and run
+again, plainly or inside a DBOS workflow (--dbos SYSTEM_DATABASE_URL); it prints one JSON
+line and exits 0 (done), 3 (in doubt).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic_ai import Agent
+from pydantic_ai.capabilities import AbstractCapability
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+)
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+CALL = "call_refund_42"
+CONVERSATION = "ticket-7"
+
+
+def _model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    answers = [
+        part
+        for message in messages
+        if isinstance(message, ModelRequest)
+        for part in message.parts
+        if isinstance(part, ToolReturnPart) and part.tool_call_id == CALL
+    ]
+    if not answers:
+        return ModelResponse(parts=[ToolCallPart("refund", {"order": 42}, tool_call_id=CALL)])
+    answer = answers[-1]
+    if answer.outcome != "success":
+        return ModelResponse(parts=[TextPart(f"Could not refund: {answer.content}")])
+    content: Any = answer.content
+    refund_id = content["refund_id"] if isinstance(content, dict) else content
+    return ModelResponse(parts=[TextPart(f"Refunded: {refund_id}")])
+
+
+def agent(
+    ledger: Path, *capabilities: AbstractCapability[Any], output_type: Any, crash: bool = False
+) -> Agent[None, Any]:
+    """The refund agent; its fakepay provider appends each refunded order to `ledger`."""
+    refunds: Agent[None, Any] = Agent(
+        FunctionModel(_model),
+        name="refunds",
+        capabilities=list(capabilities),
+        output_type=output_type,
+    )
+
+    @refunds.tool_plain
+    def refund(order: int) -> dict[str, Any]:
+        """Refund an order."""
+        with ledger.open("a") as f:
+            f.write(f"{order}\n")
+            f.flush()
+            os.fsync(f.fileno())
+        if crash:
+            os.kill(os.getpid(), signal.SIGKILL)  # after the effect, before its receipt
+        return {"refund_id": f"re_{order}", "order": order}
+
+    return refunds
+
+
+def run(url: str, key: str, spool: Path, ledger: Path, *args: str) -> tuple[int, Any]:
+    """Run this file as an agent process; its exit code and the JSON line it printed."""
+    done = subprocess.run(
+        [sys.executable, __file__, url, key, str(spool), str(ledger), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = done.stdout.strip().splitlines()
+    return done.returncode, json.loads(lines[-1]) if lines else done.stderr
+
+
+def main() -> int:
+    from tallybook import AsyncTallybook, EffectInDoubt
+    from tallybook.integrations.pydantic_ai import Effects
+
+    parser = argparse.ArgumentParser()
+    for name in ("url", "key", "spool", "ledger"):
+        parser.add_argument(name)
+    parser.add_argument("--crash", action="store_true")
+    parser.add_argument("--dbos", metavar="SYSTEM_DATABASE_URL")
+    options = parser.parse_args()
+    tb = AsyncTallybook(options.url, options.key, spool=options.spool, retries=2, backoff=0.05)
+    effects = Effects(
+        tb, tools={"refund": {"kind": "payment", "target": "fakepay", "receipt": "refund_id"}}
+    )
+    capabilities: list[AbstractCapability[Any]] = [effects]
+    if options.dbos:
+        from pydantic_ai.durable_exec.dbos import DBOSDurability
+
+        capabilities.append(DBOSDurability())
+    refunds = agent(Path(options.ledger), *capabilities, output_type=str, crash=options.crash)
+
+    async def ticket() -> str:
+        result = await refunds.run("Refund order 42", conversation_id=CONVERSATION)
+        return str(result.output)
+
+    try:
+        output = _in_dbos(ticket, options.dbos) if options.dbos else asyncio.run(ticket())
+    except EffectInDoubt as report:
+        print(json.dumps({"outcome": "in_doubt", "case": report.case_url}))
+        return 3
+    print(json.dumps({"outcome": "done", "output": output}))
+    return 0
+
+
+def _in_dbos(ticket: Any, system_database_url: str) -> str:
+    """Run the ticket as DBOS workflow CONVERSATION: launched again after a crash, DBOS
+    recovers it from its last completed step."""
+    from dbos import DBOS, SetWorkflowID
+
+    DBOS(config={"name": "refunds", "system_database_url": system_database_url})
+
+    @DBOS.workflow(name="refund_ticket")
+    async def refund_ticket() -> str:
+        return str(await ticket())
+
+    async def launched() -> str:
+        DBOS.launch()
+        with SetWorkflowID(CONVERSATION):
+            handle = await DBOS.start_workflow_async(refund_ticket)
+        return str(await handle.get_result())
+
+    try:
+        return asyncio.run(launched())
+    finally:
+        DBOS.destroy()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
