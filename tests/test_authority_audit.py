@@ -164,10 +164,15 @@ def test_the_page_costs_the_same_queries_for_ten_effects_or_a_hundred(project, a
     assert queries() == few
 
 
-def test_a_viewer_reads_the_audit_and_a_stranger_cannot(project, viewer, mallory, week):
+def test_a_viewer_reads_the_report_and_a_stranger_cannot(project, viewer, mallory, outsider, week):
     assert logged_in(viewer).get(PAGE).status_code == 200
-    assert logged_in(mallory).get(PAGE).status_code == 404
-    assert logged_in(mallory).get("/authority/audit.csv").status_code == 404
+    # In no project: the landing page, for the page and its CSV alike.
+    for path in (PAGE, "/authority/audit.csv"):
+        r = logged_in(mallory).get(path)
+        assert r.status_code == 200 and b"not a member of any project" in r.content
+    # With a project of their own: theirs, with none of this project's effects.
+    r = logged_in(outsider).get("/authority/audit.csv")
+    assert r.status_code == 200 and len(r.getvalue().decode().splitlines()) == 1
 
 
 def test_amounts_are_shown_as_recorded(project, alice):

@@ -2,7 +2,7 @@
 approvals inbox (/approvals/). The policy for intents without a grant is set with the
 project's settings.
 
-Everything is in the user's current project (durability.desk.views). Reading needs a
+Everything is in the user's current project (durability.accounts.access). Reading needs a
 membership; approving needs the operator's right to resolve cases; grants and webhook
 sources are for admins. Services do the changes and write the audit entries.
 """
@@ -14,15 +14,14 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 from django.db import IntegrityError
 from django.db.models import Count
-from django.http import Http404, HttpResponse, StreamingHttpResponse
+from django.http import HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from durability.accounts.access import AuthedRequest, actor_of, current_membership
-from durability.accounts.roles import Access, Perm, access_from
+from durability.accounts.access import AuthedRequest, actor_of, object_access, project_access
+from durability.accounts.roles import Access, Perm
 from durability.authority import approvals, grants
 from durability.authority import report as authority_audit
 from durability.authority import webhook_sources as webhook_source_services
@@ -38,26 +37,6 @@ from durability.models import Approval, Grant, SignoffVerdict, WebhookKind, Webh
 RECENT_EFFECTS = 20
 
 
-def _access(request: AuthedRequest, perm: Perm = Perm.VIEW) -> Access:
-    """The user's access to their current project, which must allow `perm`."""
-    membership, _ = current_membership(request)
-    if membership is None:
-        raise Http404("You are not a member of any project")
-    access = access_from(membership)
-    if not access.can(perm):
-        raise PermissionDenied(
-            f"Your role in {access.project} ({access.role}) does not allow this action."
-        )
-    return access
-
-
-def _grant(access: Access, grant_id: int) -> Grant:
-    grant = Grant.objects.filter(project=access.project, pk=grant_id).first()
-    if grant is None:
-        raise Http404("No such grant in your current project")
-    return grant
-
-
 # -- grants and policy -----------------------------------------------------------------
 
 
@@ -65,7 +44,7 @@ def _grant(access: Access, grant_id: int) -> Grant:
 @require_GET
 def authority(request: AuthedRequest) -> HttpResponse:
     """The project's grants (current versions unless `?status=` says otherwise) and policy."""
-    access = _access(request)
+    access = project_access(request, Perm.VIEW)
     query = grants.GrantQuery.parse(request.GET.dict())
     if isinstance(query, dict):
         query = grants.GrantQuery()
@@ -88,7 +67,7 @@ def authority(request: AuthedRequest) -> HttpResponse:
 @login_required
 @require_http_methods(["GET", "POST"])
 def grant_new(request: AuthedRequest) -> HttpResponse:
-    access = _access(request, Perm.MANAGE)
+    access = project_access(request, Perm.MANAGE)
     form = GrantForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         grant = grants.grant_create(
@@ -133,15 +112,14 @@ def _grant_page(
 @login_required
 @require_GET
 def grant(request: AuthedRequest, grant_id: int) -> HttpResponse:
-    access = _access(request)
-    return _grant_page(request, access, _grant(access, grant_id))
+    found, access = object_access(request, Perm.VIEW, Grant.objects.all(), grant_id, current=True)
+    return _grant_page(request, access, found)
 
 
 @login_required
 @require_POST
 def grant_supersede(request: AuthedRequest, grant_id: int) -> HttpResponse:
-    access = _access(request, Perm.MANAGE)
-    old = _grant(access, grant_id)
+    old, access = object_access(request, Perm.MANAGE, Grant.objects.all(), grant_id, current=True)
     form = GrantForm(request.POST)
     if not form.is_valid():
         return _grant_page(request, access, old, form=form, status=400)
@@ -157,8 +135,7 @@ def grant_supersede(request: AuthedRequest, grant_id: int) -> HttpResponse:
 @login_required
 @require_POST
 def grant_revoke(request: AuthedRequest, grant_id: int) -> HttpResponse:
-    access = _access(request, Perm.MANAGE)
-    grant = _grant(access, grant_id)
+    grant, access = object_access(request, Perm.MANAGE, Grant.objects.all(), grant_id, current=True)
     form = RevokeForm(request.POST)
     if not form.is_valid():
         return _grant_page(request, access, grant, revoke=form, status=400)
@@ -178,7 +155,7 @@ def grant_revoke(request: AuthedRequest, grant_id: int) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def webhook_sources(request: AuthedRequest) -> HttpResponse:
     """The project's webhook sources; admins add them and see their secrets."""
-    access = _access(request, Perm.MANAGE)
+    access = project_access(request, Perm.MANAGE)
     form = WebhookSourceForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
@@ -218,10 +195,9 @@ def webhook_sources(request: AuthedRequest) -> HttpResponse:
 @login_required
 @require_POST
 def webhook_source_toggle(request: AuthedRequest, source_id: int) -> HttpResponse:
-    access = _access(request, Perm.MANAGE)
-    source = WebhookSource.objects.filter(project=access.project, pk=source_id).first()
-    if source is None:
-        raise Http404("No such webhook source in your current project")
+    source, _ = object_access(
+        request, Perm.MANAGE, WebhookSource.objects.all(), source_id, current=True
+    )
     webhook_source_services.webhook_source_enable(
         source=source, actor=actor_of(request), enabled=not source.enabled
     )
@@ -241,7 +217,7 @@ def _audit_query(request: AuthedRequest) -> tuple[AuditForm, authority_audit.Aud
 @require_GET
 def authority_audit_page(request: AuthedRequest) -> HttpResponse:
     """The four quadrants for a time range and filters, and the effects behind them."""
-    access = _access(request)
+    access = project_access(request, Perm.VIEW)
     form, query = _audit_query(request)
     before = request.GET.get("before", "")
     effects, next_before = authority_audit.page(
@@ -288,7 +264,7 @@ class _Echo:
 def authority_audit_csv(request: AuthedRequest) -> StreamingHttpResponse:
     """The table as CSV: the same filter, columns and order as the page; the page's rows
     when the link carries its cursor (`before`) and `page=1`, else every matching row."""
-    access = _access(request)
+    access = project_access(request, Perm.VIEW)
     _, query = _audit_query(request)
     effects = authority_audit.rows(access.project, query)
     before = request.GET.get("before", "")
@@ -312,7 +288,7 @@ def authority_audit_csv(request: AuthedRequest) -> StreamingHttpResponse:
 @login_required
 @require_GET
 def approvals_inbox(request: AuthedRequest) -> HttpResponse:
-    access = _access(request)
+    access = project_access(request, Perm.VIEW)
     return render(
         request,
         "durability/authority/approvals.html",
@@ -322,13 +298,6 @@ def approvals_inbox(request: AuthedRequest) -> HttpResponse:
             "decided": approvals.recently_decided(access.project),
         },
     )
-
-
-def _approval(access: Access, approval_id: int) -> Approval:
-    approval = approvals.approvals_of(access.project).filter(pk=approval_id).first()
-    if approval is None:
-        raise Http404("No such approval in your current project")
-    return approval
 
 
 def _approval_page(
@@ -354,15 +323,18 @@ def _approval_page(
 @login_required
 @require_GET
 def approval(request: AuthedRequest, approval_id: int) -> HttpResponse:
-    access = _access(request)
-    return _approval_page(request, access, _approval(access, approval_id))
+    found, access = object_access(
+        request, Perm.VIEW, approvals.approvals_shown(), approval_id, current=True
+    )
+    return _approval_page(request, access, found)
 
 
 @login_required
 @require_POST
 def approval_sign(request: AuthedRequest, approval_id: int) -> HttpResponse:
-    access = _access(request, Perm.RESOLVE)
-    found = _approval(access, approval_id)
+    found, access = object_access(
+        request, Perm.RESOLVE, approvals.approvals_shown(), approval_id, current=True
+    )
     form = SignoffForm(request.POST)
     if not form.is_valid():
         return _approval_page(request, access, found, form=form, status=400)
@@ -376,7 +348,8 @@ def approval_sign(request: AuthedRequest, approval_id: int) -> HttpResponse:
         )
     except approvals.SignoffRefused as exc:
         form.add_error(None, str(exc))
-        return _approval_page(request, access, _approval(access, approval_id), form, status=409)
+        found = approvals.approvals_of(access.project).get(pk=found.pk)
+        return _approval_page(request, access, found, form, status=409)
     if outcome.final:
         messages.success(request, f"Approval {found.pk} {outcome.approval.status}.")
     else:
