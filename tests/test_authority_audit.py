@@ -15,6 +15,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from durability.api.schemas import AmountIn, ReceiptIn
+from durability.authority.report import PAGE_SIZE
 from durability.ledger import machine
 from durability.models import Effect, Project, Receipt, Strength
 from tests import ledger
@@ -181,3 +182,20 @@ def test_amounts_are_shown_as_recorded(project, alice):
     assert Effect.objects.get().amount == Decimal("12.5")
     assert "12.5 EUR" in logged_in(alice).get(PAGE).content.decode()
     assert not Receipt.objects.exists()
+
+
+def test_older_effects_open_as_the_next_page_keeping_the_filter(project, alice):
+    Effect.objects.bulk_create(
+        Effect(project=project, key=f"k{i:03}", kind="payment", target="stripe", fingerprint="f")
+        for i in range(PAGE_SIZE + 1)
+    )
+    client = logged_in(alice)
+    first = client.get(PAGE, {"kind": "payment"}).content.decode()
+    link = re.search(r'<tr class="more">\s*<td[^>]*><a href="\?([^"]+)"([^>]*)>', first)
+    assert link is not None and "hx-get" not in link.group(2)
+    params = link.group(1).replace("&amp;", "&")
+    assert "kind=payment" in params and params.count("before=") == 1
+    second = client.get(f"{PAGE}?{params}").content.decode()
+    assert "k000" in second and "k100" not in second
+    again = re.search(r'<tr class="more">', second)
+    assert again is None

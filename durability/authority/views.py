@@ -237,6 +237,8 @@ def authority_audit_page(request: AuthedRequest) -> HttpResponse:
         }
         for name, label in authority_audit.QUADRANTS
     ]
+    following = request.GET.copy()
+    following["before"] = str(next_before)
     context = {
         "access": access,
         "form": form,
@@ -245,7 +247,7 @@ def authority_audit_page(request: AuthedRequest) -> HttpResponse:
         "header": authority_audit.HEADER,
         "rows": [(effect, authority_audit.line(effect)) for effect in effects],
         "orphans": authority_audit.orphan_rows(access.project, query) if not before else [],
-        "next_before": next_before,
+        "next_query": following.urlencode() if next_before else "",
         "filters": params.urlencode(),
         "here": request.GET.urlencode(),
     }

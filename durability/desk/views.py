@@ -93,7 +93,7 @@ def queue(request: AuthedRequest) -> HttpResponse:
         "access": access,
         "query": query,
         "rows": rows,
-        "next_after": next_after,
+        "next_query": query.query_string(after=next_after) if next_after else "",
     }
     if request.htmx and "after" in query.values:
         return render(request, "durability/desk/queue.html#rows", context)
@@ -483,6 +483,7 @@ def effects(request: AuthedRequest) -> HttpResponse:
         "states": State.values,
         "query": query,
         "next_before": page[-1].pk if more else None,
+        "next_query": query.query_string(before=page[-1].pk) if more else "",
     }
     template = "durability/desk/effects.html"
     if request.htmx and before:
