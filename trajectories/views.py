@@ -267,7 +267,7 @@ def run(request: AuthedRequest, run_pk: int, span_pk: int | None = None) -> Http
             raise Http404("No such span in this run")
         if request.htmx:
             detail = {"run": found, **_span_context(selected)}
-            return render(request, "trajectories/_span.html", detail)
+            return render(request, "trajectories/run.html#span", detail)
     tree = _tree(found)
     root_pk, offset = _int(request.GET.get("root", "")), _int(request.GET.get("offset", "")) or 0
     root = next((s for s in tree.spans if s.pk == root_pk), None)

@@ -66,6 +66,10 @@ AUDIT_PAGE_SIZE = 100
 EFFECTS_PAGE_SIZE = 50
 # Audit actions that change what a queue row shows.
 PULSE_ACTIONS = (AuditAction.CASE_OPENED, AuditAction.CASE_CLOSED, AuditAction.CASE_ASSIGNED)
+# The queue page and its fragments, each a partial of the page.
+QUEUE = "durability/desk/queue.html"
+BULK_PREVIEW = f"{QUEUE}#bulk_preview"
+BULK_PROGRESS = f"{QUEUE}#bulk_progress"
 # What a case page and an effect page show, loaded with the object.
 CASE_PAGE = Case.objects.select_related("effect", "project", "assignee", "receipt")
 EFFECT_PAGE = Effect.objects.select_related("project").prefetch_related(
@@ -96,7 +100,7 @@ def queue(request: AuthedRequest) -> HttpResponse:
         "next_query": query.query_string(after=next_after) if next_after else "",
     }
     if request.htmx and "after" in query.values:
-        return render(request, "durability/desk/queue.html#rows", context)
+        return render(request, f"{QUEUE}#rows", context)
     counts = counts_by_reason(open_cases(access.project, query, request.user, reason=False))
     reason = query.values.get("reason")
     context |= {
@@ -108,7 +112,7 @@ def queue(request: AuthedRequest) -> HttpResponse:
         "members": cases.assignable_members(access.project),
         "bulk_verbs": BulkVerb.choices,
     }
-    return render(request, "durability/desk/queue.html", context)
+    return render(request, QUEUE, context)
 
 
 def _reason_tabs(query: QueueQuery, counts: dict[str, int]) -> list[dict[str, Any]]:
@@ -168,7 +172,7 @@ def queue_pulse(request: AuthedRequest) -> HttpResponse:
         "changed": rows_of(access.project, changed),
         "tabs": _reason_tabs(query, counts),
     }
-    return render(request, "durability/desk/_queue_pulse.html", context)
+    return render(request, f"{QUEUE}#pulse", context)
 
 
 # -- bulk actions --------------------------------------------------------------------------
@@ -217,7 +221,7 @@ def bulk_preview(request: AuthedRequest) -> HttpResponse:
             "allowed": access.can(BULK_PERMS[verb]),
             "background": len(ids) > settings.TALLYBOOK_BULK_INLINE,
         }
-    return render(request, "durability/desk/_bulk_preview.html", context)
+    return render(request, BULK_PREVIEW, context)
 
 
 @login_required
@@ -227,7 +231,7 @@ def bulk_start(request: AuthedRequest) -> HttpResponse:
     access = project_access(request, Perm.VIEW)
     form = BulkForm(request.POST)
     if not form.is_valid():
-        return render(request, "durability/desk/_bulk_preview.html", {"form": form}, status=400)
+        return render(request, BULK_PREVIEW, {"form": form}, status=400)
     verb = BulkVerb(form.cleaned_data["verb"])
     require(access, BULK_PERMS[verb])
     assignee = None
@@ -235,7 +239,7 @@ def bulk_start(request: AuthedRequest) -> HttpResponse:
         assignee = _member(access, request, form.cleaned_data["assign_to"])
         if assignee is None:
             form.add_error("assign_to", "Not a member who can act on this project's cases.")
-            return render(request, "durability/desk/_bulk_preview.html", {"form": form}, status=400)
+            return render(request, BULK_PREVIEW, {"form": form}, status=400)
     _, ids = _bulk_scope(request, access, form)
     bulk = cases.bulk_start(
         project=access.project,
@@ -249,14 +253,14 @@ def bulk_start(request: AuthedRequest) -> HttpResponse:
         bulk = cases.bulk_run(bulk_id=bulk.pk)
     else:
         jobs.enqueue(desk_jobs.cases_bulk, bulk.pk)
-    return render(request, "durability/desk/_bulk_progress.html", {"bulk": bulk})
+    return render(request, BULK_PROGRESS, {"bulk": bulk})
 
 
 @login_required
 @require_GET
 def bulk_progress(request: AuthedRequest, bulk_id: int) -> HttpResponse:
     bulk, _ = object_access(request, Perm.VIEW, BulkAction.objects.all(), bulk_id)
-    return render(request, "durability/desk/_bulk_progress.html", {"bulk": bulk})
+    return render(request, BULK_PROGRESS, {"bulk": bulk})
 
 
 # -- a case ------------------------------------------------------------------------------
@@ -387,7 +391,7 @@ def case_assign(request: AuthedRequest, case_id: int) -> HttpResponseBase:
         row = rows_of(access.project, [found.pk])[0]
         return render(
             request,
-            "durability/desk/_queue_row.html",
+            f"{QUEUE}#row",
             {"case": row, "access": access, "problem": problem},
         )
     if problem:
