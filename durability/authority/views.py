@@ -1,4 +1,4 @@
-"""Authority pages: grants (/authority/), webhook sources, the authority audit, and the
+"""Authority pages: grants (/authority/), webhook sources, the authority report, and the
 approvals inbox (/approvals/). The policy for intents without a grant is set with the
 project's settings.
 
@@ -22,12 +22,11 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from durability.accounts.access import AuthedRequest, actor_of, object_access, project_access
 from durability.accounts.roles import Access, Perm
-from durability.authority import approvals, grants
-from durability.authority import report as authority_audit
+from durability.authority import approvals, grants, report
 from durability.authority import webhook_sources as webhook_source_services
 from durability.authority.forms import (
-    AuditForm,
     GrantForm,
+    ReportForm,
     RevokeForm,
     SignoffForm,
     WebhookSourceForm,
@@ -204,26 +203,26 @@ def webhook_source_toggle(request: AuthedRequest, source_id: int) -> HttpRespons
     return redirect("webhook-sources")
 
 
-# -- the authority audit -------------------------------------------------------------------
+# -- the authority report ------------------------------------------------------------------
 
 
-def _audit_query(request: AuthedRequest) -> tuple[AuditForm, authority_audit.AuditQuery]:
-    form = AuditForm(request.GET)
-    query = form.query() if form.is_valid() else authority_audit.AuditQuery.default()
+def _report_query(request: AuthedRequest) -> tuple[ReportForm, report.ReportQuery]:
+    form = ReportForm(request.GET)
+    query = form.query() if form.is_valid() else report.ReportQuery.default()
     return form, query
 
 
 @login_required
 @require_GET
-def authority_audit_page(request: AuthedRequest) -> HttpResponse:
+def authority_report(request: AuthedRequest) -> HttpResponse:
     """The four quadrants for a time range and filters, and the effects behind them."""
     access = project_access(request, Perm.VIEW)
-    form, query = _audit_query(request)
+    form, query = _report_query(request)
     before = request.GET.get("before", "")
-    effects, next_before = authority_audit.page(
+    effects, next_before = report.page(
         access.project, query, int(before) if before.isdigit() else None
     )
-    counts = authority_audit.quadrant_counts(access.project, query)
+    counts = report.quadrant_counts(access.project, query)
     params = request.GET.copy()
     params.pop("before", None)
     params.pop("quadrant", None)
@@ -235,7 +234,7 @@ def authority_audit_page(request: AuthedRequest) -> HttpResponse:
             "current": name == query.quadrant,
             "qs": f"{params.urlencode()}&quadrant={name}".lstrip("&"),
         }
-        for name, label in authority_audit.QUADRANTS
+        for name, label in report.QUADRANTS
     ]
     following = request.GET.copy()
     following["before"] = str(next_before)
@@ -244,14 +243,14 @@ def authority_audit_page(request: AuthedRequest) -> HttpResponse:
         "form": form,
         "query": query,
         "quadrants": quadrants,
-        "header": authority_audit.HEADER,
-        "rows": [(effect, authority_audit.line(effect)) for effect in effects],
-        "orphans": authority_audit.orphan_rows(access.project, query) if not before else [],
+        "header": report.HEADER,
+        "rows": [(effect, report.line(effect)) for effect in effects],
+        "orphans": report.orphan_rows(access.project, query) if not before else [],
         "next_query": following.urlencode() if next_before else "",
         "filters": params.urlencode(),
         "here": request.GET.urlencode(),
     }
-    return render(request, "durability/authority/audit.html", context)
+    return render(request, "durability/authority/report.html", context)
 
 
 class _Echo:
@@ -263,20 +262,20 @@ class _Echo:
 
 @login_required
 @require_GET
-def authority_audit_csv(request: AuthedRequest) -> StreamingHttpResponse:
+def authority_report_csv(request: AuthedRequest) -> StreamingHttpResponse:
     """The table as CSV: the same filter, columns and order as the page; the page's rows
     when the link carries its cursor (`before`) and `page=1`, else every matching row."""
     access = project_access(request, Perm.VIEW)
-    _, query = _audit_query(request)
-    effects = authority_audit.rows(access.project, query)
+    _, query = _report_query(request)
+    effects = report.rows(access.project, query)
     before = request.GET.get("before", "")
     if before.isdigit():
         effects = effects.filter(pk__lt=int(before))
     if request.GET.get("page") == "1":
-        effects = effects[: authority_audit.PAGE_SIZE]
+        effects = effects[: report.PAGE_SIZE]
     writer = csv.writer(_Echo())
     response = StreamingHttpResponse(
-        (writer.writerow(line) for line in authority_audit.lines(effects)),
+        (writer.writerow(line) for line in report.lines(effects)),
         content_type="text/csv; charset=utf-8",
     )
     stamp = f"{query.since:%Y%m%d%H%M}-{query.until:%Y%m%d%H%M}"

@@ -1,5 +1,5 @@
-"""The authority audit: authority set against evidence, in four quadrants with their
-effects, and the same table as CSV."""
+"""The authority report (/authority/audit/): authority set against evidence, in four
+quadrants with their effects, and the same table as CSV."""
 
 from __future__ import annotations
 
