@@ -8,7 +8,6 @@ told it exists); a member whose role lacks the permission gets a 403.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
 
 from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied
@@ -32,10 +31,6 @@ class AuthedRequest(HttpRequest):
 
 class NoProject(Exception):
     """The user is a member of no project; NoProjectMiddleware answers with the landing page."""
-
-
-class _InProject(Protocol):
-    project_id: int
 
 
 def actor_of(request: AuthedRequest) -> str:
@@ -86,7 +81,8 @@ def object_access[M: Model](
     found = objects.filter(pk=pk).first()
     access = None
     if found is not None:
-        project_id = _project_id(found)
+        # Every object a page shows belongs to a project; this is its foreign key's value.
+        project_id: int = found.serializable_value("project")
         access = _access(request, None if current else project_id)
         if access is not None and access.project.pk != project_id:
             access = None
@@ -96,22 +92,12 @@ def object_access[M: Model](
     return found, access
 
 
-def _project_id(found: Model) -> int:
-    # Every object a page shows belongs to a project (a `project` foreign key).
-    in_project: _InProject = found  # type: ignore[assignment]
-    return in_project.project_id
-
-
 def require(access: Access, perm: Perm) -> None:
     """Refuse (403) what the user's role in the project does not allow."""
     if not access.can(perm):
         raise PermissionDenied(
             f"Your role in {access.project} ({access.role}) does not allow this action."
         )
-
-
-def no_project(request: HttpRequest) -> HttpResponse:
-    return render(request, "durability/accounts/no_project.html")
 
 
 class NoProjectMiddleware:
@@ -124,4 +110,6 @@ class NoProjectMiddleware:
         return self.get_response(request)
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
-        return no_project(request) if isinstance(exception, NoProject) else None
+        if isinstance(exception, NoProject):
+            return render(request, "durability/accounts/no_project.html")
+        return None
