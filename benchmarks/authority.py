@@ -1,4 +1,4 @@
-"""What authority costs: the grant check on the intent path, and the authority audit page.
+"""What authority costs: the grant check on the intent path, and the authority report page.
 
     .venv/bin/python benchmarks/authority.py [--effects 1000000] [--intents 300] [--repeat 10]
 
@@ -6,8 +6,9 @@ Creates (dropping it first) the PostgreSQL database named by --db and migrates i
 records --intents intents through the state machine (in process, no HTTP) under each kind
 of authority and prints the median and p95 time of one intent; the limited grant already
 has 80% of --effects (spread over a week) under it, and its limits sum its last day.
-Then requests the authority audit over those effects (a week, 80% under that grant, 60%
-with a receipt) through Django's test client and prints the server time of each view.
+Then requests the authority report (/authority/audit/) over those effects (a week, 80%
+under that grant, 60% with a receipt) through Django's test client and prints the server
+time of each view.
 """
 
 from __future__ import annotations
@@ -162,12 +163,12 @@ def main() -> None:
     client = Client()
     client.force_login(operator)
     pages = {
-        "audit, last 7 days": "/authority/audit/",
-        "audit, evidence without authority": "/authority/audit/?quadrant=evidence_unauthorized",
-        "audit, one grant": f"/authority/audit/?grant={limited.pk}",
+        "report, last 7 days": "/authority/audit/",
+        "report, evidence without authority": "/authority/audit/?quadrant=evidence_unauthorized",
+        "report, one grant": f"/authority/audit/?grant={limited.pk}",
         "CSV of the page on screen": "/authority/audit.csv?page=1",
     }
-    print(f"\nthe authority audit over {args.effects:,} effects, {args.repeat} requests each")
+    print(f"\nthe authority report over {args.effects:,} effects, {args.repeat} requests each")
     print(f"{'page':<44} {'median ms':>10} {'p95 ms':>8}")
     for label, path in pages.items():
 

@@ -86,7 +86,15 @@ def test_a_stranger_sees_no_rows(client, mallory, project):
     r = client.get("/effects/")
     assert r.status_code == 200
     assert b"secret-refund" not in r.content
-    assert r.context["effects"] == []
+    # In no project: the landing page, as on every list page.
+    assert b"not a member of any project" in r.content and "effects" not in r.context
+
+
+def test_a_member_of_another_project_sees_none_of_these_effects(client, outsider, project):
+    intent(project, "secret-refund")
+    client.force_login(outsider)
+    r = client.get("/effects/")
+    assert r.status_code == 200 and r.context["effects"] == []
 
 
 def test_older_effects_come_a_page_at_a_time_and_as_a_fragment_for_htmx(client, alice, project):

@@ -86,13 +86,16 @@ def test_each_action_is_for_the_projects_admins_only(
 
 @pytest.mark.parametrize(
     ("persona", "status"),
-    [("admin", 200), ("alice", 403), ("viewer", 403), ("mallory", 404)],
+    # mallory, in no project, gets the landing page that says so.
+    [("admin", 200), ("alice", 403), ("viewer", 403), ("mallory", 200)],
 )
 def test_the_page_is_for_admins_and_only_they_see_its_link(
     request, project, alice, persona, status
 ):
     client = logged_in(request.getfixturevalue(persona))
-    assert client.get("/settings/").status_code == status
+    r = client.get("/settings/")
+    assert r.status_code == status
+    assert ("not a member of any project" in r.content.decode()) == (persona == "mallory")
     if persona != "mallory":
         has_link = 'href="/settings/"' in client.get("/queue/").content.decode()
         assert has_link == (persona == "admin")
@@ -178,7 +181,10 @@ def test_the_last_admin_can_be_neither_removed_nor_demoted(project, admin, alice
     r = client.post(f"/settings/{project.pk}/members/{own.pk}/remove/")
     assert r.status_code == 302 and r["Location"] == "/"
     assert not Membership.objects.filter(user=admin).exists()
-    assert client.get("/settings/").status_code == 404
+    # In no project now: the landing page says so, and the project's actions are not found.
+    landing = client.get("/settings/")
+    assert landing.status_code == 200 and "not a member of any project" in landing.content.decode()
+    assert client.post(f"/settings/{project.pk}/keys/", {"name": "x"}).status_code == 404
 
 
 def test_an_admin_removes_a_member_who_then_loses_access(project, admin, alice):

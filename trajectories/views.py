@@ -18,8 +18,8 @@ from django.http import Http404, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 
-from durability.accounts.access import AuthedRequest, current_membership
-from durability.models import Project
+from durability.accounts.access import AuthedRequest, object_access, project_access
+from durability.accounts.roles import Perm
 from trajectories.models import EffectLink, Run, RunStatus, Span
 
 PAGE_SIZE = 50
@@ -50,11 +50,6 @@ TREE_FIELDS = [
 FILTERS = ["agent", "workflow", "version", "status"]
 
 
-def _current_project(request: AuthedRequest) -> Project | None:
-    membership, _ = current_membership(request)
-    return membership.project if membership else None
-
-
 def _when(value: str, default: datetime | None) -> tuple[datetime | None, str | None]:
     """A datetime-local field (UTC) as an aware datetime, or the default and an error."""
     if not value:
@@ -82,9 +77,7 @@ def _cursor_of(run: Run) -> str:
 @login_required
 def runs(request: AuthedRequest) -> HttpResponse:
     """Runs in a time range (the last 24 hours unless given), newest first, keyset-paginated."""
-    project = _current_project(request)
-    if project is None:
-        return render(request, "durability/accounts/no_project.html")
+    project = project_access(request, Perm.VIEW).project
     now = timezone.now()
     errors = {}
     since, errors["since"] = _when(request.GET.get("since", ""), now - timedelta(hours=24))
@@ -253,17 +246,6 @@ def _tree(run: Run) -> Tree:
     )
 
 
-def _run_or_404(request: AuthedRequest, run_pk: int) -> Run:
-    project = _current_project(request)
-    if project is None:
-        raise Http404("You are not a member of any project")
-    run = Run.objects.filter(project=project, pk=run_pk).first()
-    if run is None:
-        raise Http404("No such run in your current project")
-    run.project = project
-    return run
-
-
 def _int(value: str) -> int | None:
     return int(value) if value.isdigit() else None
 
@@ -275,7 +257,9 @@ def run(request: AuthedRequest, run_pk: int, span_pk: int | None = None) -> Http
     htmx asks for those children as a fragment, to open a collapsed span or show more.
     With `span_pk`, the page opens with that span's detail and the tree down to it.
     """
-    found = _run_or_404(request, run_pk)
+    found, _ = object_access(
+        request, Perm.VIEW, Run.objects.select_related("project"), run_pk, current=True
+    )
     selected = None
     if span_pk is not None:
         selected = Span.objects.filter(run=found, pk=span_pk).first()
@@ -283,7 +267,7 @@ def run(request: AuthedRequest, run_pk: int, span_pk: int | None = None) -> Http
             raise Http404("No such span in this run")
         if request.htmx:
             detail = {"run": found, **_span_context(selected)}
-            return render(request, "trajectories/_span.html", detail)
+            return render(request, "trajectories/run.html#span", detail)
     tree = _tree(found)
     root_pk, offset = _int(request.GET.get("root", "")), _int(request.GET.get("offset", "")) or 0
     root = next((s for s in tree.spans if s.pk == root_pk), None)

@@ -1,14 +1,22 @@
-"""Who the signed-in user is in which project: the one access helper every page view asks."""
+"""Who the signed-in user is in which project: the one access helper every page view asks.
+
+The rules, for every page: a user in no project gets the landing page that says so; an
+object of a project the user is not in is a 404 (never "forbidden": a stranger is not
+told it exists); a member whose role lacks the permission gets a 403.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse
+from django.db.models import Model, QuerySet
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django_htmx.middleware import HtmxDetails
 
-from durability.accounts.roles import Access, Perm, access_from, projects_of
+from durability.accounts.roles import Access, Perm, access_from, access_of, projects_of
 from durability.models import Membership
 
 SESSION_PROJECT = "tallybook_project"
@@ -19,6 +27,10 @@ class AuthedRequest(HttpRequest):
 
     user: User
     htmx: HtmxDetails
+
+
+class NoProject(Exception):
+    """The user is a member of no project; NoProjectMiddleware answers with the landing page."""
 
 
 def actor_of(request: AuthedRequest) -> str:
@@ -33,14 +45,51 @@ def current_membership(request: AuthedRequest) -> tuple[Membership | None, list[
     return current or (memberships[0] if memberships else None), memberships
 
 
-def current_access(request: AuthedRequest, perm: Perm) -> Access | None:
-    """The user's access to their current project, if they have one and it allows `perm`."""
+def _access(request: AuthedRequest, project_id: int | None) -> Access | None:
+    """The user's access to project `project_id` (their current one if None), if a member."""
+    if project_id is not None:
+        return access_of(request.user, project_id)
     membership, _ = current_membership(request)
-    if membership is None:
-        return None
-    access = access_from(membership)
+    return access_from(membership) if membership else None
+
+
+def project_access(request: AuthedRequest, perm: Perm, *, project_id: int | None = None) -> Access:
+    """The user's access to their current project, or to `project_id` (a project the URL
+    names), which must allow `perm`.
+
+    No project at all: NoProject (the landing page). Not a member of `project_id`: 404.
+    A role without `perm`: 403. Two or three queries.
+    """
+    access = _access(request, project_id)
+    if access is None:
+        if project_id is None:
+            raise NoProject
+        raise Http404("No such project among yours")
     require(access, perm)
     return access
+
+
+def object_access[M: Model](
+    request: AuthedRequest, perm: Perm, objects: QuerySet[M], pk: int, *, current: bool = False
+) -> tuple[M, Access]:
+    """The object `pk` of `objects` and the user's access to its project, which must allow
+    `perm`; with `current`, only an object of the user's current project is found.
+
+    An object of a project the user is not in (or is not working in, with `current`), or
+    no project at all: 404. A role without `perm`: 403. Three queries.
+    """
+    found = objects.filter(pk=pk).first()
+    access = None
+    if found is not None:
+        # Every object a page shows belongs to a project; this is its foreign key's value.
+        project_id: int = found.serializable_value("project")
+        access = _access(request, None if current else project_id)
+        if access is not None and access.project.pk != project_id:
+            access = None
+    if found is None or access is None:
+        raise Http404(f"No such {objects.model._meta.verbose_name} in your projects")
+    require(access, perm)
+    return found, access
 
 
 def require(access: Access, perm: Perm) -> None:
@@ -51,5 +100,16 @@ def require(access: Access, perm: Perm) -> None:
         )
 
 
-def no_project(request: AuthedRequest) -> HttpResponse:
-    return render(request, "durability/accounts/no_project.html")
+class NoProjectMiddleware:
+    """Answers a page asked by a user in no project with the landing page that says so."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        return self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        if isinstance(exception, NoProject):
+            return render(request, "durability/accounts/no_project.html")
+        return None

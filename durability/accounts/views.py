@@ -1,6 +1,7 @@
 """The project settings page (/settings/): members and their roles, API keys, the policy.
 
-Admins only (the `manage_project` permission): other members get 403, strangers 404.
+Admins only (the `manage_project` permission): other members get 403, strangers to a
+project 404, a user in no project the landing page.
 The page shows the user's current project; each action names its project in the URL,
 so a project switched in another tab cannot redirect a change to the wrong project.
 Services (durability.accounts.services) make the changes and audit them.
@@ -12,7 +13,6 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 from django.forms import Form
 from django.http import Http404, HttpResponse, HttpResponseBase
 from django.shortcuts import redirect, render
@@ -22,26 +22,10 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
 from durability.accounts import services as members
-from durability.accounts.access import SESSION_PROJECT, AuthedRequest, actor_of, current_membership
+from durability.accounts.access import SESSION_PROJECT, AuthedRequest, actor_of, project_access
 from durability.accounts.forms import ApiKeyForm, MemberAddForm, MemberRoleForm, PolicyForm
-from durability.accounts.roles import Access, Perm, access_from, access_of
+from durability.accounts.roles import Access, Perm
 from durability.models import ApiKey, AuthorityPolicy, Membership, Role
-
-
-def _admin_access(request: AuthedRequest, project_id: int | None = None) -> Access:
-    """The user's access to the project (the current one unless named), which they manage."""
-    if project_id is None:
-        membership, _ = current_membership(request)
-        access = access_from(membership) if membership else None
-    else:
-        access = access_of(request.user, project_id)
-    if access is None:
-        raise Http404("No such project among yours")
-    if not access.can(Perm.MANAGE):
-        raise PermissionDenied(
-            f"Your role in {access.project} ({access.role}) does not allow managing it."
-        )
-    return access
 
 
 def _page(
@@ -82,13 +66,14 @@ def _errors(form: Form) -> str:
 @login_required
 @require_GET
 def project_settings(request: AuthedRequest) -> HttpResponse:
-    return _page(request, _admin_access(request))
+    access = project_access(request, Perm.MANAGE)
+    return _page(request, access)
 
 
 @login_required
 @require_POST
 def member_add(request: AuthedRequest, project_id: int) -> HttpResponseBase:
-    access = _admin_access(request, project_id)
+    access = project_access(request, Perm.MANAGE, project_id=project_id)
     form = MemberAddForm(request.POST)
     if form.is_valid():
         data = form.cleaned_data
@@ -110,7 +95,7 @@ def member_add(request: AuthedRequest, project_id: int) -> HttpResponseBase:
 @login_required
 @require_POST
 def member_role(request: AuthedRequest, project_id: int, membership_id: int) -> HttpResponseBase:
-    access = _admin_access(request, project_id)
+    access = project_access(request, Perm.MANAGE, project_id=project_id)
     form = MemberRoleForm(request.POST)
     if not form.is_valid():
         return _page(request, access, status=400, problem=_errors(form))
@@ -131,7 +116,7 @@ def member_role(request: AuthedRequest, project_id: int, membership_id: int) -> 
 @login_required
 @require_POST
 def member_remove(request: AuthedRequest, project_id: int, membership_id: int) -> HttpResponseBase:
-    access = _admin_access(request, project_id)
+    access = project_access(request, Perm.MANAGE, project_id=project_id)
     try:
         removed = members.member_remove(
             project=access.project, actor=actor_of(request), membership_id=membership_id
@@ -148,7 +133,7 @@ def member_remove(request: AuthedRequest, project_id: int, membership_id: int) -
 @login_required
 @require_POST
 def apikey_create(request: AuthedRequest, project_id: int) -> HttpResponse:
-    access = _admin_access(request, project_id)
+    access = project_access(request, Perm.MANAGE, project_id=project_id)
     form = ApiKeyForm(request.POST)
     if not form.is_valid():
         return _page(request, access, status=400, key_form=form)
@@ -161,7 +146,7 @@ def apikey_create(request: AuthedRequest, project_id: int) -> HttpResponse:
 @login_required
 @require_POST
 def apikey_revoke(request: AuthedRequest, project_id: int, key_id: int) -> HttpResponseBase:
-    access = _admin_access(request, project_id)
+    access = project_access(request, Perm.MANAGE, project_id=project_id)
     try:
         revoked = members.apikey_revoke(
             project=access.project, actor=actor_of(request), key_id=key_id
@@ -176,7 +161,7 @@ def apikey_revoke(request: AuthedRequest, project_id: int, key_id: int) -> HttpR
 @login_required
 @require_POST
 def policy(request: AuthedRequest, project_id: int) -> HttpResponseBase:
-    access = _admin_access(request, project_id)
+    access = project_access(request, Perm.MANAGE, project_id=project_id)
     form = PolicyForm(request.POST)
     if not form.is_valid():
         return _page(request, access, status=400, policy_form=form)
@@ -190,10 +175,11 @@ def policy(request: AuthedRequest, project_id: int) -> HttpResponseBase:
 @require_POST
 def project_switch(request: AuthedRequest) -> HttpResponse:
     """Make another of the user's projects the current one."""
-    project_id = request.POST.get("project", "")
-    if not project_id.isdigit() or access_of(request.user, int(project_id)) is None:
+    chosen = request.POST.get("project", "")
+    if not chosen.isdigit():
         raise Http404("No such project among yours")
-    request.session[SESSION_PROJECT] = int(project_id)
+    access = project_access(request, Perm.VIEW, project_id=int(chosen))
+    request.session[SESSION_PROJECT] = access.project.pk
     target = request.POST.get("next", "")
     if not url_has_allowed_host_and_scheme(target, {request.get_host()}, request.is_secure()):
         target = reverse("queue")

@@ -93,17 +93,18 @@ def approval_sign(
     return SignoffOutcome(approval, signoff, final)
 
 
-def approvals_of(project: Project) -> QuerySet[Approval]:
-    """A project's approvals with what their pages show, in a fixed number of queries."""
-    return (
-        Approval.objects.filter(project=project)
-        .select_related(
-            "effect__link__run", "effect__link__model_span", "effect__link__tool_span", "grant"
-        )
-        .prefetch_related(
-            Prefetch("signoffs", queryset=Signoff.objects.select_related("user").order_by("id"))
-        )
+def approvals_shown() -> QuerySet[Approval]:
+    """Approvals with what their pages show, in a fixed number of queries."""
+    return Approval.objects.select_related(
+        "effect__link__run", "effect__link__model_span", "effect__link__tool_span", "grant"
+    ).prefetch_related(
+        Prefetch("signoffs", queryset=Signoff.objects.select_related("user").order_by("id"))
     )
+
+
+def approvals_of(project: Project) -> QuerySet[Approval]:
+    """A project's approvals with what their pages show."""
+    return approvals_shown().filter(project=project)
 
 
 def inbox(project: Project) -> list[Approval]:

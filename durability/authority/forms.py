@@ -1,5 +1,5 @@
 """Forms of the authority pages: grants, the project's policy, approvals, webhook sources,
-and the audit filter."""
+and the authority report's filter."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 from django import forms
 
 from durability.authority.grants import Terms
-from durability.authority.report import QUADRANTS, AuditQuery
+from durability.authority.report import QUADRANTS, ReportQuery
 from durability.models import Grant, SignoffVerdict, WebhookKind
 
 PERIODS = [(3600, "hour"), (86400, "day"), (7 * 86400, "week"), (30 * 86400, "30 days")]
@@ -132,7 +132,7 @@ class WebhookSourceForm(forms.Form):
         return data
 
 
-class AuditForm(forms.Form):
+class ReportForm(forms.Form):
     since = forms.DateTimeField(required=False, widget=DateTimeLocal())
     until = forms.DateTimeField(required=False, widget=DateTimeLocal())
     kind = forms.CharField(max_length=100, required=False, strip=True)
@@ -140,11 +140,11 @@ class AuditForm(forms.Form):
     grant = forms.IntegerField(min_value=1, required=False)
     quadrant = forms.ChoiceField(choices=[("", "all"), *QUADRANTS], required=False)
 
-    def query(self) -> AuditQuery:
+    def query(self) -> ReportQuery:
         """The query a valid form asks for; the default range fills what it leaves out."""
-        default = AuditQuery.default()
+        default = ReportQuery.default()
         data = self.cleaned_data
-        return AuditQuery(
+        return ReportQuery(
             since=data.get("since") or default.since,
             until=data.get("until") or default.until,
             kind=data.get("kind") or "",

@@ -1,4 +1,4 @@
-"""Authority against evidence: the four quadrants and the table of the authority audit.
+"""Authority against evidence: the four quadrants and the table of the authority report.
 
 An effect is *authorized* when it was recorded under a grant and neither denied nor
 still awaiting approval; it *has evidence* when any receipt names it. Orphan receipts
@@ -79,7 +79,7 @@ _RANK = Case(
 
 
 @dataclass(frozen=True)
-class AuditQuery:
+class ReportQuery:
     """What the page shows: a time range over effects' creation, and filters."""
 
     since: datetime
@@ -90,7 +90,7 @@ class AuditQuery:
     quadrant: str = ""
 
     @classmethod
-    def default(cls, now: datetime | None = None) -> AuditQuery:
+    def default(cls, now: datetime | None = None) -> ReportQuery:
         now = now or timezone.now()
         return cls(since=now - DEFAULT_SPAN, until=now)
 
@@ -100,7 +100,7 @@ class AuditQuery:
         return bool(self.kind or self.target or self.grant)
 
 
-def _matching(project: Project, query: AuditQuery) -> QuerySet[Effect]:
+def _matching(project: Project, query: ReportQuery) -> QuerySet[Effect]:
     """The effects in the query's range and filters."""
     effects = Effect.objects.filter(
         project=project, created__gte=query.since, created__lt=query.until
@@ -118,12 +118,12 @@ def _evidence() -> Exists:
     return Exists(Receipt.objects.filter(effect=OuterRef("pk")))
 
 
-def _effects(project: Project, query: AuditQuery) -> QuerySet[Effect]:
+def _effects(project: Project, query: ReportQuery) -> QuerySet[Effect]:
     """The effects in the query's range and filters, each marked `evidenced` or not."""
     return _matching(project, query).annotate(evidenced=_evidence())
 
 
-def _orphans(project: Project, query: AuditQuery) -> QuerySet[Receipt]:
+def _orphans(project: Project, query: ReportQuery) -> QuerySet[Receipt]:
     if query.narrowed:
         return Receipt.objects.none()
     return Receipt.objects.filter(
@@ -137,7 +137,7 @@ def _by_authority(effects: QuerySet[Effect]) -> dict[bool, int]:
     return {bool(yes): n for yes, n in grouped.annotate(n=Count("pk")).order_by()}
 
 
-def quadrant_counts(project: Project, query: AuditQuery) -> dict[str, int]:
+def quadrant_counts(project: Project, query: ReportQuery) -> dict[str, int]:
     """Effects per quadrant (orphan receipts added to evidence without authority).
 
     Two grouped counts, each a scan or a hash semi-join whatever the range's size, with
@@ -162,7 +162,7 @@ def _strongest() -> QuerySet[Receipt]:
     )
 
 
-def rows(project: Project, query: AuditQuery) -> QuerySet[Effect]:
+def rows(project: Project, query: ReportQuery) -> QuerySet[Effect]:
     """The table: every effect the query matches, newest first, with its authority, its
     strongest evidence and whether evidence went beyond the grant."""
     effects = _effects(project, query)
@@ -188,7 +188,7 @@ def rows(project: Project, query: AuditQuery) -> QuerySet[Effect]:
 
 
 def page(
-    project: Project, query: AuditQuery, before: int | None
+    project: Project, query: ReportQuery, before: int | None
 ) -> tuple[list[Effect], int | None]:
     """One page of the table, keyset on id; and the id to continue before, if any."""
     found = rows(project, query)
@@ -200,7 +200,7 @@ def page(
     return taken, taken[-1].pk if more and taken else None
 
 
-def orphan_rows(project: Project, query: AuditQuery, limit: int = PAGE_SIZE) -> list[Receipt]:
+def orphan_rows(project: Project, query: ReportQuery, limit: int = PAGE_SIZE) -> list[Receipt]:
     """Evidence for keys no intent named, newest first, unless the query looks elsewhere."""
     if query.quadrant not in ("", Quadrant.EVIDENCE_UNAUTHORIZED):
         return []

@@ -1,8 +1,8 @@
-"""Authority pages: grants (/authority/), webhook sources, the authority audit, and the
+"""Authority pages: grants (/authority/), webhook sources, the authority report, and the
 approvals inbox (/approvals/). The policy for intents without a grant is set with the
 project's settings.
 
-Everything is in the user's current project (durability.desk.views). Reading needs a
+Everything is in the user's current project (durability.accounts.access). Reading needs a
 membership; approving needs the operator's right to resolve cases; grants and webhook
 sources are for admins. Services do the changes and write the audit entries.
 """
@@ -14,21 +14,19 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 from django.db import IntegrityError
 from django.db.models import Count
-from django.http import Http404, HttpResponse, StreamingHttpResponse
+from django.http import HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from durability.accounts.access import AuthedRequest, actor_of, current_membership
-from durability.accounts.roles import Access, Perm, access_from
-from durability.authority import approvals, grants
-from durability.authority import report as authority_audit
+from durability.accounts.access import AuthedRequest, actor_of, object_access, project_access
+from durability.accounts.roles import Access, Perm
+from durability.authority import approvals, grants, report
 from durability.authority import webhook_sources as webhook_source_services
 from durability.authority.forms import (
-    AuditForm,
     GrantForm,
+    ReportForm,
     RevokeForm,
     SignoffForm,
     WebhookSourceForm,
@@ -38,26 +36,6 @@ from durability.models import Approval, Grant, SignoffVerdict, WebhookKind, Webh
 RECENT_EFFECTS = 20
 
 
-def _access(request: AuthedRequest, perm: Perm = Perm.VIEW) -> Access:
-    """The user's access to their current project, which must allow `perm`."""
-    membership, _ = current_membership(request)
-    if membership is None:
-        raise Http404("You are not a member of any project")
-    access = access_from(membership)
-    if not access.can(perm):
-        raise PermissionDenied(
-            f"Your role in {access.project} ({access.role}) does not allow this action."
-        )
-    return access
-
-
-def _grant(access: Access, grant_id: int) -> Grant:
-    grant = Grant.objects.filter(project=access.project, pk=grant_id).first()
-    if grant is None:
-        raise Http404("No such grant in your current project")
-    return grant
-
-
 # -- grants and policy -----------------------------------------------------------------
 
 
@@ -65,7 +43,7 @@ def _grant(access: Access, grant_id: int) -> Grant:
 @require_GET
 def authority(request: AuthedRequest) -> HttpResponse:
     """The project's grants (current versions unless `?status=` says otherwise) and policy."""
-    access = _access(request)
+    access = project_access(request, Perm.VIEW)
     query = grants.GrantQuery.parse(request.GET.dict())
     if isinstance(query, dict):
         query = grants.GrantQuery()
@@ -88,7 +66,7 @@ def authority(request: AuthedRequest) -> HttpResponse:
 @login_required
 @require_http_methods(["GET", "POST"])
 def grant_new(request: AuthedRequest) -> HttpResponse:
-    access = _access(request, Perm.MANAGE)
+    access = project_access(request, Perm.MANAGE)
     form = GrantForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         grant = grants.grant_create(
@@ -133,15 +111,14 @@ def _grant_page(
 @login_required
 @require_GET
 def grant(request: AuthedRequest, grant_id: int) -> HttpResponse:
-    access = _access(request)
-    return _grant_page(request, access, _grant(access, grant_id))
+    found, access = object_access(request, Perm.VIEW, Grant.objects.all(), grant_id, current=True)
+    return _grant_page(request, access, found)
 
 
 @login_required
 @require_POST
 def grant_supersede(request: AuthedRequest, grant_id: int) -> HttpResponse:
-    access = _access(request, Perm.MANAGE)
-    old = _grant(access, grant_id)
+    old, access = object_access(request, Perm.MANAGE, Grant.objects.all(), grant_id, current=True)
     form = GrantForm(request.POST)
     if not form.is_valid():
         return _grant_page(request, access, old, form=form, status=400)
@@ -157,8 +134,7 @@ def grant_supersede(request: AuthedRequest, grant_id: int) -> HttpResponse:
 @login_required
 @require_POST
 def grant_revoke(request: AuthedRequest, grant_id: int) -> HttpResponse:
-    access = _access(request, Perm.MANAGE)
-    grant = _grant(access, grant_id)
+    grant, access = object_access(request, Perm.MANAGE, Grant.objects.all(), grant_id, current=True)
     form = RevokeForm(request.POST)
     if not form.is_valid():
         return _grant_page(request, access, grant, revoke=form, status=400)
@@ -178,7 +154,7 @@ def grant_revoke(request: AuthedRequest, grant_id: int) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def webhook_sources(request: AuthedRequest) -> HttpResponse:
     """The project's webhook sources; admins add them and see their secrets."""
-    access = _access(request, Perm.MANAGE)
+    access = project_access(request, Perm.MANAGE)
     form = WebhookSourceForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
@@ -218,36 +194,35 @@ def webhook_sources(request: AuthedRequest) -> HttpResponse:
 @login_required
 @require_POST
 def webhook_source_toggle(request: AuthedRequest, source_id: int) -> HttpResponse:
-    access = _access(request, Perm.MANAGE)
-    source = WebhookSource.objects.filter(project=access.project, pk=source_id).first()
-    if source is None:
-        raise Http404("No such webhook source in your current project")
+    source, _ = object_access(
+        request, Perm.MANAGE, WebhookSource.objects.all(), source_id, current=True
+    )
     webhook_source_services.webhook_source_enable(
         source=source, actor=actor_of(request), enabled=not source.enabled
     )
     return redirect("webhook-sources")
 
 
-# -- the authority audit -------------------------------------------------------------------
+# -- the authority report ------------------------------------------------------------------
 
 
-def _audit_query(request: AuthedRequest) -> tuple[AuditForm, authority_audit.AuditQuery]:
-    form = AuditForm(request.GET)
-    query = form.query() if form.is_valid() else authority_audit.AuditQuery.default()
+def _report_query(request: AuthedRequest) -> tuple[ReportForm, report.ReportQuery]:
+    form = ReportForm(request.GET)
+    query = form.query() if form.is_valid() else report.ReportQuery.default()
     return form, query
 
 
 @login_required
 @require_GET
-def authority_audit_page(request: AuthedRequest) -> HttpResponse:
+def authority_report(request: AuthedRequest) -> HttpResponse:
     """The four quadrants for a time range and filters, and the effects behind them."""
-    access = _access(request)
-    form, query = _audit_query(request)
+    access = project_access(request, Perm.VIEW)
+    form, query = _report_query(request)
     before = request.GET.get("before", "")
-    effects, next_before = authority_audit.page(
+    effects, next_before = report.page(
         access.project, query, int(before) if before.isdigit() else None
     )
-    counts = authority_audit.quadrant_counts(access.project, query)
+    counts = report.quadrant_counts(access.project, query)
     params = request.GET.copy()
     params.pop("before", None)
     params.pop("quadrant", None)
@@ -259,21 +234,23 @@ def authority_audit_page(request: AuthedRequest) -> HttpResponse:
             "current": name == query.quadrant,
             "qs": f"{params.urlencode()}&quadrant={name}".lstrip("&"),
         }
-        for name, label in authority_audit.QUADRANTS
+        for name, label in report.QUADRANTS
     ]
+    following = request.GET.copy()
+    following["before"] = str(next_before)
     context = {
         "access": access,
         "form": form,
         "query": query,
         "quadrants": quadrants,
-        "header": authority_audit.HEADER,
-        "rows": [(effect, authority_audit.line(effect)) for effect in effects],
-        "orphans": authority_audit.orphan_rows(access.project, query) if not before else [],
-        "next_before": next_before,
+        "header": report.HEADER,
+        "rows": [(effect, report.line(effect)) for effect in effects],
+        "orphans": report.orphan_rows(access.project, query) if not before else [],
+        "next_query": following.urlencode() if next_before else "",
         "filters": params.urlencode(),
         "here": request.GET.urlencode(),
     }
-    return render(request, "durability/authority/audit.html", context)
+    return render(request, "durability/authority/report.html", context)
 
 
 class _Echo:
@@ -285,20 +262,20 @@ class _Echo:
 
 @login_required
 @require_GET
-def authority_audit_csv(request: AuthedRequest) -> StreamingHttpResponse:
+def authority_report_csv(request: AuthedRequest) -> StreamingHttpResponse:
     """The table as CSV: the same filter, columns and order as the page; the page's rows
     when the link carries its cursor (`before`) and `page=1`, else every matching row."""
-    access = _access(request)
-    _, query = _audit_query(request)
-    effects = authority_audit.rows(access.project, query)
+    access = project_access(request, Perm.VIEW)
+    _, query = _report_query(request)
+    effects = report.rows(access.project, query)
     before = request.GET.get("before", "")
     if before.isdigit():
         effects = effects.filter(pk__lt=int(before))
     if request.GET.get("page") == "1":
-        effects = effects[: authority_audit.PAGE_SIZE]
+        effects = effects[: report.PAGE_SIZE]
     writer = csv.writer(_Echo())
     response = StreamingHttpResponse(
-        (writer.writerow(line) for line in authority_audit.lines(effects)),
+        (writer.writerow(line) for line in report.lines(effects)),
         content_type="text/csv; charset=utf-8",
     )
     stamp = f"{query.since:%Y%m%d%H%M}-{query.until:%Y%m%d%H%M}"
@@ -312,7 +289,7 @@ def authority_audit_csv(request: AuthedRequest) -> StreamingHttpResponse:
 @login_required
 @require_GET
 def approvals_inbox(request: AuthedRequest) -> HttpResponse:
-    access = _access(request)
+    access = project_access(request, Perm.VIEW)
     return render(
         request,
         "durability/authority/approvals.html",
@@ -322,13 +299,6 @@ def approvals_inbox(request: AuthedRequest) -> HttpResponse:
             "decided": approvals.recently_decided(access.project),
         },
     )
-
-
-def _approval(access: Access, approval_id: int) -> Approval:
-    approval = approvals.approvals_of(access.project).filter(pk=approval_id).first()
-    if approval is None:
-        raise Http404("No such approval in your current project")
-    return approval
 
 
 def _approval_page(
@@ -354,15 +324,18 @@ def _approval_page(
 @login_required
 @require_GET
 def approval(request: AuthedRequest, approval_id: int) -> HttpResponse:
-    access = _access(request)
-    return _approval_page(request, access, _approval(access, approval_id))
+    found, access = object_access(
+        request, Perm.VIEW, approvals.approvals_shown(), approval_id, current=True
+    )
+    return _approval_page(request, access, found)
 
 
 @login_required
 @require_POST
 def approval_sign(request: AuthedRequest, approval_id: int) -> HttpResponse:
-    access = _access(request, Perm.RESOLVE)
-    found = _approval(access, approval_id)
+    found, access = object_access(
+        request, Perm.RESOLVE, approvals.approvals_shown(), approval_id, current=True
+    )
     form = SignoffForm(request.POST)
     if not form.is_valid():
         return _approval_page(request, access, found, form=form, status=400)
@@ -376,7 +349,8 @@ def approval_sign(request: AuthedRequest, approval_id: int) -> HttpResponse:
         )
     except approvals.SignoffRefused as exc:
         form.add_error(None, str(exc))
-        return _approval_page(request, access, _approval(access, approval_id), form, status=409)
+        found = approvals.approvals_of(access.project).get(pk=found.pk)
+        return _approval_page(request, access, found, form, status=409)
     if outcome.final:
         messages.success(request, f"Approval {found.pk} {outcome.approval.status}.")
     else:

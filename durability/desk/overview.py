@@ -20,7 +20,8 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from durability.accounts.access import AuthedRequest, current_membership
+from durability.accounts.access import AuthedRequest, project_access
+from durability.accounts.roles import Perm
 from durability.desk.effect_filter import agent_of_attempt, effects_url
 from durability.desk.queue import QueueQuery
 from durability.models import Attempt, Case, Effect, Project, Reason, Receipt, Severity, State
@@ -359,10 +360,8 @@ def busiest_targets(project: Project, since: datetime) -> list[Busy]:
 @require_GET
 def index(request: AuthedRequest) -> HttpResponse:
     """The current project's overview; `?range=1h|24h|7d` picks the chart's range."""
-    membership, _ = current_membership(request)
-    if membership is None:
-        return render(request, "durability/accounts/no_project.html")
-    project = membership.project
+    access = project_access(request, Perm.VIEW)
+    project = access.project
     now = timezone.now()
     range_name = request.GET.get("range", "")
     if range_name not in RANGES:

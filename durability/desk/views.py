@@ -1,8 +1,8 @@
 """The reconciliation desk's pages: the queue, a case, bulk actions, the audit log.
 
-Every view needs a login; every action is checked against the user's role in the
-case's project (durability.accounts.roles) and carried out by a service (durability.desk.services),
-which writes the audit entry with the user as actor `user:<username>`.
+Every view needs a login, and its first line asks the access helper (durability.accounts.access)
+for the project and the permission; every action is carried out by a service
+(durability.desk.services), which writes the audit entry with the user as actor `user:<username>`.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
-from django.db.models import Max, Prefetch, QuerySet
-from django.http import Http404, HttpResponse, HttpResponseBase
+from django.db.models import Max, Prefetch
+from django.http import HttpResponse, HttpResponseBase
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
@@ -22,12 +22,13 @@ from django.views.decorators.http import require_GET, require_POST
 from durability import jobs
 from durability.accounts.access import (
     AuthedRequest,
+    NoProject,
     actor_of,
-    current_access,
-    no_project,
+    object_access,
+    project_access,
     require,
 )
-from durability.accounts.roles import Access, Perm, access_of
+from durability.accounts.roles import Access, Perm
 from durability.desk import jobs as desk_jobs
 from durability.desk import services as cases
 from durability.desk.effect_filter import EffectQuery
@@ -65,6 +66,17 @@ AUDIT_PAGE_SIZE = 100
 EFFECTS_PAGE_SIZE = 50
 # Audit actions that change what a queue row shows.
 PULSE_ACTIONS = (AuditAction.CASE_OPENED, AuditAction.CASE_CLOSED, AuditAction.CASE_ASSIGNED)
+# The queue page and its fragments, each a partial of the page.
+QUEUE = "durability/desk/queue.html"
+BULK_PREVIEW = f"{QUEUE}#bulk_preview"
+BULK_PROGRESS = f"{QUEUE}#bulk_progress"
+# What a case page and an effect page show, loaded with the object.
+CASE_PAGE = Case.objects.select_related("effect", "project", "assignee", "receipt")
+EFFECT_PAGE = Effect.objects.select_related("project").prefetch_related(
+    "attempts",
+    "receipts",
+    Prefetch("cases", queryset=Case.objects.select_related("resolution").order_by("opened")),
+)
 
 
 # -- the queue ---------------------------------------------------------------------------
@@ -78,19 +90,17 @@ def _latest_audit_id(access: Access) -> int:
 @require_GET
 def queue(request: AuthedRequest) -> HttpResponse:
     """Open cases, filtered from the URL, keyset-paginated; htmx fetches further pages."""
-    access = current_access(request, Perm.VIEW)
-    if access is None:
-        return no_project(request)
+    access = project_access(request, Perm.VIEW)
     query = QueueQuery.from_params(request.GET)
     rows, next_after = page_of(open_cases(access.project, query, request.user), query)
     context: dict[str, Any] = {
         "access": access,
         "query": query,
         "rows": rows,
-        "next_after": next_after,
+        "next_query": query.query_string(after=next_after) if next_after else "",
     }
     if request.htmx and "after" in query.values:
-        return render(request, "durability/desk/queue.html#rows", context)
+        return render(request, f"{QUEUE}#rows", context)
     counts = counts_by_reason(open_cases(access.project, query, request.user, reason=False))
     reason = query.values.get("reason")
     context |= {
@@ -102,7 +112,7 @@ def queue(request: AuthedRequest) -> HttpResponse:
         "members": cases.assignable_members(access.project),
         "bulk_verbs": BulkVerb.choices,
     }
-    return render(request, "durability/desk/queue.html", context)
+    return render(request, QUEUE, context)
 
 
 def _reason_tabs(query: QueueQuery, counts: dict[str, int]) -> list[dict[str, Any]]:
@@ -137,9 +147,10 @@ def _count(value: str) -> int:
 @require_GET
 def queue_pulse(request: AuthedRequest) -> HttpResponse:
     """What changed since the page loaded: rows closed or reassigned elsewhere, new cases."""
-    access = current_access(request, Perm.VIEW)
-    if access is None:
-        return HttpResponse(status=204)
+    try:
+        access = project_access(request, Perm.VIEW)
+    except NoProject:
+        return HttpResponse(status=204)  # the polling page's user has left every project
     query = QueueQuery.from_params(request.GET)
     since, fresh = (_count(request.GET.get(name, "")) for name in ("since", "new"))
     latest = _latest_audit_id(access)
@@ -161,7 +172,7 @@ def queue_pulse(request: AuthedRequest) -> HttpResponse:
         "changed": rows_of(access.project, changed),
         "tabs": _reason_tabs(query, counts),
     }
-    return render(request, "durability/desk/_queue_pulse.html", context)
+    return render(request, f"{QUEUE}#pulse", context)
 
 
 # -- bulk actions --------------------------------------------------------------------------
@@ -196,9 +207,7 @@ BULK_PERMS = {
 @require_GET
 def bulk_preview(request: AuthedRequest) -> HttpResponse:
     """How many cases a bulk action would touch, before anything is done."""
-    access = current_access(request, Perm.VIEW)
-    if access is None:
-        return no_project(request)
+    access = project_access(request, Perm.VIEW)
     form = BulkForm(request.GET)
     context: dict[str, Any] = {"form": form, "access": access}
     if form.is_valid():
@@ -212,19 +221,17 @@ def bulk_preview(request: AuthedRequest) -> HttpResponse:
             "allowed": access.can(BULK_PERMS[verb]),
             "background": len(ids) > settings.TALLYBOOK_BULK_INLINE,
         }
-    return render(request, "durability/desk/_bulk_preview.html", context)
+    return render(request, BULK_PREVIEW, context)
 
 
 @login_required
 @require_POST
 def bulk_start(request: AuthedRequest) -> HttpResponse:
     """Confirm a bulk action: small ones run now, large ones as a job watched by progress."""
-    access = current_access(request, Perm.VIEW)
-    if access is None:
-        return no_project(request)
+    access = project_access(request, Perm.VIEW)
     form = BulkForm(request.POST)
     if not form.is_valid():
-        return render(request, "durability/desk/_bulk_preview.html", {"form": form}, status=400)
+        return render(request, BULK_PREVIEW, {"form": form}, status=400)
     verb = BulkVerb(form.cleaned_data["verb"])
     require(access, BULK_PERMS[verb])
     assignee = None
@@ -232,7 +239,7 @@ def bulk_start(request: AuthedRequest) -> HttpResponse:
         assignee = _member(access, request, form.cleaned_data["assign_to"])
         if assignee is None:
             form.add_error("assign_to", "Not a member who can act on this project's cases.")
-            return render(request, "durability/desk/_bulk_preview.html", {"form": form}, status=400)
+            return render(request, BULK_PREVIEW, {"form": form}, status=400)
     _, ids = _bulk_scope(request, access, form)
     bulk = cases.bulk_start(
         project=access.project,
@@ -246,32 +253,17 @@ def bulk_start(request: AuthedRequest) -> HttpResponse:
         bulk = cases.bulk_run(bulk_id=bulk.pk)
     else:
         jobs.enqueue(desk_jobs.cases_bulk, bulk.pk)
-    return render(request, "durability/desk/_bulk_progress.html", {"bulk": bulk})
+    return render(request, BULK_PROGRESS, {"bulk": bulk})
 
 
 @login_required
 @require_GET
 def bulk_progress(request: AuthedRequest, bulk_id: int) -> HttpResponse:
-    bulk = BulkAction.objects.filter(pk=bulk_id, project__members=request.user).first()
-    if bulk is None:
-        raise Http404("No such bulk action in your projects")
-    return render(request, "durability/desk/_bulk_progress.html", {"bulk": bulk})
+    bulk, _ = object_access(request, Perm.VIEW, BulkAction.objects.all(), bulk_id)
+    return render(request, BULK_PROGRESS, {"bulk": bulk})
 
 
 # -- a case ------------------------------------------------------------------------------
-
-
-def _case_and_access(request: AuthedRequest, case_id: int) -> tuple[Case, Access]:
-    """The case, if it is in one of the user's projects, and the user's access there."""
-    case = (
-        Case.objects.select_related("effect", "project", "assignee", "receipt")
-        .filter(pk=case_id)
-        .first()
-    )
-    access = access_of(request.user, case.project_id) if case else None
-    if case is None or access is None:
-        raise Http404("No such case in your projects")
-    return case, access
 
 
 def _case_page(
@@ -330,7 +322,7 @@ def _verdict_options(case: Case) -> list[tuple[str, str, str]]:
 @login_required
 @require_GET
 def case(request: AuthedRequest, case_id: int) -> HttpResponse:
-    found, access = _case_and_access(request, case_id)
+    found, access = object_access(request, Perm.VIEW, CASE_PAGE, case_id)
     return _case_page(request, found, access)
 
 
@@ -338,8 +330,7 @@ def case(request: AuthedRequest, case_id: int) -> HttpResponse:
 @require_POST
 def case_resolve(request: AuthedRequest, case_id: int) -> HttpResponseBase:
     """A verdict (happened, did not happen, compensated, abandoned) or an acknowledgement."""
-    found, access = _case_and_access(request, case_id)
-    require(access, Perm.RESOLVE)
+    found, access = object_access(request, Perm.RESOLVE, CASE_PAGE, case_id)
     form = ResolveForm(request.POST)
     if not form.is_valid():
         return _case_page(request, found, access, status=400, resolve_form=form)
@@ -375,8 +366,7 @@ def case_resolve(request: AuthedRequest, case_id: int) -> HttpResponseBase:
 @require_POST
 def case_assign(request: AuthedRequest, case_id: int) -> HttpResponseBase:
     """Assign a case (from its page, or from a queue row over htmx)."""
-    found, access = _case_and_access(request, case_id)
-    require(access, Perm.ASSIGN)
+    found, access = object_access(request, Perm.ASSIGN, CASE_PAGE, case_id)
     form = AssignForm(request.POST)
     problem = ""
     if not form.is_valid():
@@ -401,7 +391,7 @@ def case_assign(request: AuthedRequest, case_id: int) -> HttpResponseBase:
         row = rows_of(access.project, [found.pk])[0]
         return render(
             request,
-            "durability/desk/_queue_row.html",
+            f"{QUEUE}#row",
             {"case": row, "access": access, "problem": problem},
         )
     if problem:
@@ -414,8 +404,7 @@ def case_assign(request: AuthedRequest, case_id: int) -> HttpResponseBase:
 @login_required
 @require_POST
 def case_comment(request: AuthedRequest, case_id: int) -> HttpResponseBase:
-    found, access = _case_and_access(request, case_id)
-    require(access, Perm.COMMENT)
+    found, access = object_access(request, Perm.COMMENT, CASE_PAGE, case_id)
     form = CommentForm(request.POST)
     if not form.is_valid():
         return _case_page(request, found, access, status=400, comment_form=form)
@@ -436,9 +425,7 @@ def case_comment(request: AuthedRequest, case_id: int) -> HttpResponseBase:
 @require_GET
 def audit(request: AuthedRequest) -> HttpResponse:
     """The current project's audit entries, newest first, filtered; keyset on id."""
-    access = current_access(request, Perm.VIEW_AUDIT)
-    if access is None:
-        return no_project(request)
+    access = project_access(request, Perm.VIEW_AUDIT)
     form = AuditFilter(request.GET)
     form.is_valid()
     f = {k: v for k, v in form.cleaned_data.items() if v not in ("", None)}
@@ -479,16 +466,14 @@ def audit(request: AuthedRequest) -> HttpResponse:
 # -- effects ----------------------------------------------------------------------------
 
 
-def _effects_of(request: AuthedRequest) -> QuerySet[Effect]:
-    return Effect.objects.filter(project__members=request.user)
-
-
 @login_required
 def effects(request: AuthedRequest) -> HttpResponse:
-    """Effects newest first, filtered from the URL (durability.desk.effect_filter), keyset-paginated
-    on id (`?before=<id>`)."""
+    """Effects of all the user's projects newest first, filtered from the URL (`?project=`
+    and more: durability.desk.effect_filter), keyset-paginated on id (`?before=<id>`)."""
+    project_access(request, Perm.VIEW)
     query = EffectQuery.from_params(request.GET)
-    qs = query.apply(_effects_of(request).select_related("project").order_by("-id"))
+    mine = Effect.objects.filter(project__members=request.user)
+    qs = query.apply(mine.select_related("project").order_by("-id"))
     state = query.values.get("state", "")
     before = request.GET.get("before", "")
     if before.isdigit():
@@ -502,6 +487,7 @@ def effects(request: AuthedRequest) -> HttpResponse:
         "states": State.values,
         "query": query,
         "next_before": page[-1].pk if more else None,
+        "next_query": query.query_string(before=page[-1].pk) if more else "",
     }
     template = "durability/desk/effects.html"
     if request.htmx and before:
@@ -511,20 +497,6 @@ def effects(request: AuthedRequest) -> HttpResponse:
 
 @login_required
 def effect(request: AuthedRequest, effect_id: int) -> HttpResponse:
-    found = (
-        _effects_of(request)
-        .select_related("project")
-        .prefetch_related(
-            "attempts",
-            "receipts",
-            Prefetch(
-                "cases", queryset=Case.objects.select_related("resolution").order_by("opened")
-            ),
-        )
-        .filter(pk=effect_id)
-        .first()
-    )
-    if found is None:
-        raise Http404("No such effect in your projects")
-    outcome = decisions.decide(found)
-    return render(request, "durability/desk/effect.html", {"effect": found, "outcome": outcome})
+    found, _ = object_access(request, Perm.VIEW, EFFECT_PAGE, effect_id)
+    context = {"effect": found, "outcome": decisions.decide(found)}
+    return render(request, "durability/desk/effect.html", context)

@@ -7,15 +7,15 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpResponse, HttpResponseForbidden
+from django.http import HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
 from durability import jobs
-from durability.accounts.access import AuthedRequest
-from durability.accounts.roles import Access, Perm, access_of
+from durability.accounts.access import AuthedRequest, actor_of, object_access
+from durability.accounts.roles import Access, Perm
 from durability.models import Effect, State
 from durability.reconcilers import jobs as reconciler_jobs
 from durability.reconcilers.services import reconciler_config_of
@@ -52,14 +52,6 @@ def panel_context(
     }
 
 
-def _effect_and_access(request: AuthedRequest, effect_id: int) -> tuple[Effect, Access]:
-    effect = Effect.objects.filter(pk=effect_id).first()
-    access = access_of(request.user, effect.project_id) if effect else None
-    if effect is None or access is None:
-        raise Http404("No such effect in your projects")
-    return effect, access
-
-
 def _requested(value: str) -> datetime | None:
     try:
         return datetime.fromtimestamp(float(value), UTC)
@@ -71,7 +63,7 @@ def _requested(value: str) -> datetime | None:
 @require_GET
 def probes(request: AuthedRequest, effect_id: int) -> HttpResponse:
     """The panel alone: htmx polls it while a requested probe has not answered."""
-    effect, access = _effect_and_access(request, effect_id)
+    effect, access = object_access(request, Perm.VIEW, Effect.objects.all(), effect_id)
     requested = _requested(request.GET.get("requested", ""))
     return render(request, PANEL, panel_context(effect, access, requested))
 
@@ -80,14 +72,16 @@ def probes(request: AuthedRequest, effect_id: int) -> HttpResponse:
 @require_POST
 def probe_now(request: AuthedRequest, effect_id: int) -> HttpResponse:
     """An operator asks the reconciler now; the answer lands in the panel (and the audit)."""
-    effect, access = _effect_and_access(request, effect_id)
-    if not access.can(Perm.RESOLVE):
-        return HttpResponseForbidden("Only an operator of this project may probe effects.")
+    effect, access = object_access(request, Perm.RESOLVE, Effect.objects.all(), effect_id)
     context = panel_context(effect, access)
     requested = timezone.now()
     if context["can_probe"]:
-        actor = f"user:{request.user.get_username()}"
-        jobs.enqueue(reconciler_jobs.probe, effect.pk, actor, retry=reconciler_jobs.probe_retry())
+        jobs.enqueue(
+            reconciler_jobs.probe,
+            effect.pk,
+            actor_of(request),
+            retry=reconciler_jobs.probe_retry(),
+        )
         notice = ""
     elif context["config"] is None:
         notice = f"No reconciler is configured for {effect.target}."

@@ -1,5 +1,5 @@
-"""The authority audit: authority set against evidence, in four quadrants with their
-effects, and the same table as CSV."""
+"""The authority report (/authority/audit/): authority set against evidence, in four
+quadrants with their effects, and the same table as CSV."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from durability.api.schemas import AmountIn, ReceiptIn
+from durability.authority.report import PAGE_SIZE
 from durability.ledger import evidence
 from durability.models import Effect, Project, Receipt, Strength
 from tests import ledger
@@ -164,10 +165,15 @@ def test_the_page_costs_the_same_queries_for_ten_effects_or_a_hundred(project, a
     assert queries() == few
 
 
-def test_a_viewer_reads_the_audit_and_a_stranger_cannot(project, viewer, mallory, week):
+def test_a_viewer_reads_the_report_and_a_stranger_cannot(project, viewer, mallory, outsider, week):
     assert logged_in(viewer).get(PAGE).status_code == 200
-    assert logged_in(mallory).get(PAGE).status_code == 404
-    assert logged_in(mallory).get("/authority/audit.csv").status_code == 404
+    # In no project: the landing page, for the page and its CSV alike.
+    for path in (PAGE, "/authority/audit.csv"):
+        r = logged_in(mallory).get(path)
+        assert r.status_code == 200 and b"not a member of any project" in r.content
+    # With a project of their own: theirs, with none of this project's effects.
+    r = logged_in(outsider).get("/authority/audit.csv")
+    assert r.status_code == 200 and len(r.getvalue().decode().splitlines()) == 1
 
 
 def test_amounts_are_shown_as_recorded(project, alice):
@@ -176,3 +182,20 @@ def test_amounts_are_shown_as_recorded(project, alice):
     assert Effect.objects.get().amount == Decimal("12.5")
     assert "12.5 EUR" in logged_in(alice).get(PAGE).content.decode()
     assert not Receipt.objects.exists()
+
+
+def test_older_effects_open_as_the_next_page_keeping_the_filter(project, alice):
+    Effect.objects.bulk_create(
+        Effect(project=project, key=f"k{i:03}", kind="payment", target="stripe", fingerprint="f")
+        for i in range(PAGE_SIZE + 1)
+    )
+    client = logged_in(alice)
+    first = client.get(PAGE, {"kind": "payment"}).content.decode()
+    link = re.search(r'<tr class="more">\s*<td[^>]*><a href="\?([^"]+)"([^>]*)>', first)
+    assert link is not None and "hx-get" not in link.group(2)
+    params = link.group(1).replace("&amp;", "&")
+    assert "kind=payment" in params and params.count("before=") == 1
+    second = client.get(f"{PAGE}?{params}").content.decode()
+    assert "k000" in second and "k100" not in second
+    again = re.search(r'<tr class="more">', second)
+    assert again is None
