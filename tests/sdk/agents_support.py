@@ -72,6 +72,45 @@ async def openai_run(agent: Any, tb: Tallybook, state: Any = None) -> Any:
         return await Runner.run(agent, state if state is not None else "Refund order 7.")
 
 
+def langgraph_agent(provider: Provider, tb: Tallybook, grant: int) -> Any:
+    """A model node and a tool node: the graph of LangGraph's own agent, with a fake model."""
+    from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
+    from langchain_core.messages import AIMessage
+    from langchain_core.tools import tool
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.graph import START, MessagesState, StateGraph
+    from langgraph.prebuilt import tools_condition
+    from tallybook.integrations.langgraph import DurableToolNode
+
+    @tool
+    def refund(order: int) -> str:
+        """Refund an order in full."""
+        return provider.refund(order)
+
+    asks = AIMessage("", tool_calls=[{"name": "refund", "args": {"order": 7}, "id": CALL_ID}])
+    model = FakeMessagesListChatModel(responses=[asks, AIMessage("Done.")])
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", lambda state: {"messages": [model.invoke(state["messages"])]})
+    builder.add_node(
+        "tools", DurableToolNode([refund], tb, effects={"refund": refund_effect(grant)})
+    )
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", tools_condition)
+    builder.add_edge("tools", "agent")
+    return builder.compile(checkpointer=InMemorySaver())
+
+
+THREAD = {"configurable": {"thread_id": RUN_ID}}
+
+
+def langgraph_run(graph: Any, resume: Any = None) -> dict[str, Any]:
+    from langchain_core.messages import HumanMessage
+
+    if resume is not None:
+        return dict(graph.invoke(resume, THREAD))
+    return dict(graph.invoke({"messages": [HumanMessage("Refund order 7.")]}, THREAD))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("framework", choices=["openai", "langgraph"])
@@ -89,6 +128,10 @@ def main() -> int:
             result = asyncio.run(openai_run(openai_agent(provider, tb, int(args.grant)), tb))
             interrupted = [item.tool_name for item in result.interruptions]
             print(json.dumps({"interrupted": interrupted, "output": result.final_output}))
+        else:
+            state = langgraph_run(langgraph_agent(provider, tb, int(args.grant)))
+            interrupted = [i.value["tool"] for i in state.get("__interrupt__", ())]
+            print(json.dumps({"interrupted": interrupted, "output": state["messages"][-1].text}))
         return 0
     finally:
         tb.close()

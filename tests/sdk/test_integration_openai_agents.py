@@ -145,7 +145,7 @@ def test_a_grant_requiring_approval_stops_the_call_until_an_operator_approves_it
 
     async def resume():
         with tb.run("support-bot", version="1.0", run_id=RUN_ID):
-            state = await settle(agent, result, tb, timeout=10)
+            state = await settle(agent, result, timeout=10)
             return await Runner.run(agent, state)
 
     done = asyncio.run(resume())

@@ -11,18 +11,20 @@ the agent never waits for them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import secrets
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Union
 
 from tallybook import tracing
-from tallybook.client import Base, EffectOptions, ReplayPolicy, _scope
-from tallybook.records import Receipt
+from tallybook.client import Base, EffectOptions, ReplayPolicy, _scope, polls, still_in_doubt
+from tallybook.records import EffectStatus, Receipt
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -64,6 +66,26 @@ def declared(tools: Declarations | None, name: str, default: ToolEffect) -> Tool
     if isinstance(declaration, str):
         return dataclasses.replace(default, replay=declaration, key=None, receipt=None)
     return declaration
+
+
+@functools.cache
+def default_client() -> Base:
+    """The client of integrations given none: `Tallybook()` from the environment, made at
+    the first tool call (never at import), one per process."""
+    from tallybook.client import Tallybook
+
+    return Tallybook()
+
+
+def wait_for(tb: Base, key: str, timeout: float) -> EffectStatus:
+    """`Tallybook.wait_for` for either client: blocks (the async one runs it in a thread)."""
+    pauses = polls(timeout, 1.0)
+    while (status := tb._status(key)).decision == "wait":
+        pause = next(pauses, None)
+        if pause is None:
+            raise still_in_doubt(key, status, timeout)
+        time.sleep(pause)
+    return status
 
 
 def current_run() -> str | None:
@@ -171,9 +193,8 @@ def now() -> datetime:
 class Spans:
     """Records tool and model spans as span events, sent in the background through the spool."""
 
-    tb: Base
+    tb: Base | None  # default_client() unless given
     enabled: bool = True
-    _traces: dict[str, str] = field(default_factory=dict)
 
     def ids(self, run_id: str | None) -> tuple[str, str | None]:
         """The trace for a new span and its parent: the current OpenTelemetry span's, else
@@ -258,5 +279,6 @@ class Spans:
         event["start"], event["end"] = event["start"].isoformat(), event["end"].isoformat()
         event.update(type="span", id=f"span:{event['trace_id']}:{event['span_id']}")
         # Telemetry never blocks the agent: to the spool, and the delivery thread sends it.
-        self.tb.spool.release(self.tb.spool.put("events", {"events": [event]}))
-        self.tb._pump_start()
+        tb = self.tb or default_client()
+        tb.spool.release(tb.spool.put("events", {"events": [event]}))
+        tb._pump_start()

@@ -6,7 +6,7 @@
     with tb.run("support-bot", run_id=ticket_id):
         result = await Runner.run(agent, message)
     while result.interruptions:                 # approvals, and effects in doubt
-        result = await Runner.run(agent, await settle(agent, result, tb))
+        result = await Runner.run(agent, await settle(agent, result))
 
 Each call's intent is recorded by the tool's `needs_approval` policy, before the framework
 decides whether the call may run: a `wait` (a grant that requires approval, an effect left
@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -34,7 +33,7 @@ from agents.tool_context import ToolContext
 from openai.types.responses import ResponseFunctionToolCall
 
 from tallybook.aio import AsyncEffect
-from tallybook.client import Base, polls, still_in_doubt
+from tallybook.client import Base
 from tallybook.errors import EffectConflict, EffectDenied, EffectInDoubt
 from tallybook.integrations._tool_calls import (
     DEFAULT,
@@ -45,10 +44,11 @@ from tallybook.integrations._tool_calls import (
     arguments,
     current_run,
     declared,
+    default_client,
     now,
     stored_result,
+    wait_for,
 )
-from tallybook.records import EffectStatus
 
 __all__ = ["ToolEffect", "durable", "settle"]
 
@@ -60,10 +60,14 @@ RunId = Callable[[RunContextWrapper[Any]], str | None]
 class _Durable:
     """What `durable` wrapped a tool with: the client, its declaration and the run id."""
 
-    tb: Base
+    client: Base | None
     effect: ToolEffect
     run_id: RunId | None
     spans: Spans
+
+    @property
+    def tb(self) -> Base:
+        return self.client or default_client()
 
     def call(self, context: RunContextWrapper[Any], tool: str, raw: str, call_id: str) -> Call:
         run_id = current_run() or (self.run_id(context) if self.run_id else None)
@@ -72,7 +76,7 @@ class _Durable:
 
 def durable(
     agent: Agent[Any],
-    tb: Base,
+    tb: Base | None = None,
     *,
     tools: Declarations | None = None,
     default: ToolEffect = DEFAULT,
@@ -96,9 +100,7 @@ def durable(
     return agent.clone(tools=wrapped, hooks=_ModelSpans(recorder, run_id, agent.hooks))
 
 
-async def settle(
-    agent: Agent[Any], result: RunResult, tb: Base, *, timeout: float = 300.0
-) -> RunState[Any]:
+async def settle(agent: Agent[Any], result: RunResult, *, timeout: float = 300.0) -> RunState[Any]:
     """Wait until every interrupted tool call is decided in Tallybook; the state to run again.
 
     A call Tallybook lets proceed (approved, or settled as not happened when its replay
@@ -117,9 +119,9 @@ async def settle(
             context, item.tool_name or "", _field(raw, "arguments"), str(_field(raw, "call_id"))
         )
         try:
-            await _ask(tb, call)
+            await _ask(durable_tool.tb, call)
         except EffectInDoubt:
-            status = await asyncio.to_thread(_wait_for, tb, call.key, timeout)
+            status = await asyncio.to_thread(wait_for, durable_tool.tb, call.key, timeout)
             if status.decision not in ("proceed", "completed"):
                 state.reject(item, rejection_message=f"Not performed: {status.reason}")
                 continue
@@ -141,17 +143,6 @@ async def _ask(tb: Base, call: Call) -> None:
     block._span.end(None)
 
 
-def _wait_for(tb: Base, key: str, timeout: float) -> EffectStatus:
-    """`wait_for` of the sync client, for either client (run in a thread)."""
-    pauses = polls(timeout, 1.0)
-    while (status := tb._status(key)).decision == "wait":
-        pause = next(pauses, None)
-        if pause is None:
-            raise still_in_doubt(key, status, timeout)
-        time.sleep(pause)
-    return status
-
-
 def _field(item: Any, name: str) -> Any:
     return item.get(name) if isinstance(item, dict) else getattr(item, name, None)
 
@@ -161,7 +152,6 @@ def _durable_tool(tool: FunctionTool, durable_tool: _Durable) -> FunctionTool:
     # block must see them (a failure is reported, not a receipt), so call beneath it.
     invoke_tool = getattr(tool.on_invoke_tool, "_invoke_tool_impl", tool.on_invoke_tool)
     own_approval = tool.needs_approval
-    tb = durable_tool.tb
 
     async def needs_approval(context: RunContextWrapper[Any], params: Any, call_id: str) -> bool:
         """Record the intent now: a `wait` interrupts the run with an approval item."""
@@ -171,7 +161,7 @@ def _durable_tool(tool: FunctionTool, durable_tool: _Durable) -> FunctionTool:
             return True
         call = durable_tool.call(context, tool.name, json.dumps(params), call_id)
         try:
-            await _ask(tb, call)
+            await _ask(durable_tool.tb, call)
         except EffectInDoubt:
             return True
         except (EffectDenied, EffectConflict):
@@ -180,6 +170,7 @@ def _durable_tool(tool: FunctionTool, durable_tool: _Durable) -> FunctionTool:
 
     async def on_invoke_tool(context: ToolContext[Any], raw: str) -> Any:
         call = durable_tool.call(context, tool.name, raw, context.tool_call_id)
+        tb = durable_tool.tb
         started, result = now(), None
         error: BaseException | None = None
         try:
