@@ -5,8 +5,8 @@
     agent = durable(agent, tb, tools={"lookup_order": "safe", "refund": ToolEffect(...)})
     with tb.run("support-bot", run_id=ticket_id):
         result = await Runner.run(agent, message)
-    while result.interruptions:                 # approvals, and effects in doubt
-        result = await Runner.run(agent, await settle(agent, result))
+        while result.interruptions:             # approvals, and effects in doubt
+            result = await Runner.run(agent, await settle(agent, result))
 
 Each call's intent is recorded by the tool's `needs_approval` policy, before the framework
 decides whether the call may run: a `wait` (a grant that requires approval, an effect left
@@ -86,9 +86,9 @@ def durable(
     """A copy of `agent` whose function tool calls are recorded as effects.
 
     `tools` declares tools by name: a `ToolEffect`, a replay policy ("safe") or None (not an
-    effect); the others get `default`. `run_id`, a function of the run context, names the run
-    when no `tb.run(...)` is open. `spans=False` records no spans (when OpenInference or
-    another instrumentation sends them).
+    effect); the others get `default`. `tb` defaults to `Tallybook()` from the environment,
+    made at the first call. `run_id`, a function of the run context, names the run when no
+    `tb.run(...)` is open. `spans=False` records no spans of its own.
     """
     recorder = Spans(tb, spans)
     wrapped = []
@@ -165,7 +165,7 @@ def _durable_tool(tool: FunctionTool, durable_tool: _Durable) -> FunctionTool:
         except EffectInDoubt:
             return True
         except (EffectDenied, EffectConflict):
-            return False  # the call runs into the same answer and tells the model
+            pass  # the call runs into the same answer and tells the model
         return False
 
     async def on_invoke_tool(context: ToolContext[Any], raw: str) -> Any:
@@ -182,7 +182,7 @@ def _durable_tool(tool: FunctionTool, durable_tool: _Durable) -> FunctionTool:
                     try:
                         result = await invoke_tool(context, raw)
                     except Exception as exc:
-                        # Reported by the block on the way out; the model gets the tool's message.
+                        # A failure, not a receipt; the model gets the tool's message as before.
                         error = exc
                         message = await maybe_invoke_function_tool_failure_error_function(
                             function_tool=tool, context=context, error=exc
