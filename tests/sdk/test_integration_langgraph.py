@@ -1,0 +1,127 @@
+"""The LangGraph integration: a fake chat model asks for a tool; the ToolNode's call is an
+effect linked to its tool span and model span, a crash between the refund and its receipt
+leaves a case and no second refund, and a grant requiring approval stops the graph with an
+interrupt until an operator approves it in the desk."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("langgraph")
+
+from durability.models import Approval, Case, Effect, Receipt, State  # noqa: E402
+from tests.authority import grant  # noqa: E402
+from tests.desk import logged_in  # noqa: E402
+from tests.otlp_support import queue, work  # noqa: E402
+from tests.sdk.agents_support import KEY, Provider, langgraph_agent, langgraph_run  # noqa: E402
+from tests.sdk.support import ROOT, wait_until  # noqa: E402
+from trajectories.models import Span  # noqa: E402
+
+__all__ = ["queue"]
+
+
+@pytest.fixture
+def provider(tmp_path):
+    return Provider(tmp_path / "fakepay-ledger.txt")
+
+
+def _links(api, queue):
+    work(queue)  # the linking jobs
+    body = api.get("effects", key=KEY).json()
+    return body if body.get("tool_span_id") and body.get("model_span_id") else None
+
+
+def test_a_tool_call_is_an_effect_linked_to_its_tool_and_model_spans_and_never_repeated(
+    tb, api, queue, project, provider
+):
+    g = grant(project, name="refunds")
+
+    state = langgraph_run(langgraph_agent(provider, tb, g.pk))
+    assert tb.flush(timeout=60), "the receipts were not delivered"
+
+    assert state["messages"][-1].text == "Done."
+    assert provider.refunds() == ["7"]
+    effect = Effect.objects.get(key=KEY)
+    assert (effect.state, effect.tool_call_id, effect.run_id) == (
+        State.SUCCEEDED,
+        "call_refund_7",
+        "ticket-7",
+    )
+    assert Receipt.objects.get(effect=effect).data == {"result": "re_7_1"}
+    wait_until(lambda: _links(api, queue), what="the effect's links to its spans")
+    links = _links(api, queue)
+    tool = Span.objects.get(span_id=links["tool_span_id"])
+    model = Span.objects.get(span_id=links["model_span_id"])
+    assert (tool.kind, tool.tool_call_id) == ("tool", "call_refund_7")
+    assert tool.name == "execute_tool refund"
+    assert model.kind == "model" and model.run == tool.run
+    assert links["run_id"] == "ticket-7"
+
+    # The same thread asked again for the same call (a resumed conversation): not repeated.
+    again = langgraph_run(langgraph_agent(provider, tb, g.pk))
+    assert tb.flush(timeout=60), "the receipts were not delivered"
+    assert again["messages"][-1].text == "Done."
+    assert provider.refunds() == ["7"], "the refund was repeated"
+    assert again["messages"][2].content == "re_7_1"
+
+
+def _agent_process(live_server, api_key, spool_root, provider, g, *more):
+    command = [sys.executable, "-m", "tests.sdk.agents_support", "langgraph"]
+    command += ["--url", live_server.url, "--key", api_key, "--spool", str(spool_root)]
+    command += ["--ledger", str(provider.ledger), "--grant", str(g.pk), *more]
+    done = subprocess.run(
+        command, cwd=ROOT, env=os.environ, capture_output=True, text=True, timeout=120
+    )
+    lines = done.stdout.strip().splitlines()
+    return done.returncode, json.loads(lines[-1]) if lines else done.stderr
+
+
+def test_a_crash_between_the_refund_and_its_receipt_leaves_a_case_and_no_repeat(
+    live_server, api_key, spool_root, project, provider
+):
+    g = grant(project, name="refunds")
+    code, _ = _agent_process(live_server, api_key, spool_root, provider, g, "--crash")
+    assert code == -9 and provider.refunds() == ["7"]
+
+    code, out = _agent_process(live_server, api_key, spool_root, provider, g)
+
+    assert code == 0, out
+    assert out["interrupted"] == ["refund"], "the call in doubt did not stop the graph"
+    assert provider.refunds() == ["7"], "the refund was repeated"
+    effect = Effect.objects.get(key=KEY)
+    assert effect.state == State.TIMED_OUT
+    assert Case.objects.filter(effect=effect, reason="uncertain", closed=None).exists()
+
+
+def test_a_grant_requiring_approval_interrupts_the_graph_until_an_operator_approves_it(
+    tb, project, alice, provider
+):
+    from tallybook.integrations.langgraph import settle
+
+    g = grant(project, name="refunds", requires_approval=True)
+    graph = langgraph_agent(provider, tb, g.pk)
+
+    state = langgraph_run(graph)
+    assert tb.flush(timeout=60), "the receipts were not delivered"
+
+    (stopped,) = state["__interrupt__"]
+    assert stopped.value["case"] == "approval_required"
+    assert provider.refunds() == []
+    approval = Approval.objects.get(effect__key=KEY)
+    signed = logged_in(alice).post(
+        f"/approvals/{approval.pk}/sign/", {"verdict": "approve", "reason": "checked the order"}
+    )
+    assert signed.status_code in (200, 302)
+
+    done = langgraph_run(graph, settle(state, tb, timeout=120))
+    assert tb.flush(timeout=60), "the receipts were not delivered"
+
+    assert "__interrupt__" not in done
+    assert done["messages"][-1].text == "Done."
+    assert provider.refunds() == ["7"]
+    assert Effect.objects.get(key=KEY).state == State.SUCCEEDED

@@ -1,0 +1,155 @@
+"""The OpenAI Agents SDK integration: the framework's scripted test model asks for a tool;
+the call is an effect linked to its tool span and model span, a crash between the refund and
+its receipt leaves a case and no second refund, and a grant requiring approval stops the
+call until an operator approves it in the desk."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("agents")
+
+from agents import Runner, set_tracing_disabled  # noqa: E402
+
+from durability.models import Approval, Case, Effect, Receipt, State  # noqa: E402
+from tests.authority import grant  # noqa: E402
+from tests.desk import logged_in  # noqa: E402
+from tests.otlp_support import queue, work  # noqa: E402
+from tests.sdk.agents_support import KEY, RUN_ID, Provider, openai_agent, openai_run  # noqa: E402
+from tests.sdk.support import ROOT, wait_until  # noqa: E402
+from trajectories.models import Span  # noqa: E402
+
+__all__ = ["queue"]
+
+
+@pytest.fixture(autouse=True)
+def _no_tracing_export():
+    """The framework's own tracing would export to its vendor: offline, it records nothing."""
+    set_tracing_disabled(True)
+
+
+@pytest.fixture
+def provider(tmp_path):
+    return Provider(tmp_path / "fakepay-ledger.txt")
+
+
+def _links(api, queue):
+    work(queue)  # the linking jobs
+    body = api.get("effects", key=KEY).json()
+    return body if body.get("tool_span_id") and body.get("model_span_id") else None
+
+
+def test_a_tool_call_is_an_effect_linked_to_its_tool_and_model_spans_and_never_repeated(
+    tb, api, queue, project, provider
+):
+    g = grant(project, name="refunds")
+    agent = openai_agent(provider, tb, g.pk)
+
+    result = asyncio.run(openai_run(agent, tb))
+
+    assert result.final_output == "Done."
+    assert provider.refunds() == ["7"]
+    effect = Effect.objects.get(key=KEY)
+    assert (effect.state, effect.tool_call_id, effect.run_id) == (
+        State.SUCCEEDED,
+        "call_refund_7",
+        "ticket-7",
+    )
+    assert Receipt.objects.get(effect=effect).data == {"result": "re_7_1"}
+    wait_until(lambda: _links(api, queue), what="the effect's links to its spans")
+    links = _links(api, queue)
+    tool = Span.objects.get(span_id=links["tool_span_id"])
+    model = Span.objects.get(span_id=links["model_span_id"])
+    assert (tool.kind, tool.tool_call_id) == ("tool", "call_refund_7")
+    assert tool.name == "execute_tool refund"
+    assert model.kind == "model" and model.run == tool.run
+    assert links["run_id"] == "ticket-7"
+
+    # The same run asked again for the same call (a resumed conversation): not repeated.
+    again = asyncio.run(openai_run(openai_agent(provider, tb, g.pk), tb))
+    assert again.final_output == "Done."
+    assert provider.refunds() == ["7"], "the refund was repeated"
+    tool_output = next(i for i in again.new_items if i.type == "tool_call_output_item")
+    assert tool_output.output == "re_7_1"
+
+
+def _agent_process(live_server, api_key, spool_root, provider, g, *more):
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tests.sdk.agents_support",
+            "openai",
+            "--url",
+            live_server.url,
+            "--key",
+            api_key,
+            "--spool",
+            str(spool_root),
+            "--ledger",
+            str(provider.ledger),
+            "--grant",
+            str(g.pk),
+            *more,
+        ],
+        cwd=ROOT,
+        env=os.environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = done.stdout.strip().splitlines()
+    return done.returncode, json.loads(lines[-1]) if lines else done.stderr
+
+
+def test_a_crash_between_the_refund_and_its_receipt_leaves_a_case_and_no_repeat(
+    live_server, api_key, spool_root, project, provider
+):
+    g = grant(project, name="refunds")
+    code, _ = _agent_process(live_server, api_key, spool_root, provider, g, "--crash")
+    assert code == -9 and provider.refunds() == ["7"]
+
+    code, out = _agent_process(live_server, api_key, spool_root, provider, g)
+
+    assert code == 0, out
+    assert out["interrupted"] == ["refund"], "the call in doubt was not stopped"
+    assert provider.refunds() == ["7"], "the refund was repeated"
+    effect = Effect.objects.get(key=KEY)
+    assert effect.state == State.TIMED_OUT
+    assert Case.objects.filter(effect=effect, reason="uncertain", closed=None).exists()
+
+
+def test_a_grant_requiring_approval_stops_the_call_until_an_operator_approves_it(
+    tb, project, alice, provider
+):
+    from tallybook.integrations.openai_agents import settle
+
+    g = grant(project, name="refunds", requires_approval=True)
+    agent = openai_agent(provider, tb, g.pk)
+
+    result = asyncio.run(openai_run(agent, tb))
+
+    assert [item.tool_name for item in result.interruptions] == ["refund"]
+    assert provider.refunds() == []
+    approval = Approval.objects.get(effect__key=KEY)
+    signed = logged_in(alice).post(
+        f"/approvals/{approval.pk}/sign/", {"verdict": "approve", "reason": "checked the order"}
+    )
+    assert signed.status_code in (200, 302)
+
+    async def resume():
+        with tb.run("support-bot", version="1.0", run_id=RUN_ID):
+            state = await settle(agent, result, timeout=120)
+            return await Runner.run(agent, state)
+
+    done = asyncio.run(resume())
+    assert done.final_output == "Done."
+    assert provider.refunds() == ["7"]
+    assert tb.flush(timeout=60), "the receipts were not delivered"
+    assert Effect.objects.get(key=KEY).state == State.SUCCEEDED
