@@ -15,7 +15,8 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from durability.models import ApiKey, Membership, Project, Role
-from tests import isolation, ledger
+from tests import isolation
+from tests.ledger import support as ledger
 
 
 @dataclass

@@ -21,17 +21,11 @@ from tallybook import Tallybook
 from durability.demo import agents, telemetry
 from durability.demo.provider import ProviderServer
 from durability.models import ApiKey, Effect, Grant, Project, State
-from tests import test_desk_browser as desk_browser
+from tests.browser import BROWSER, browser, page
 
-# The desk's browser and page fixtures: Debian's Chromium, a page that fails on console errors.
-browser, page = desk_browser.browser, desk_browser.page
-CHROMIUM = desk_browser.CHROMIUM
+__all__ = ["browser", "page"]  # the browser fixtures, used by name
 
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's Chromium is not installed"),
-]
+pytestmark = BROWSER
 # Where the crawl starts: the overview and every page the header leads to.
 START = ["/", "/queue/", "/effects/", "/runs/", "/audit/", "/approvals/", "/authority/"]
 # Pages of one shape (ids and query values aside) visited at most this often.

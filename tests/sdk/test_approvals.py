@@ -15,7 +15,7 @@ from tallybook import AsyncTallybook, EffectDenied, EffectInDoubt, Tallybook
 
 from durability.authority import approvals
 from durability.models import Approval, Effect, Grant, Project, SignoffVerdict, State
-from tests.authority import grant
+from tests.authority.support import grant
 from tests.sdk.support import wait_until
 
 

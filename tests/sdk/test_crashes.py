@@ -11,7 +11,7 @@ import pytest
 from tallybook import IntentNotRecorded, Tallybook
 
 from durability.models import Case, Effect, Receipt
-from tests import ledger
+from tests.ledger import support as ledger
 from tests.sdk.support import FAST, run_agent, wait_until
 
 

@@ -20,7 +20,7 @@ from tallybook import (
 from durability.ledger import evidence, settling
 from durability.ledger.machine import Event
 from durability.models import Attempt, Case, Effect, Receipt
-from tests import ledger
+from tests.ledger import support as ledger
 from tests.sdk.support import FAST, SDK_SRC, free_port
 
 

@@ -27,11 +27,11 @@ from tallybook import AsyncTallybook, EffectInDoubt
 from tallybook.integrations.pydantic_ai import Effects, ToolEffect
 
 from durability.models import Approval, Case, Effect, Project, Receipt, State
-from tests.authority import grant
-from tests.desk import logged_in
-from tests.otlp_support import queue, work
+from tests.authority.support import grant
+from tests.desk.support import logged_in
 from tests.sdk import pydantic_ai_agent as refunds
 from tests.sdk.support import wait_until
+from tests.trajectories.support import queue, work
 from trajectories.models import Span
 
 __all__ = ["queue"]  # the RQ queue fixture, used by name

@@ -23,7 +23,7 @@ from durability.ledger import settling
 from durability.ledger.machine import Event
 from durability.models import Case, Effect
 from durability.models import Receipt as ReceiptRow
-from tests import ledger
+from tests.ledger import support as ledger
 from tests.sdk.support import FAST, SDK_SRC, free_port
 
 

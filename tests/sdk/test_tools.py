@@ -9,7 +9,7 @@ from tallybook import EffectInDoubt, Receipt, Tallybook, TallybookError
 from durability.api.schemas import ReceiptOut
 from durability.models import Effect
 from durability.models import Receipt as ReceiptRow
-from tests import ledger
+from tests.ledger import support as ledger
 
 
 @pytest.fixture

@@ -1,0 +1,382 @@
+"""GET /api/v1/openapi.json describes the API truthfully: paths, methods, bodies and answers,
+the ledger's and the trajectories' (/api/v1/events, OTLP's /v1/traces) alike."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+from django.urls import URLPattern, URLResolver, get_resolver
+from google.rpc import status_pb2
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+from pydantic import BaseModel, TypeAdapter
+
+from durability.api import schemas
+from durability.api.decorators import MiB
+from durability.models import ApiKey
+from durability.openapi import REF
+from tests.trajectories.support import (
+    PROTOBUF,
+    ingest_stalled,
+    post_traces,
+    request,
+    slots_taken,
+    span,
+    to_json,
+)
+from trajectories import schemas as trajectories_schemas
+from trajectories.api import EVENTS_MAX_BODY, OTLP_MAX_BODY
+
+__all__ = ["ingest_stalled", "slots_taken"]
+
+# The ledger's endpoints (issue 2); every status documented for them is produced below.
+LEDGER_PATHS = {
+    "/api/v1/intents",
+    "/api/v1/receipts",
+    "/api/v1/failures",
+    "/api/v1/timeouts",
+    "/api/v1/effects",
+    "/api/v1/effects/{effect_id}",
+    "/api/v1/openapi.json",
+}
+# The trajectories' endpoints (issue 4).
+TRAJECTORY_PATHS = {"/api/v1/events", "/v1/traces"}
+METHODS = {"get", "post", "put", "patch", "delete"}
+# The protobuf message of each OTLP answer: the export response, or a google.rpc.Status.
+PROTOBUF_ANSWERS = {"200": ExportTraceServiceResponse}
+
+
+@pytest.fixture
+def document(client) -> dict[str, Any]:
+    r = client.get("/api/v1/openapi.json")
+    assert r.status_code == 200
+    assert r["Content-Type"] == "application/json"
+    doc: dict[str, Any] = r.json()
+    return doc
+
+
+def _openapi_path(route: str) -> str:
+    return "/" + re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", route)
+
+
+def _model(ref: str) -> type[BaseModel]:
+    name = ref.removeprefix(REF.format(model=""))
+    model: type[BaseModel] = getattr(schemas, name, None) or getattr(trajectories_schemas, name)
+    assert issubclass(model, BaseModel)
+    return model
+
+
+def test_it_is_an_openapi_3_1_document(document):
+    assert document["openapi"].startswith("3.1")
+    assert document["info"]["title"] and document["info"]["version"]
+    assert document["components"]["securitySchemes"]["bearer"] == {
+        "type": "http",
+        "scheme": "bearer",
+    }
+    for path, item in document["paths"].items():
+        assert path.startswith("/api/v1/") or path == "/v1/traces"
+        for method, operation in item.items():
+            assert method in METHODS, (path, method)
+            assert operation["summary"]
+            assert operation["responses"], (path, method)
+            for status, response in operation["responses"].items():
+                assert re.fullmatch(r"[1-5]\d\d", status), (path, status)
+                assert response["description"]
+                assert "application/json" in response["content"]
+            for parameter in operation.get("parameters", []):
+                assert parameter["in"] in {"path", "query", "header"}
+                if parameter["in"] == "path":
+                    assert parameter["required"] is True
+                    assert "{" + parameter["name"] + "}" in path
+
+
+def test_every_reference_resolves(document):
+    def refs(node: Any) -> list[str]:
+        if isinstance(node, dict):
+            own = [node["$ref"]] if "$ref" in node else []
+            return own + [r for v in node.values() for r in refs(v)]
+        if isinstance(node, list):
+            return [r for v in node for r in refs(v)]
+        return []
+
+    found = refs(document)
+    assert found
+    for ref in found:
+        assert ref.startswith("#/components/schemas/"), ref
+        assert ref.rsplit("/", 1)[1] in document["components"]["schemas"], ref
+
+
+def _routes(patterns: list[URLPattern | URLResolver], prefix: str = "") -> list[str]:
+    """Every route of a URLconf, with the prefixes of the includes it passes through."""
+    routes = []
+    for pattern in patterns:
+        route = prefix + str(pattern.pattern)
+        if isinstance(pattern, URLResolver):
+            routes += _routes(pattern.url_patterns, route)
+        else:
+            routes.append(route)
+    return routes
+
+
+def test_every_api_path_in_the_urls_is_documented_and_nothing_else(document):
+    # The root URLconf and every room's urls it includes, trajectories' among them.
+    routed = {
+        _openapi_path(route)
+        for route in _routes(get_resolver().url_patterns)
+        if route.startswith(("api/", "v1/"))
+    }
+    assert routed == set(document["paths"])
+    assert set(document["paths"]) >= LEDGER_PATHS | TRAJECTORY_PATHS
+
+
+def test_the_documented_methods_are_the_ones_the_endpoints_accept(api, document):
+    effect_id = api.intent("k1").json()["effect"]["id"]
+    for path, item in document["paths"].items():
+        url = path.replace("{effect_id}", str(effect_id)).replace("{grant_id}", "1")
+        for method in METHODS:
+            r = getattr(api.client, method)(url, headers={"Authorization": f"Bearer {api.key}"})
+            if method in item:
+                assert r.status_code != 405, (method, path)
+            else:
+                assert r.status_code == 405, (method, path)
+
+
+def test_the_request_bodies_are_the_validation_schemas(document):
+    components = document["components"]["schemas"]
+    bodies = [
+        operation["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+        for item in document["paths"].values()
+        for operation in item.values()
+        if "requestBody" in operation
+    ]
+    assert {_model(ref).__name__ for ref in bodies} >= {
+        "IntentIn",
+        "ReceiptIn",
+        "FailureIn",
+        "TimeoutIn",
+        "EventBatchIn",
+        "OtlpExportIn",
+    }
+    for ref in bodies:
+        model = _model(ref)
+        expected = model.model_json_schema(ref_template=REF, mode="validation")
+        for name, definition in expected.pop("$defs", {}).items():
+            assert components[name] == definition, name
+        assert components[model.__name__] == expected, model.__name__
+
+
+def test_the_bodies_are_required_and_json_or_for_otlp_also_protobuf(document):
+    for path, item in document["paths"].items():
+        for method, operation in item.items():
+            if method == "post":
+                assert operation["requestBody"]["required"] is True, path
+                content = set(operation["requestBody"]["content"])
+                otlp = {"application/json", PROTOBUF}
+                assert content == (otlp if path == "/v1/traces" else {"application/json"})
+
+
+def test_the_overloaded_answers_document_retry_after(document):
+    for path in TRAJECTORY_PATHS:
+        responses = document["paths"][path]["post"]["responses"]
+        for status in ("429", "503"):
+            assert responses[status]["headers"]["Retry-After"]["schema"] == {"type": "integer"}
+
+
+# -- real answers against the documented ones --------------------------------------------
+
+
+def _post_badly(api: Any, path: str) -> list[Any]:
+    """Malformed JSON, an oversized body, no key, and the wrong Content-Type."""
+    return [
+        api.post(path, b"{"),
+        api.post(path, b"x" * (MiB + 1)),
+        api.client.post(f"/api/v1/{path}", "{}", content_type="application/json"),
+        api.client.post(
+            f"/api/v1/{path}",
+            "{}",
+            content_type="text/plain",
+            headers={"Authorization": f"Bearer {api.key}"},
+        ),
+    ]
+
+
+def test_real_answers_validate_against_the_documented_schemas(api, client, document):
+    """Drive every documented status of the ledger's endpoints; check each answer's shape."""
+    first = api.intent("k1", timeout_s=30, context={"workflow": "w", "extra": 1})
+    effect_id = first.json()["effect"]["id"]
+    calls: list[tuple[str, str, Any]] = [
+        ("post", "/api/v1/intents", first),
+        ("post", "/api/v1/intents", api.intent("k1")),
+        ("post", "/api/v1/intents", api.intent("k1", request={"amount": 2})),
+        ("post", "/api/v1/receipts", api.receipt("k1", "re_1", data={"x": [1]})),
+        ("post", "/api/v1/receipts", api.receipt("k1", "re_1")),
+        ("post", "/api/v1/receipts", api.receipt("k1", "re_2")),
+        ("post", "/api/v1/receipts", api.receipt("nobody", "re_3")),
+        ("post", "/api/v1/intents", api.intent("k2")),
+        ("post", "/api/v1/timeouts", api.timeout("k2")),
+        ("post", "/api/v1/timeouts", api.timeout("k1")),
+        ("post", "/api/v1/timeouts", api.timeout("nope")),
+        ("post", "/api/v1/intents", api.intent("k3")),
+        ("post", "/api/v1/failures", api.failure("k3", definitive=True)),
+        ("post", "/api/v1/failures", api.failure("k1")),
+        ("post", "/api/v1/failures", api.failure("nope")),
+        ("get", "/api/v1/effects/{effect_id}", api.get(f"effects/{effect_id}")),
+        ("get", "/api/v1/effects/{effect_id}", api.get("effects/999999")),
+        ("get", "/api/v1/effects/{effect_id}", client.get(f"/api/v1/effects/{effect_id}")),
+        ("get", "/api/v1/effects", api.get("effects", key="k2")),
+        ("get", "/api/v1/effects", api.get("effects", key="nope")),
+        ("get", "/api/v1/effects", api.get("effects")),
+        ("get", "/api/v1/effects", client.get("/api/v1/effects", {"key": "k2"})),
+        ("get", "/api/v1/openapi.json", client.get("/api/v1/openapi.json")),
+    ]
+    for path in ("intents", "receipts", "failures", "timeouts"):
+        calls += [("post", f"/api/v1/{path}", r) for r in _post_badly(api, path)]
+    assert _checked(document, calls) == _documented(document, LEDGER_PATHS)
+
+
+def _documented(document: dict[str, Any], paths: set[str]) -> set[tuple[str, str, str]]:
+    return {
+        (method, path, status)
+        for path, item in document["paths"].items()
+        if path in paths
+        for method, operation in item.items()
+        for status in operation["responses"]
+    }
+
+
+def _checked(document: dict[str, Any], calls: list[tuple[str, str, Any]]) -> set[Any]:
+    """Check each answer against its documented status, content type and schema.
+
+    Returns the (method, path, status) seen.
+    """
+    seen = set()
+    for method, path, response in calls:
+        status = str(response.status_code)
+        documented = document["paths"][path][method]["responses"]
+        assert status in documented, (method, path, status, response.content[:200])
+        content_type = response["Content-Type"]
+        assert content_type in documented[status]["content"], (path, status, content_type)
+        if "Retry-After" in documented[status].get("headers", {}):
+            assert response["Retry-After"].isdigit(), (path, status)
+        if content_type == PROTOBUF:
+            message = PROTOBUF_ANSWERS.get(status, status_pb2.Status)
+            assert message.FromString(response.content).SerializeToString() == response.content
+            seen.add((method, path, status))
+            continue
+        schema = documented[status]["content"][content_type]["schema"]
+        body = response.json()
+        if "$ref" in schema:
+            parsed = _model(schema["$ref"]).model_validate(body)
+            # The round trip drops keys the schema does not name: none may be undocumented.
+            assert parsed.model_dump(mode="json", exclude_unset=True) == body, (path, status)
+        else:
+            assert schema == {"type": "object"} and isinstance(body, dict)
+        seen.add((method, path, status))
+    return seen
+
+
+def _events_badly(api: Any) -> list[Any]:
+    """Malformed JSON, an oversized body, no key, and the wrong Content-Type."""
+    return [
+        api.post("events", b"{"),
+        api.post("events", b"x" * (EVENTS_MAX_BODY + 1)),
+        api.client.post("/api/v1/events", "{}", content_type="application/json"),
+        api.client.post(
+            "/api/v1/events",
+            "{}",
+            content_type="text/plain",
+            headers={"Authorization": f"Bearer {api.key}"},
+        ),
+    ]
+
+
+def _traces_badly(api: Any) -> list[Any]:
+    """Undecodable protobuf and JSON, an oversized body, no key, and the wrong Content-Type."""
+    return [
+        post_traces(api.client, api.key, b"\xff\xff not protobuf"),
+        api.client.post(
+            "/v1/traces",
+            "{not json",
+            content_type="application/json",
+            headers={"Authorization": f"Bearer {api.key}"},
+        ),
+        post_traces(api.client, api.key, b"x" * (OTLP_MAX_BODY + 1)),
+        api.client.post("/v1/traces", b"", content_type=PROTOBUF),
+        api.client.post(
+            "/v1/traces",
+            "x",
+            content_type="text/plain",
+            headers={"Authorization": f"Bearer {api.key}"},
+        ),
+    ]
+
+
+EVENT = {
+    "id": "e1",
+    "type": "span",
+    "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736",
+    "span_id": "00f067aa0ba902b7",
+    "kind": "model",
+    "name": "chat gpt-4o",
+    "start": "2026-11-29T10:00:00Z",
+    "input_tokens": 12,
+}
+RUN_EVENT = {"id": "e0", "type": "run", "run_id": "run-1", "agent": "refunds", "status": "ok"}
+
+
+def _overloaded(api: Any) -> list[tuple[str, str, Any]]:
+    """Both endpoints, in each OTLP encoding, while ingest cannot go on."""
+    message = request(span("1111111111111111"))
+    return [
+        ("post", "/api/v1/events", api.post("events", {"events": [EVENT]})),
+        ("post", "/v1/traces", post_traces(api.client, api.key, message)),
+        ("post", "/v1/traces", post_traces(api.client, api.key, message, as_json=True)),
+    ]
+
+
+def test_the_trajectory_endpoints_answer_429_as_documented(api, document, slots_taken):
+    seen = _checked(document, _overloaded(api))
+    assert {status for _, _, status in seen} == {"429"}
+
+
+def test_the_trajectory_endpoints_answer_503_as_documented(api, document, ingest_stalled):
+    seen = _checked(document, _overloaded(api))
+    assert {status for _, _, status in seen} == {"503"}
+
+
+def test_the_trajectory_endpoints_real_answers_validate_against_the_documented_schemas(
+    api, document
+):
+    """Drive every other documented status of the trajectories' endpoints, and check the
+    requests sent against the documented request schemas."""
+    good = request(
+        span("00f067aa0ba902b7", "root", attributes={"gen_ai.operation.name": "chat"}),
+        span("0000000000000000", "a span id of zeros is rejected"),
+    )
+    batch = {"events": [RUN_EVENT, EVENT, {"id": "bad", "type": "span"}, EVENT]}
+    calls: list[tuple[str, str, Any]] = [
+        ("post", "/api/v1/events", api.post("events", batch)),
+        ("post", "/v1/traces", post_traces(api.client, api.key, good)),
+        ("post", "/v1/traces", post_traces(api.client, api.key, good, as_json=True)),
+    ]
+    calls += [("post", "/api/v1/events", r) for r in _events_badly(api)]
+    calls += [("post", "/v1/traces", r) for r in _traces_badly(api)]
+    seen = _checked(document, calls)
+    assert seen == _documented(document, TRAJECTORY_PATHS) - {
+        ("post", path, status) for path in TRAJECTORY_PATHS for status in ("429", "503")
+    }
+    assert calls[0][2].json()["results"][2]["result"] == "rejected"
+    assert calls[2][2].json()["partialSuccess"]["rejectedSpans"] == "1"
+    trajectories_schemas.EventBatchIn.model_validate(batch)
+    event = TypeAdapter(trajectories_schemas.EventIn)
+    for item in (RUN_EVENT, EVENT):
+        event.validate_python(item)
+    trajectories_schemas.OtlpExportIn.model_validate(to_json(good))
+
+
+def test_the_document_needs_no_key(client, db):
+    ApiKey.objects.all().delete()
+    assert client.get("/api/v1/openapi.json").status_code == 200
+    assert json.loads(client.get("/api/v1/openapi.json").content)["paths"]

@@ -1,0 +1,356 @@
+"""Signed provider webhooks: verified deliveries become provider-confirmed receipts;
+anything unverified changes nothing."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from durability.api.webhooks import Rejected, signature_of, verify
+from durability.authority.webhook_sources import webhook_source_create
+from durability.models import (
+    Case,
+    Effect,
+    Project,
+    Reason,
+    Receipt,
+    State,
+    Strength,
+    WebhookKind,
+    WebhookSource,
+)
+from tests.authority.support import grant, under
+from tests.ledger import support as ledger
+
+STRIPE_MAPPING = {
+    "key": "data.object.metadata.tallybook_key",
+    "external_id": "data.object.id",
+    "observed_at": "created",
+    "amount": "data.object.amount",
+    "currency": "data.object.currency",
+    "exponent": 2,
+}
+
+
+@pytest.fixture
+def stripe(project: Project) -> WebhookSource:
+    return webhook_source_create(
+        project=project,
+        actor="user:ada",
+        name="alpha-stripe",
+        kind=WebhookKind.GENERIC,
+        system="stripe",
+        mapping=STRIPE_MAPPING,
+        tolerance_s=300,
+    )
+
+
+@pytest.fixture
+def github(project: Project) -> WebhookSource:
+    return webhook_source_create(
+        project=project,
+        actor="user:ada",
+        name="alpha-github",
+        kind=WebhookKind.GITHUB,
+        system="github",
+        mapping={},
+        tolerance_s=300,
+    )
+
+
+def _refund(key: str = "refund:1", charge: str = "re_1", cents: int = 1250) -> dict[str, Any]:
+    return {
+        "id": "evt_1",
+        "created": 1_760_000_000,
+        "data": {
+            "object": {
+                "id": charge,
+                "amount": cents,
+                "currency": "eur",
+                "metadata": {"tallybook_key": key},
+            }
+        },
+    }
+
+
+def _signed(body: bytes, stamp: str, secret: str, delivery: str = "d-1") -> dict[str, str]:
+    """A generic source's headers for a body signed at `stamp` (Unix seconds)."""
+    return {
+        "X-Tallybook-Signature": signature_of(secret, body, stamp),
+        "X-Tallybook-Timestamp": stamp,
+        "X-Tallybook-Delivery": delivery,
+    }
+
+
+def _post(
+    client: Client,
+    source: WebhookSource,
+    payload: Any,
+    *,
+    delivery: str = "d-1",
+    skew: int = 0,
+    secret: str | None = None,
+) -> Any:
+    body = json.dumps(payload).encode()
+    stamp = str(int(time.time()) + skew)
+    return client.post(
+        f"/hooks/{source.name}/",
+        data=body,
+        content_type="application/json",
+        headers=_signed(body, stamp, secret or source.secret, delivery),
+    )
+
+
+def _push(
+    client: Client, source: WebhookSource, commits: list[dict[str, Any]], **headers: str
+) -> Any:
+    body = json.dumps(
+        {
+            "ref": "refs/heads/main",
+            "repository": {"full_name": "acme/shop"},
+            "commits": commits,
+        }
+    ).encode()
+    return client.post(
+        f"/hooks/{source.name}/",
+        data=body,
+        content_type="application/json",
+        headers={
+            "X-GitHub-Event": "push",
+            "X-GitHub-Delivery": "gh-1",
+            "X-Hub-Signature-256": signature_of(source.secret, body),
+            **headers,
+        },
+    )
+
+
+def _commit(sha: str, key: str | None) -> dict[str, Any]:
+    message = "Fix the checkout" + (f"\n\nTallybook-Key: {key}\n" if key else "")
+    return {
+        "id": sha,
+        "message": message,
+        "timestamp": "2025-10-09T10:00:00+02:00",
+        "url": f"https://github.com/acme/shop/commit/{sha}",
+    }
+
+
+def test_a_signed_delivery_settles_a_pending_effect_with_provider_confirmed_evidence(
+    client, project, stripe
+):
+    ledger.intent(project, "refund:1")
+    response = _post(client, stripe, _refund())
+    assert response.status_code == 201
+    body = response.json()
+    assert body["duplicate"] is False
+    assert body["receipts"][0]["effect"]["state"] == "succeeded"
+    receipt = Receipt.objects.get()
+    assert (receipt.system, receipt.external_id) == ("stripe", "re_1")
+    assert receipt.strength == Strength.PROVIDER_CONFIRMED
+    assert str(receipt.amount) == "12.500000" and receipt.currency == "EUR"
+    assert receipt.observed_at is not None
+    assert receipt.observed_at.timestamp() == 1_760_000_000
+    assert receipt.data == {"source": "alpha-stripe", "delivery": "d-1"}
+
+
+def test_a_delivery_settles_an_uncertain_effect_as_a_late_success(client, project, stripe):
+    ledger.intent(project, "refund:1")
+    ledger.timeout(project, "refund:1")
+    _post(client, stripe, _refund())
+    effect = Effect.objects.get()
+    assert effect.state == State.SUCCEEDED and effect.late
+    open_reasons = set(Case.objects.filter(closed=None).values_list("reason", flat=True))
+    assert Reason.UNCERTAIN not in open_reasons and Reason.LATE_SUCCESS in open_reasons
+
+
+def test_a_provider_confirming_an_agents_receipt_makes_that_evidence_stronger(
+    client, project, stripe
+):
+    ledger.intent(project, "refund:1")
+    ledger.receipt(project, "refund:1", "re_1")
+    response = _post(client, stripe, _refund())
+    assert response.json()["receipts"][0]["created"] is False
+    assert Receipt.objects.get().strength == Strength.PROVIDER_CONFIRMED
+    assert not Case.objects.filter(reason=Reason.DUPLICATE_EFFECT).exists()
+
+
+@pytest.mark.parametrize(
+    ("tamper", "message"),
+    [
+        ({"secret": "not-the-secret"}, "Bad signature"),
+        # An hour out: the server's clock cannot move it into the 300 s window before the
+        # test's timeout. The window's edges are tested against a fixed clock below.
+        ({"skew": -3600}, "replay window"),
+        ({"skew": 3600}, "replay window"),
+    ],
+    ids=["bad-signature", "stale", "from-the-future"],
+)
+def test_an_unverified_delivery_is_a_401_and_changes_nothing(
+    client, project, stripe, tamper, message
+):
+    ledger.intent(project, "refund:1")
+    before = ledger.row_counts()
+    response = _post(client, stripe, _refund(), **tamper)
+    assert response.status_code == 401
+    assert message in response.json()["error"]
+    assert ledger.row_counts() == before
+
+
+# Late in its second: the window counts whole seconds, as the signed timestamp does.
+NOW = 1_760_000_000.9
+
+
+@pytest.mark.parametrize("skew", [-300, 300], ids=["oldest", "newest"])
+def test_a_delivery_signed_up_to_the_tolerance_away_is_inside_the_replay_window(stripe, skew):
+    body = json.dumps(_refund()).encode()
+    headers = _signed(body, str(int(NOW) + skew), stripe.secret)
+    assert verify(stripe, headers, body, NOW) == "d-1"
+
+
+@pytest.mark.parametrize("skew", [-301, 301], ids=["stale", "from-the-future"])
+def test_a_delivery_signed_a_second_beyond_the_tolerance_is_a_401(stripe, skew):
+    body = json.dumps(_refund()).encode()
+    headers = _signed(body, str(int(NOW) + skew), stripe.secret)
+    with pytest.raises(Rejected, match="replay window") as rejected:
+        verify(stripe, headers, body, NOW)
+    assert rejected.value.status == 401
+
+
+def test_a_delivery_without_a_timestamp_or_signature_is_a_401(client, stripe):
+    body = json.dumps(_refund()).encode()
+    for headers in ({}, {"X-Tallybook-Timestamp": str(int(time.time()))}):
+        response = client.post(
+            f"/hooks/{stripe.name}/", data=body, content_type="application/json", headers=headers
+        )
+        assert response.status_code == 401
+    assert not Receipt.objects.exists()
+
+
+def test_the_signature_covers_the_timestamp_so_a_capture_cannot_be_replayed_later(
+    client, project, stripe
+):
+    body = json.dumps(_refund()).encode()
+    old = str(int(time.time()) - 3600)
+    response = client.post(
+        f"/hooks/{stripe.name}/",
+        data=body,
+        content_type="application/json",
+        headers={
+            "X-Tallybook-Signature": signature_of(stripe.secret, body, old),
+            "X-Tallybook-Timestamp": str(int(time.time())),
+        },
+    )
+    assert response.status_code == 401
+    assert not Receipt.objects.exists()
+
+
+def test_a_delivery_id_seen_before_is_a_no_op(client, project, stripe):
+    ledger.intent(project, "refund:1")
+    assert _post(client, stripe, _refund()).status_code == 201
+    before = ledger.row_counts()
+    replay = _post(client, stripe, _refund(charge="re_other"))
+    assert replay.status_code == 200
+    assert replay.json() == {"delivery": "d-1", "duplicate": True, "receipts": [], "ignored": 0}
+    assert ledger.row_counts() == before
+
+
+def test_an_unknown_or_disabled_source_is_a_404(client, project, stripe):
+    ghost = WebhookSource(name="ghost", secret="s", kind=WebhookKind.GENERIC)
+    assert _post(client, ghost, _refund()).status_code == 404
+    WebhookSource.objects.filter(pk=stripe.pk).update(enabled=False)
+    assert _post(client, stripe, _refund()).status_code == 404
+    assert not Receipt.objects.exists()
+
+
+def test_a_payload_the_mapping_cannot_read_is_a_422_and_stores_nothing(client, project, stripe):
+    payload = _refund()
+    del payload["data"]["object"]["metadata"]
+    before = ledger.row_counts()
+    response = _post(client, stripe, payload)
+    assert response.status_code == 422
+    assert "key" in response.json()["fields"]
+    assert ledger.row_counts() == before
+
+
+def test_evidence_for_a_key_no_intent_named_is_an_orphan_not_yet_unauthorized(
+    client, project, stripe
+):
+    body = _post(client, stripe, _refund()).json()
+    assert body["receipts"][0]["case"]["reason"] == "orphan_receipt"
+    assert not Case.objects.filter(reason=Reason.UNAUTHORIZED_EFFECT).exists()
+
+
+def test_evidence_for_an_effect_with_no_grant_is_an_unauthorized_effect(client, project, stripe):
+    ledger.intent(project, "refund:1", authority=None)
+    body = _post(client, stripe, _refund()).json()
+    case = Case.objects.get(reason=Reason.UNAUTHORIZED_EFFECT)
+    assert body["receipts"][0]["case"]["id"] == case.pk
+    # The audit policy's flag on the intent, raised now that it has happened.
+    assert case.get_severity_display() == "high"
+    assert case.detail["repeats"] == [{"evidence": Receipt.objects.get().pk}]
+
+
+def test_an_amount_beyond_the_grant_is_authority_exceeded(client, project, stripe):
+    g = grant(project, currency="EUR", max_amount="10")
+    ledger.intent(project, "refund:1", **under(g, "9.00"))
+    _post(client, stripe, _refund(cents=1250))
+    case = Case.objects.get(reason=Reason.AUTHORITY_EXCEEDED)
+    assert case.get_severity_display() == "critical"
+    assert "12.5 EUR is over the grant's 10 EUR per effect" in case.summary
+    assert "more than the 9 EUR the intent asked for" in case.summary
+    assert Effect.objects.get().state == State.SUCCEEDED
+
+
+def test_evidence_within_the_grant_opens_no_case(client, project, stripe):
+    g = grant(project, currency="EUR", max_amount="20")
+    ledger.intent(project, "refund:1", **under(g, "12.50"))
+    _post(client, stripe, _refund(cents=1250))
+    assert not Case.objects.exists()
+
+
+def test_a_github_push_records_each_keyed_commit_as_a_receipt(client, project, github):
+    g = grant(project, targets=["acme/*"])
+    ledger.intent(project, "fix:42", kind="git.push", target="acme/shop", **under(g))
+    response = _push(client, github, [_commit("a" * 40, "fix:42"), _commit("b" * 40, None)])
+    assert response.status_code == 201
+    assert response.json()["ignored"] == 1
+    receipt = Receipt.objects.get()
+    assert (receipt.key, receipt.system, receipt.external_id) == ("fix:42", "github", "a" * 40)
+    assert receipt.target == "acme/shop" and receipt.strength == Strength.PROVIDER_CONFIRMED
+    assert receipt.data is not None and receipt.data["url"].endswith("a" * 40)
+    assert Effect.objects.get().state == State.SUCCEEDED
+    assert not Case.objects.exists()
+
+
+def test_a_push_to_a_repository_outside_the_grant_is_authority_exceeded(client, project, github):
+    g = grant(project, targets=["acme/docs"])
+    ledger.intent(project, "fix:42", target="acme/docs", **under(g))
+    _push(client, github, [_commit("a" * 40, "fix:42")])
+    case = Case.objects.get(reason=Reason.AUTHORITY_EXCEEDED)
+    assert "landed on 'acme/shop', outside the grant's targets" in case.summary
+
+
+def test_a_github_delivery_with_a_bad_signature_or_seen_before_changes_nothing(
+    client, project, github
+):
+    ledger.intent(project, "fix:42")
+    before = ledger.row_counts()
+    bad = _push(
+        client, github, [_commit("a" * 40, "fix:42")], **{"X-Hub-Signature-256": "sha256=0"}
+    )
+    assert bad.status_code == 401
+    assert ledger.row_counts() == before
+    assert _push(client, github, [_commit("a" * 40, "fix:42")]).status_code == 201
+    again = _push(client, github, [_commit("c" * 40, "fix:42")])
+    assert again.status_code == 200 and again.json()["duplicate"] is True
+    assert Receipt.objects.count() == 1
+
+
+def test_other_github_events_are_acknowledged_without_receipts(client, project, github):
+    response = _push(client, github, [_commit("a" * 40, "fix:42")], **{"X-GitHub-Event": "ping"})
+    assert response.status_code == 201
+    assert response.json()["receipts"] == []
+    assert not Receipt.objects.exists()

@@ -1,0 +1,222 @@
+"""Effects link to their tool call, the model span that asked for it and the run, whatever
+order intents, receipts and spans arrive in."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import django_rq
+import pytest
+from django.utils import timezone
+
+from durability.jobs import enqueue
+from durability.models import Effect
+from tests.trajectories.support import TRACE, chat, post_traces, queue, request, span, tool, work
+from trajectories import ingest, jobs, links, otlp
+from trajectories.models import EffectLink
+
+__all__ = ["queue"]
+
+AGENT, MODEL, TOOL, HTTP = "a" * 16, "1" * 16, "2" * 16, "3" * 16
+
+
+@pytest.fixture
+def send(api, queue, django_capture_on_commit_callbacks):
+    """Post to the API as an agent would, then let the worker run what was enqueued."""
+
+    class Sender:
+        def intent(self, key="refund:1", **fields):
+            with django_capture_on_commit_callbacks(execute=True):
+                r = api.intent(key, **fields)
+            work(queue)
+            return r.json()["effect"]["id"]
+
+        def receipt(self, key="refund:1", **fields):
+            with django_capture_on_commit_callbacks(execute=True):
+                api.receipt(key, **fields)
+            work(queue)
+
+        def spans(self, *spans):
+            with django_capture_on_commit_callbacks(execute=True):
+                assert post_traces(api.client, api.key, request(*spans)).status_code == 200
+            work(queue)
+
+        def trajectory(self, effect_id):
+            body = api.get(f"effects/{effect_id}").json()
+            return body["run_id"], body["tool_span_id"], body["model_span_id"]
+
+    return Sender()
+
+
+def genai(*, calls=("call_1",)):
+    """An agent span, the model span asking for a tool, and the tool span running it."""
+    return (
+        span(
+            AGENT,
+            "invoke_agent",
+            duration_ms=500,
+            attributes={"gen_ai.operation.name": "invoke_agent"},
+        ),
+        chat(MODEL, calls=calls, parent=AGENT, at_ms=10),
+        tool(TOOL, parent=AGENT, at_ms=100),
+    )
+
+
+def test_spans_first_then_the_intent_recorded_in_the_tool_span(send):
+    send.spans(*genai())
+    effect = send.intent(trace_id=TRACE, span_id=TOOL)
+    assert send.trajectory(effect) == (TRACE, TOOL, MODEL)
+
+
+def test_the_intent_first_then_the_spans(send):
+    effect = send.intent(trace_id=TRACE, span_id=TOOL)
+    assert send.trajectory(effect) == (None, None, None)
+    send.spans(*genai())
+    assert send.trajectory(effect) == (TRACE, TOOL, MODEL)
+
+
+def test_the_model_span_arriving_last_completes_the_link(send):
+    agent, model, executed = genai()
+    send.spans(agent, executed)
+    effect = send.intent(trace_id=TRACE, span_id=TOOL)
+    link = EffectLink.objects.get(pk=effect)
+    assert link.tool_span is not None and link.model_span is None
+    assert link.tool_span.span_id == TOOL
+    send.spans(model)
+    assert send.trajectory(effect) == (TRACE, TOOL, MODEL)
+
+
+def test_an_intent_naming_only_the_tool_call_id_links_by_it(send):
+    effect = send.intent(tool_call_id="call_1")
+    send.spans(*genai())
+    assert send.trajectory(effect) == (TRACE, TOOL, MODEL)
+
+
+def test_an_effect_recorded_in_a_span_below_the_tool_call_links_to_the_tool_call(send):
+    below = span(HTTP, "POST /refunds", parent=TOOL, at_ms=110)
+    send.spans(*genai(), below)
+    effect = send.intent(trace_id=TRACE, span_id=HTTP)
+    assert send.trajectory(effect) == (TRACE, TOOL, MODEL)
+
+
+def test_without_a_tool_call_part_the_nearest_model_span_before_the_tool_call_is_taken(send):
+    earlier = chat("4" * 16, calls=(), parent=AGENT, at_ms=0)
+    nearest = chat("5" * 16, calls=(), parent=AGENT, at_ms=40)
+    after = chat("6" * 16, calls=(), parent=AGENT, at_ms=200)
+    send.spans(span(AGENT), earlier, nearest, tool(TOOL, "call_x", parent=AGENT, at_ms=100), after)
+    effect = send.intent(trace_id=TRACE, span_id=TOOL)
+    assert send.trajectory(effect) == (TRACE, TOOL, "5" * 16)
+
+
+def test_the_model_span_that_asked_wins_over_a_nearer_one(send):
+    asking = chat(MODEL, calls=("call_1",), parent=AGENT, at_ms=0)
+    nearer = chat("5" * 16, calls=("call_2",), parent=AGENT, at_ms=60)
+    send.spans(span(AGENT), asking, nearer, tool(TOOL, "call_1", parent=AGENT, at_ms=100))
+    effect = send.intent(trace_id=TRACE, span_id=TOOL)
+    assert send.trajectory(effect)[2] == MODEL
+
+
+def test_links_stay_when_the_spans_are_sent_again(send):
+    send.spans(*genai())
+    effect = send.intent(trace_id=TRACE, span_id=TOOL)
+    before = EffectLink.objects.values("run", "tool_span", "model_span").get(pk=effect)
+    send.spans(*genai())
+    send.spans(*reversed(genai()))
+    assert EffectLink.objects.values("run", "tool_span", "model_span").get(pk=effect) == before
+    assert send.trajectory(effect) == (TRACE, TOOL, MODEL)
+
+
+def test_a_receipt_with_trace_context_links_an_effect_whose_intent_had_none(send):
+    effect = send.intent()
+    send.spans(*genai())
+    assert send.trajectory(effect) == (None, None, None)
+    send.receipt(external_id="re_1", trace_id=TRACE, span_id=TOOL)
+    assert send.trajectory(effect) == (TRACE, TOOL, MODEL)
+
+
+def test_an_effect_links_to_the_run_its_intent_names(send, api):
+    effect = send.intent(run_id="order-42")
+    with_run = {"events": [{"id": "r1", "type": "run", "run_id": "order-42"}]}
+    assert api.post("events", with_run).status_code == 207
+    assert send.trajectory(effect) == ("order-42", None, None)
+
+
+def test_spans_of_another_project_never_link(send, other_api):
+    post_traces(other_api.client, other_api.key, request(*genai()))
+    effect = send.intent(trace_id=TRACE, span_id=TOOL, tool_call_id="call_1")
+    assert send.trajectory(effect) == (None, None, None)
+
+
+def test_the_openapi_document_describes_the_trajectory_ids(api):
+    schema = api.get("openapi.json").json()["components"]["schemas"]["EffectDetailOut"]
+    assert {"run_id", "tool_span_id", "model_span_id"} <= set(schema["properties"])
+
+
+# -- the repair pass: PostgreSQL holds the truth, a lost job is put right ----------------
+
+
+def test_a_link_job_lost_with_redis_is_put_right_by_the_next_scheduled_pass(
+    send, api, queue, django_capture_on_commit_callbacks
+):
+    send.spans(*genai())
+    with django_capture_on_commit_callbacks(execute=True):
+        api.intent("refund:1", trace_id=TRACE, span_id=TOOL)
+    assert queue.count == 1
+    queue.connection.flushdb()  # Redis is lost, and the link job with it
+    lost = Effect.objects.get(key="refund:1").pk
+    assert send.trajectory(lost) == (None, None, None)
+    # As rqcron enqueues it; at once, as the test's transaction never commits.
+    scheduled = django_rq.get_queue("default", commit_mode="auto")
+    repair, duplicate = scheduled.enqueue(jobs.links_repair), scheduled.enqueue(jobs.links_repair)
+    work(queue)
+    assert repair.latest_result().return_value == 1
+    assert duplicate.latest_result().return_value == 0
+    assert send.trajectory(lost) == (TRACE, TOOL, MODEL)
+
+
+def test_the_pass_links_an_effect_whose_spans_came_after_a_lost_refresh(send, api, project):
+    effect = send.intent(trace_id=TRACE, span_id=TOOL)
+    # Stored, then the process died before links_refresh: the link still waits.
+    ingest.spans_ingest(
+        project=project, spans=otlp.decode_protobuf(request(*genai()).SerializeToString()).spans
+    )
+    assert send.trajectory(effect) == (None, None, None)
+    assert links.links_repair() == [effect]
+    assert send.trajectory(effect) == (TRACE, TOOL, MODEL)
+    assert links.links_repair() == []
+
+
+def test_the_pass_leaves_links_waiting_for_spans_and_effects_naming_no_trajectory(send, api):
+    send.intent("waits", trace_id=TRACE, span_id=TOOL)
+    send.intent("names-nothing")
+    assert EffectLink.objects.get().resolved is None
+    assert links.links_repair() == []
+
+
+def test_the_pass_is_bounded_newest_first_and_looks_back_one_window(send, api):
+    send.spans(*genai())
+    for n in range(4):
+        api.intent(f"refund:{n}", tool_call_id="call_1")
+    ids = dict(Effect.objects.values_list("key", "pk"))
+    Effect.objects.filter(key="refund:0").update(
+        created=timezone.now() - links.REPAIR_WINDOW - timedelta(minutes=1)
+    )
+    Effect.objects.filter(key="refund:1").update(created=timezone.now() - timedelta(hours=1))
+    assert links.links_repair(limit=2) == [ids["refund:3"], ids["refund:2"]]
+    assert links.links_repair(limit=2) == [ids["refund:1"]]
+    assert links.links_repair(limit=2) == []
+    assert not EffectLink.objects.filter(pk=ids["refund:0"]).exists()
+
+
+def test_without_redis_the_pass_runs_inline(
+    send, api, queue, settings, django_capture_on_commit_callbacks
+):
+    settings.REDIS_URL = ""
+    send.spans(*genai())
+    # Inline jobs run at commit; the test's transaction never commits, so this one is lost.
+    lost = api.intent("refund:1", tool_call_id="call_1").json()["effect"]["id"]
+    assert not EffectLink.objects.exists()
+    with django_capture_on_commit_callbacks(execute=True):
+        enqueue(jobs.links_repair)
+    assert queue.count == 0
+    assert send.trajectory(lost) == (TRACE, TOOL, MODEL)
