@@ -12,13 +12,11 @@ from __future__ import annotations
 import argparse
 import hashlib
 import http.client
+import importlib
 import json
 import multiprocessing as mp
 import os
-import socket
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,24 +25,9 @@ from typing import Any
 import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
+# The HTTP benchmarks' shared helpers beside this script (its folder is first on sys.path).
+server = importlib.import_module("server")
 PG = "postgres://root@127.0.0.1:5432"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _manage(env: dict[str, str], *args: str) -> str:
-    return subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
 
 
 def _http_worker(
@@ -227,10 +210,10 @@ def main() -> None:
     dsn = f"{PG}/{options.db}"
     env = {**os.environ, "DATABASE_URL": dsn, "DEBUG": "0", "LOG_LEVEL": "ERROR"}
     env.pop("REDIS_URL", None)
-    _manage(env, "migrate", "--verbosity", "0")
-    key = _manage(env, "createapikey", "bench-http").strip().splitlines()[-1]
-    _manage(env, "createapikey", "bench-raw")
-    http_grant, raw_grant = (int(n) for n in _manage(env, "shell", "-c", GRANT).split()[-2:])
+    server.manage(env, "migrate", "--verbosity", "0")
+    key = server.manage(env, "createapikey", "bench-http").strip().splitlines()[-1]
+    server.manage(env, "createapikey", "bench-raw")
+    http_grant, raw_grant = (int(n) for n in server.manage(env, "shell", "-c", GRANT).split()[-2:])
     with psycopg.connect(dsn) as conn:
         (raw_project,) = _one(
             conn.execute("SELECT id FROM durability_project WHERE name = 'bench-raw'")
@@ -239,32 +222,9 @@ def main() -> None:
     per_round = max(1, options.pairs // options.clients // options.rounds)
     pairs = per_round * options.clients * options.rounds
 
-    port = _free_port()
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "durability.wsgi",
-            "--bind",
-            f"127.0.0.1:{port}",
-            "--workers",
-            str(options.workers),
-            "--log-level",
-            "warning",
-        ],
-        cwd=ROOT,
-        env=env,
-    )
     http_time = raw_time = 0.0
     latencies: list[float] = []
-    try:
-        for _ in range(100):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.1)
+    with server.gunicorn(env, options.workers) as port:
         # Warm up each worker's imports and connections.
         _run(_http_worker, lambda c: (port, key, http_grant, f"warm{c}", 20), options.workers)
         # The paths alternate in rounds, so that both meet the same load on the machine.
@@ -282,9 +242,6 @@ def main() -> None:
                 options.clients,
             )
             raw_time += elapsed
-    finally:
-        server.terminate()
-        server.wait()
 
     http_rate, raw_rate = pairs / http_time, pairs / raw_time
     latencies.sort()

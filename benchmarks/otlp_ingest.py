@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import importlib
 import json
 import multiprocessing as mp
 import os
-import socket
-import subprocess
 import sys
 import time
 import zlib
@@ -39,6 +38,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 ROOT = Path(__file__).resolve().parent.parent
+# The HTTP benchmarks' shared helpers beside this script (its folder is first on sys.path).
+server = importlib.import_module("server")
 PG = "postgres://root@127.0.0.1:5432"
 SPANS_PER_BATCH = 512
 SPANS_PER_TRACE = 64
@@ -146,23 +147,6 @@ def batch(index: int, *, tag: str) -> bytes:
                     ]
                 )
     return bytes(request.SerializeToString())
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _manage(env: dict[str, str], *args: str) -> str:
-    return subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
 
 
 def _http_worker(port: int, key: str, tag: str, indexes: list[int], out: mp.Queue[int]) -> None:
@@ -339,9 +323,9 @@ def main() -> None:
     dsn = f"{PG}/{options.db}"
     env = {**os.environ, "DATABASE_URL": dsn, "DEBUG": "0", "LOG_LEVEL": "ERROR"}
     env.pop("REDIS_URL", None)
-    _manage(env, "migrate", "--verbosity", "0")
-    key = _manage(env, "createapikey", "bench-http").strip().splitlines()[-1]
-    _manage(env, "createapikey", "bench-raw")
+    server.manage(env, "migrate", "--verbosity", "0")
+    key = server.manage(env, "createapikey", "bench-http").strip().splitlines()[-1]
+    server.manage(env, "createapikey", "bench-raw")
     with psycopg.connect(dsn) as conn:
         row = conn.execute("SELECT id FROM durability_project WHERE name = 'bench-raw'").fetchone()
         assert row is not None
@@ -357,30 +341,7 @@ def main() -> None:
         first = (round_ * options.clients + client) * per_client
         return list(range(first, first + per_client))
 
-    port = _free_port()
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "durability.wsgi",
-            "--bind",
-            f"127.0.0.1:{port}",
-            "--workers",
-            str(options.workers),
-            "--log-level",
-            "warning",
-        ],
-        cwd=ROOT,
-        env=env,
-    )
-    try:
-        for _ in range(100):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.1)
+    with server.gunicorn(env, options.workers) as port:
         # Warm up each worker's imports and connections.
         _run(_http_worker, lambda c: (port, key, "warm", [c]), options.workers)
         http_time = raw_time = 0.0
@@ -391,9 +352,6 @@ def main() -> None:
             raw_time += _run(
                 _raw_worker, partial(_raw_args, dsn, raw_project, share, r), options.clients
             )
-    finally:
-        server.terminate()
-        server.wait()
 
     spans = batches * SPANS_PER_BATCH
     with psycopg.connect(dsn) as conn:

@@ -18,15 +18,12 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import importlib
 import json
 import os
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -34,52 +31,8 @@ import psycopg
 from tallybook import Tallybook
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def manage(env: dict[str, str], *args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return done.stdout
-
-
-def serve(env: dict[str, str], port: int, workers: int) -> subprocess.Popen[bytes]:
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "durability.wsgi",
-            "--bind",
-            f"127.0.0.1:{port}",
-            "--workers",
-            str(workers),
-            "--log-level",
-            "warning",
-        ],
-        cwd=ROOT,
-        env=env,
-    )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/openapi.json"):
-                return server
-        except OSError:
-            time.sleep(0.1)
-    server.kill()
-    raise SystemExit("the server did not start")
+# The HTTP benchmarks' shared helpers beside this script (its folder is first on sys.path).
+server = importlib.import_module("server")
 
 
 def intent(key: str, n: int) -> dict[str, object]:
@@ -153,28 +106,23 @@ def main() -> None:
         admin.execute(f'CREATE DATABASE "{options.db}"')
     env = {**os.environ, "DATABASE_URL": f"{options.pg}/{options.db}"}
     env.pop("REDIS_URL", None)  # background work inline: nothing is left queued behind
-    manage(env, "migrate", "--verbosity", "0")
-    api_key = manage(env, "createapikey", "bench").strip().splitlines()[-1]
-    port = free_port()
-    server = serve(env, port, options.workers)
-    try:
-        with (
-            tempfile.TemporaryDirectory() as spool,
-            Tallybook(f"http://127.0.0.1:{port}", api_key, spool=spool) as tb,
-        ):
-            timed(200, sdk_block(tb, "warm-sdk"), raw_pair(port, api_key, "warm-raw"))
-            sdk, raw, spooled = timed(
-                options.effects,
-                sdk_block(tb, "sdk"),
-                raw_pair(port, api_key, "raw"),
-                spool_only(tb),
-            )
-            started = time.perf_counter()
-            assert tb.flush(60), "the receipts were not delivered"
-            drained = time.perf_counter() - started
-    finally:
-        server.terminate()
-        server.wait(15)
+    server.manage(env, "migrate", "--verbosity", "0")
+    api_key = server.manage(env, "createapikey", "bench").strip().splitlines()[-1]
+    with (
+        server.gunicorn(env, options.workers) as port,
+        tempfile.TemporaryDirectory() as spool,
+        Tallybook(f"http://127.0.0.1:{port}", api_key, spool=spool) as tb,
+    ):
+        timed(200, sdk_block(tb, "warm-sdk"), raw_pair(port, api_key, "warm-raw"))
+        sdk, raw, spooled = timed(
+            options.effects,
+            sdk_block(tb, "sdk"),
+            raw_pair(port, api_key, "raw"),
+            spool_only(tb),
+        )
+        started = time.perf_counter()
+        assert tb.flush(60), "the receipts were not delivered"
+        drained = time.perf_counter() - started
 
     print(
         f"{options.effects} effects, one thread, gunicorn workers: {options.workers}, "
