@@ -113,12 +113,12 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 REDIS_URL = env_str("REDIS_URL")
 RQ_QUEUES = {"default": {"URL": REDIS_URL or "redis://127.0.0.1:6379/0", "DEFAULT_TIMEOUT": 300}}
 
-# Reconciler probes that answer `unknown` are retried after these many seconds, in turn.
 # Reconciler plug-ins by kind: the dotted path of each class, imported when first used.
 TALLYBOOK_RECONCILERS = {
     "http": "durability.reconcilers.http_probe.HttpReconciler",
     "git": "durability.reconcilers.git_probe.GitReconciler",
 }
+# Reconciler probes that answer `unknown` are retried after these many seconds, in turn.
 TALLYBOOK_PROBE_RETRY_DELAYS = [
     int(seconds) for seconds in env_list("TALLYBOOK_PROBE_RETRY_DELAYS", ["30", "120", "600"])
 ]

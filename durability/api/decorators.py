@@ -57,7 +57,9 @@ def field_errors(exc: ValidationError) -> dict[str, str]:
     return fields
 
 
-class _Refused(Exception):
+class Refused(Exception):
+    """A request refused before its view runs; `response` says why."""
+
     def __init__(self, response: JsonResponse) -> None:
         self.response = response
 
@@ -68,13 +70,14 @@ def _bearer(request: HttpRequest) -> str:
     return token.strip() if scheme.lower() == "bearer" else ""
 
 
-def _body(request: HttpRequest, max_body: int) -> bytes:
-    """The body, or a 413 past `max_body` (declared or read)."""
+def body_within(request: HttpRequest, max_body: int) -> bytes:
+    """The body, or `Refused` with a 413 past `max_body` (declared or read); for the views
+    that read raw bytes (signed webhooks) as for `authorize`."""
     try:
         declared = int(request.META.get("CONTENT_LENGTH") or 0)
     except ValueError:
-        raise _Refused(error("Invalid Content-Length", 400)) from None
-    too_big = _Refused(error(f"Request body over {max_body} bytes", 413))
+        raise Refused(error("Invalid Content-Length", 400)) from None
+    too_big = Refused(error(f"Request body over {max_body} bytes", 413))
     if declared > max_body:
         raise too_big
     try:
@@ -89,7 +92,7 @@ def _body(request: HttpRequest, max_body: int) -> bytes:
 def _parse[M: BaseModel](request: HttpRequest, body: bytes, schema: type[M]) -> M:
     """Validate a JSON body against `schema`: the model, or a 400 naming each bad field."""
     if request.content_type not in ("application/json", ""):
-        raise _Refused(
+        raise Refused(
             error(
                 "Content-Type must be application/json",
                 415,
@@ -102,12 +105,12 @@ def _parse[M: BaseModel](request: HttpRequest, body: bytes, schema: type[M]) -> 
         errors = exc.errors(include_url=False)
         for e in errors:
             if e["type"] == "json_invalid":
-                raise _Refused(error("Malformed JSON", 400, {"body": e["msg"]})) from None
+                raise Refused(error("Malformed JSON", 400, {"body": e["msg"]})) from None
         if any(e["type"] == "model_type" and not e["loc"] for e in errors):
-            raise _Refused(
+            raise Refused(
                 error("The body must be a JSON object", 400, {"body": "Expected an object"})
             ) from None
-        raise _Refused(error("Invalid request", 400, field_errors(exc))) from None
+        raise Refused(error("Invalid request", 400, field_errors(exc))) from None
 
 
 @overload
@@ -139,10 +142,10 @@ def authorize(
                 return response
             api_request = cast(PayloadRequest[BaseModel], request)
             try:
-                body = _body(request, max_body)
+                body = body_within(request, max_body)
                 if schema is not None:
                     api_request.payload = _parse(request, body, schema)
-            except _Refused as refused:
+            except Refused as refused:
                 return refused.response
             api_request.project = key.project
             api_request.api_key = key

@@ -25,7 +25,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 from pydantic import ValidationError
 
-from durability.api.decorators import MiB, answer, error, field_errors
+from durability.api.decorators import MiB, Refused, answer, body_within, error, field_errors
 from durability.api.schemas import CaseOut, EffectOut, HookDeliveryOut, HookReceiptOut, ReceiptIn
 from durability.ledger import evidence
 from durability.models import Strength, WebhookDelivery, WebhookKind, WebhookSource
@@ -234,10 +234,10 @@ def hook(request: HttpRequest, name: str) -> JsonResponse:
     source = WebhookSource.objects.select_related("project").filter(name=name, enabled=True).first()
     if source is None:
         return error("No such webhook source", 404)
-    declared = request.META.get("CONTENT_LENGTH") or "0"
-    if not declared.isdigit() or int(declared) > MiB:
-        return error(f"Request body over {MiB} bytes or without a valid length", 413)
-    body = request.body
+    try:
+        body = body_within(request, MiB)
+    except Refused as refused:
+        return refused.response
     try:
         delivery_id = verify(source, request.headers, body, time.time())
         try:

@@ -123,7 +123,7 @@ def _claim(*, project: Project, case_id: int, version: int) -> Case:
         Case.objects.filter(project=project, pk=case_id).values_list("effect_id", flat=True).get()
     )
     if effect_id is not None:
-        list(Effect.objects.select_for_update().filter(pk=effect_id).values_list("pk"))
+        machine.locked_by_id(project, effect_id)
     won = Case.objects.filter(pk=case_id, version=version, closed=None).update(
         version=F("version") + 1
     )

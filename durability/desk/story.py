@@ -12,28 +12,7 @@ from typing import Any
 from django.db.models import Q
 
 from durability.ledger import intents
-from durability.models import Attempt, AuditEntry, Case, Comment, Receipt
-
-LABELS = {
-    "intent": "Intent recorded",
-    "retry": "New attempt",
-    "receipt": "Receipt",
-    "failure": "Failed: nothing happened",
-    "timeout": "Timed out",
-    "deadline": "Deadline passed",
-    "interruption": "Interrupted",
-    "probe_found": "Reconciler found it",
-    "probe_not_found": "Reconciler: not found, trusted",
-    "attest_happened": "Operator: it happened",
-    "attest_not_happened": "Operator: it did not happen",
-    "compensate": "Compensated",
-    "abandon": "Abandoned",
-    "case_opened": "Case opened",
-    "case_repeated": "Case seen again",
-    "case_closed": "Case closed",
-    "case_assigned": "Assigned",
-    "case_commented": "Comment",
-}
+from durability.models import Attempt, AuditAction, AuditEntry, Case, Comment, Receipt
 
 
 @dataclass
@@ -48,7 +27,11 @@ class Moment:
 
     @property
     def label(self) -> str:
-        return LABELS.get(self.entry.action, self.entry.action.replace("_", " ").capitalize())
+        action = self.entry.action
+        # An action no longer among the choices still reads as words, never as an error.
+        if action in AuditAction.values:
+            return str(AuditAction(action).label)
+        return action.replace("_", " ").capitalize()
 
     @property
     def evidence_link(self) -> str:
@@ -72,7 +55,7 @@ def story_of(case: Case) -> list[Moment]:
         about |= Q(effect=effect)
     elif case.receipt_id is not None:
         # An orphan receipt was recorded before any case or effect could name it.
-        about |= Q(effect=None, action="receipt", data__receipt=case.receipt_id)
+        about |= Q(effect=None, action=AuditAction.RECEIPT, data__receipt=case.receipt_id)
     entries = list(
         AuditEntry.objects.filter(project_id=case.project_id).filter(about).order_by("id")
     )
@@ -91,7 +74,7 @@ def story_of(case: Case) -> list[Moment]:
     for entry in entries:
         moment = Moment(entry, case=cases.get(entry.case_id) if entry.case_id else None)
         number = entry.data.get("attempt")
-        if entry.action in ("intent", "retry") and number in attempts:
+        if entry.action in (AuditAction.INTENT, AuditAction.RETRY) and number in attempts:
             moment.attempt = attempts[number]
             previous = attempts.get(number - 1)
             if previous is not None:

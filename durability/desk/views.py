@@ -159,9 +159,9 @@ def queue_pulse(request: AuthedRequest) -> HttpResponse:
             project=access.project, id__gt=since, id__lte=latest, action__in=PULSE_ACTIONS
         ).values_list("action", "case_id")
     )
-    fresh += sum(1 for action, _ in changes if action == "case_opened")
+    fresh += sum(1 for action, _ in changes if action == AuditAction.CASE_OPENED)
     changed = sorted(
-        {case_id for action, case_id in changes if action != "case_opened" and case_id}
+        {case_id for action, case_id in changes if action != AuditAction.CASE_OPENED and case_id}
     )
     counts = counts_by_reason(open_cases(access.project, query, request.user, reason=False))
     context = {

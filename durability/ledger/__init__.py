@@ -10,7 +10,7 @@
 - signals.py    `effect_recorded`, so the ledger imports nothing of the apps that listen
 - jobs.py       the deadline sweep job
 
-It imports the models, the audit trail, the API's input schemas and itself; never
-trajectories, a views module, or the desk, authority and accounts rooms
+It imports the models, the audit trail, the site's address, the API's input schemas and
+itself; never trajectories, a views module, or the desk, authority and accounts rooms
 (tests/test_layout.py holds it to that).
 """

@@ -91,6 +91,33 @@ def receipt_record(
     return outcome
 
 
+def receipt_row(
+    project: Project,
+    effect: Effect | None,
+    receipt: ReceiptIn,
+    strength: Strength,
+    *,
+    attempt: int | None,
+) -> Receipt:
+    """The row a piece of evidence is stored as (not saved yet)."""
+    return Receipt(
+        project=project,
+        effect=effect,
+        key=effect.key if effect is not None else receipt.key,
+        system=receipt.system,
+        external_id=receipt.external_id,
+        observed_at=aware(receipt.observed_at),
+        data=receipt.data,
+        amount=Decimal(receipt.amount.value) if receipt.amount else None,
+        currency=receipt.amount.currency if receipt.amount else "",
+        target=receipt.target or "",
+        strength=strength,
+        attempt=attempt,
+        trace_id=receipt.trace_id or "",
+        span_id=receipt.span_id or "",
+    )
+
+
 def _receipt_store(
     *, project: Project, actor: str, receipt: ReceiptIn, strength: Strength
 ) -> ReceiptOutcome:
@@ -112,22 +139,7 @@ def _receipt_store(
                 existing.strength = strength
                 existing.save(update_fields=["strength"])
             return ReceiptOutcome(existing, effect, None, created=False)
-        row = Receipt(
-            project=project,
-            effect=effect,
-            key=receipt.key,
-            system=receipt.system,
-            external_id=receipt.external_id,
-            observed_at=aware(receipt.observed_at),
-            data=receipt.data,
-            amount=Decimal(receipt.amount.value) if receipt.amount else None,
-            currency=receipt.amount.currency if receipt.amount else "",
-            target=receipt.target or "",
-            strength=strength,
-            attempt=receipt.attempt,
-            trace_id=receipt.trace_id or "",
-            span_id=receipt.span_id or "",
-        )
+        row = receipt_row(project, effect, receipt, strength, attempt=receipt.attempt)
         if effect is None:
             row.save()
             trail.add(AuditAction.RECEIPT, receipt=row.pk, key=receipt.key, orphan=True)

@@ -9,9 +9,9 @@ from __future__ import annotations
 from durability import audit
 from durability.api.schemas import ReceiptIn
 from durability.ledger.cases import case_close, open_case_of
-from durability.ledger.evidence import EffectOutcome, aware
+from durability.ledger.evidence import EffectOutcome, receipt_row
 from durability.ledger.machine import Event, IllegalTransition, apply, can, locked_by_id
-from durability.models import Project, Reason, Receipt, State, Strength
+from durability.models import Project, Reason, State, Strength
 
 SETTLING_EVENTS = frozenset(
     {
@@ -52,17 +52,9 @@ def effect_settle(
         if not can(State(effect.state), event):
             raise IllegalTransition(effect, event)
         if evidence is not None and event in EVIDENCE_STRENGTH:
-            receipt = Receipt.objects.create(
-                project=project,
-                effect=effect,
-                key=effect.key,
-                system=evidence.system,
-                external_id=evidence.external_id,
-                observed_at=aware(evidence.observed_at),
-                data=evidence.data,
-                strength=EVIDENCE_STRENGTH[event],
-                attempt=effect.attempt_count,
-            )
+            strength = EVIDENCE_STRENGTH[event]
+            receipt = receipt_row(project, effect, evidence, strength, attempt=effect.attempt_count)
+            receipt.save()
             apply(effect, event, trail, receipt=receipt.pk, note=note)
         else:
             apply(effect, event, trail, note=note)

@@ -5,7 +5,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
 
-from durability.models import ApiKey, Project
+from durability.accounts.services import apikey_create
+from durability.models import Project
 
 
 class Command(BaseCommand):
@@ -18,7 +19,9 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         with transaction.atomic():
             project, created = Project.objects.get_or_create(name=options["project"])
-            key, raw = ApiKey.issue(project, name=options["name"])
+            key, raw = apikey_create(
+                project=project, actor="system:createapikey", name=options["name"]
+            )
         if created:
             self.stdout.write(f"Created project {project.name!r}.")
         self.stdout.write(f"API key {key.prefix}… for {project.name!r} (shown once):")

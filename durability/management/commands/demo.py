@@ -18,12 +18,12 @@ from django.core.management.base import BaseCommand, CommandParser, OutputWrappe
 from django.db import transaction
 from django.utils import timezone
 
+from durability.accounts.services import apikey_create
 from durability.api.schemas import FailureIn, IntentIn, ReceiptIn, TimeoutIn
 from durability.authority import grants
 from durability.demo import DEMO_DIR, PROVIDER_PORT, repository
 from durability.ledger import evidence, intents, machine, settling
 from durability.models import (
-    ApiKey,
     Approval,
     Effect,
     Grant,
@@ -363,7 +363,7 @@ class Command(BaseCommand):
             user.set_password(password)
             user.save()
             Membership.objects.create(project=project, user=user, role=Role.ADMIN)
-            _, raw_key = ApiKey.issue(project, name="demo")
+            _, raw_key = apikey_create(project=project, actor="system:demo", name="demo")
             grant_ids = self._grants(project)
             self._reconcilers(project, options["provider_port"], repository(options["dir"]))
         repository_fresh(repository(options["dir"]))

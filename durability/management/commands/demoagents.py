@@ -24,11 +24,12 @@ from typing import Any, TextIO
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from durability.accounts.services import apikey_create
 from durability.cron import SCHEDULE
 from durability.demo import DEMO_DIR, PROVIDER_PORT, repository
 from durability.demo.agents import AGENTS, CRASHED
 from durability.demo.provider import ProviderServer
-from durability.models import ApiKey, Grant, Project
+from durability.models import Grant, Project
 
 # A person refunds an order by hand at the provider now and then (the first after this).
 DASHBOARD_FIRST, DASHBOARD_EVERY = 40.0, 240.0
@@ -94,7 +95,7 @@ class Command(BaseCommand):
         if project is None:
             raise CommandError(f"No project {options['project']!r}: run `manage.py demo` first.")
         url = options["url"] or settings.SITE_URL
-        _, api_key = ApiKey.issue(project, name="demo agents")
+        _, api_key = apikey_create(project=project, actor="system:demoagents", name="demo agents")
         grant_ids = {
             g.name: g.pk for g in Grant.objects.filter(project=project, superseded_at=None)
         }
