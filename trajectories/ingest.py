@@ -493,27 +493,23 @@ EVENT_STATUS: dict[EventResultName, EventStatus] = {
 }
 
 
-@dataclass
-class EventResult:
-    index: int
-    id: str | None
-    result: EventResultName
-    error: str | None = None
-    fields: dict[str, str] | None = None
-
-    def answer(self) -> EventResultOut:
-        """Its answer; `error` and `fields` stay unset, so out of the JSON, unless rejected."""
-        answer = EventResultOut(
-            index=self.index, id=self.id, status=EVENT_STATUS[self.result], result=self.result
-        )
-        if self.error:
-            answer.error, answer.fields = self.error, self.fields
-        return answer
+def _result(
+    index: int,
+    event_id: str | None,
+    result: EventResultName,
+    error: str | None = None,
+    fields: dict[str, str] | None = None,
+) -> EventResultOut:
+    """One event's answer; `error` and `fields` stay unset, so out of the JSON, unless rejected."""
+    answer = EventResultOut(index=index, id=event_id, status=EVENT_STATUS[result], result=result)
+    if error:
+        answer.error, answer.fields = error, fields
+    return answer
 
 
 @dataclass
 class EventsOutcome:
-    results: list[EventResult]
+    results: list[EventResultOut]
     touched: Touched
 
     def to_dict(self) -> dict[str, Any]:
@@ -525,7 +521,7 @@ class EventsOutcome:
             stored=counts["stored"],
             duplicates=counts["duplicate"],
             rejected=counts["rejected"],
-            results=[r.answer() for r in self.results],
+            results=self.results,
         )
         return batch.model_dump(mode="json", exclude_unset=True)
 
@@ -549,26 +545,26 @@ def _nul_at(value: Any, where: str = "") -> str | None:
     return None
 
 
-def _event_validate(index: int, raw: Any) -> RunEventIn | SpanEventIn | EventResult:
+def _event_validate(index: int, raw: Any) -> RunEventIn | SpanEventIn | EventResultOut:
     event_id = raw.get("id") if isinstance(raw, dict) else None
     event_id = event_id if isinstance(event_id, str) else None
     if not isinstance(raw, dict):
-        return EventResult(
+        return _result(
             index, None, "rejected", "An event must be an object", {"": "Expected an object"}
         )
     if (where := _nul_at(raw)) is not None:
-        return EventResult(
+        return _result(
             index, event_id, "rejected", "Invalid event", {where: "NUL characters cannot be stored"}
         )
     schema = EVENT_SCHEMAS.get(raw.get("type"))  # type: ignore[arg-type]
     if schema is None:
-        return EventResult(
+        return _result(
             index, event_id, "rejected", "Unknown event type", {"type": "Expected 'run' or 'span'"}
         )
     try:
         return schema.model_validate(raw)
     except ValidationError as exc:
-        return EventResult(index, event_id, "rejected", "Invalid event", field_errors(exc))
+        return _result(index, event_id, "rejected", "Invalid event", field_errors(exc))
 
 
 def _events_claim(project: Project, event_ids: list[str]) -> set[str]:
@@ -654,14 +650,14 @@ def events_ingest(*, project: Project, events: list[Any]) -> EventsOutcome:
     An id seen before (in an earlier batch or earlier in this one) is acknowledged
     without change. Raises Overloaded as `spans_ingest` does.
     """
-    results: list[EventResult | None] = [None] * len(events)
+    results: list[EventResultOut | None] = [None] * len(events)
     valid: dict[str, tuple[int, RunEventIn | SpanEventIn]] = {}
     for index, raw in enumerate(events):
         checked = _event_validate(index, raw)
-        if isinstance(checked, EventResult):
+        if isinstance(checked, EventResultOut):
             results[index] = checked
         elif checked.id in valid:
-            results[index] = EventResult(index, checked.id, "duplicate")
+            results[index] = _result(index, checked.id, "duplicate")
         else:
             valid[checked.id] = (index, checked)
     touched = Touched()
@@ -673,5 +669,5 @@ def events_ingest(*, project: Project, events: list[Any]) -> EventsOutcome:
             project, [_span_of_event(e) for e in fresh if isinstance(e, SpanEventIn)], touched
         )
     for event_id, (index, _) in valid.items():
-        results[index] = EventResult(index, event_id, "stored" if event_id in new else "duplicate")
+        results[index] = _result(index, event_id, "stored" if event_id in new else "duplicate")
     return EventsOutcome([r for r in results if r is not None], touched)
