@@ -12,15 +12,13 @@ import sys
 
 import pytest
 
-pytest.importorskip("langgraph")
-
-from durability.models import Approval, Case, Effect, Receipt, State  # noqa: E402
-from tests.authority.support import grant  # noqa: E402
-from tests.desk.support import logged_in  # noqa: E402
-from tests.sdk.agents_support import KEY, Provider, langgraph_agent, langgraph_run  # noqa: E402
-from tests.sdk.support import ROOT, wait_until  # noqa: E402
-from tests.trajectories.support import queue, work  # noqa: E402
-from trajectories.models import Span  # noqa: E402
+from durability.models import Approval, Case, Effect, Receipt, State
+from tests.authority.support import grant
+from tests.desk.support import logged_in
+from tests.sdk.agents_support import KEY, Provider, langgraph_agent, langgraph_run
+from tests.sdk.support import ROOT, wait_until
+from tests.trajectories.support import queue, work
+from trajectories.models import Span
 
 __all__ = ["queue"]
 

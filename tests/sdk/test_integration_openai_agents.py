@@ -12,18 +12,15 @@ import subprocess
 import sys
 
 import pytest
+from agents import Runner, set_tracing_disabled
 
-pytest.importorskip("agents")
-
-from agents import Runner, set_tracing_disabled  # noqa: E402
-
-from durability.models import Approval, Case, Effect, Receipt, State  # noqa: E402
-from tests.authority.support import grant  # noqa: E402
-from tests.desk.support import logged_in  # noqa: E402
-from tests.sdk.agents_support import KEY, RUN_ID, Provider, openai_agent, openai_run  # noqa: E402
-from tests.sdk.support import ROOT, wait_until  # noqa: E402
-from tests.trajectories.support import queue, work  # noqa: E402
-from trajectories.models import Span  # noqa: E402
+from durability.models import Approval, Case, Effect, Receipt, State
+from tests.authority.support import grant
+from tests.desk.support import logged_in
+from tests.sdk.agents_support import KEY, RUN_ID, Provider, openai_agent, openai_run
+from tests.sdk.support import ROOT, wait_until
+from tests.trajectories.support import queue, work
+from trajectories.models import Span
 
 __all__ = ["queue"]
 
