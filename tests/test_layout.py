@@ -1,30 +1,26 @@
-"""Which rooms may import which: read from the source with `ast`, nothing is imported."""
+"""Which rooms may import which (docs/architecture.md, "Import rules at a glance"): every
+module of durability/ and trajectories/ is read with `ast`, nothing is imported."""
 
 from __future__ import annotations
 
 import ast
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
-DURABILITY = ROOT / "durability"
-# Project-level wiring may import both apps.
-WIRING = {DURABILITY / name for name in ("urls.py", "openapi.py", "cron.py", "settings.py")}
-# Rooms the ledger never imports: it is imported by them, never the other way round.
-NOT_FOR_THE_LEDGER = (
-    "trajectories",
-    "durability.desk",
-    "durability.authority",
-    "durability.accounts",
-)
+APPS = ("durability", "trajectories")
 # A dotted path in a string (an RQ job, `import_module`) is an import too.
 DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
 
 
 def imports_of(path: Path, root: Path = ROOT) -> Iterator[tuple[int, str]]:
     """(line, module) for every module the file imports, in any scope; `from a import b`
-    names both `a` and `a.b`, as `b` may be a module."""
+    names `a.b` (`b` may be a module of `a` or a name in it: either way it lies within `a`),
+    so a rule can allow one name of a module (`authority.grants.GrantQuery`)."""
     package = list(path.relative_to(root).with_suffix("").parts)
     if path.name != "__init__.py":
         package = package[:-1]
@@ -35,44 +31,186 @@ def imports_of(path: Path, root: Path = ROOT) -> Iterator[tuple[int, str]]:
         elif isinstance(node, ast.ImportFrom):
             base = package[: len(package) - node.level + 1] if node.level else []
             module = ".".join([*base, *([node.module] if node.module else [])])
-            yield node.lineno, module
             for alias in node.names:
-                yield node.lineno, f"{module}.{alias.name}"
+                yield node.lineno, module if alias.name == "*" else f"{module}.{alias.name}"
         elif isinstance(node, ast.Constant) and DOTTED.fullmatch(str(node.value)):
             yield node.lineno, str(node.value)
+
+
+# The rooms, as the table of docs/architecture.md has them. `holds`: the files of the room
+# (a folder ends with /); a room may always import its own modules. `may_import`: dotted
+# prefixes of what else it may import: a module, or one name of a module.
+CORE = tuple(f"durability.{name}" for name in ("models", "audit", "redaction", "site", "jobs"))
+LEDGER = ("durability.ledger",)
+ACCOUNTS = ("durability.accounts",)
+INPUT_SCHEMAS = ("durability.api.schemas",)
+
+
+@dataclass(frozen=True)
+class Room:
+    name: str
+    holds: tuple[str, ...]
+    may_import: tuple[str, ...]
+    rule: str  # the table's "may import" column, for the failure message
+
+    @property
+    def own(self) -> tuple[str, ...]:
+        # (A package's __init__.py is not its package: wiring holds durability/__init__.py.)
+        return tuple(
+            held.removesuffix("/").removesuffix(".py").replace("/", ".")
+            for held in self.holds
+            if not held.endswith("__init__.py")
+        )
+
+
+ROOMS = (
+    Room(
+        "shared core",
+        tuple(f"{module.replace('.', '/')}.py" for module in CORE),
+        (),
+        "Django, the standard library, each other (models: also reconcilers.base)",
+    ),
+    Room("accounts", ("durability/accounts/",), CORE, "shared core"),
+    Room("ledger", ("durability/ledger/",), CORE + INPUT_SCHEMAS, "shared core, api.schemas"),
+    Room(
+        "api",
+        ("durability/api/",),
+        (*CORE, *LEDGER, "durability.authority.grants.GrantQuery"),
+        "shared core, ledger, authority's GrantQuery",
+    ),
+    *(
+        Room(
+            room,
+            (f"durability/{room}/",),
+            CORE + LEDGER + ACCOUNTS + INPUT_SCHEMAS,
+            "shared core, ledger, accounts, api.schemas",
+        )
+        for room in ("desk", "authority", "reconcilers")
+    ),
+    Room(
+        "trajectories",
+        ("trajectories/",),
+        ("durability.models", "durability.accounts")
+        + ("durability.api.decorators", "durability.api.schemas", "durability.api.signals")
+        + ("durability.ledger.signals", "durability.jobs", "durability.redaction")
+        + ("durability.admin.ReadOnly",),
+        "models, accounts, api.decorators/schemas/signals, ledger.signals, jobs, redaction,"
+        " admin.ReadOnly",
+    ),
+    Room(
+        "project wiring",
+        tuple(
+            f"durability/{name}.py"
+            for name in ("settings", "urls", "cron", "openapi", "apps", "admin", "wsgi", "asgi")
+        )
+        + ("durability/__init__.py",),
+        APPS,
+        "everything",
+    ),
+    Room(
+        # Wiring-like: they use the rooms from outside, but never trajectories.
+        "commands, demo, template tags",
+        ("durability/management/", "durability/demo/", "durability/templatetags/"),
+        ("durability",),
+        "any room of durability/, no trajectories",
+    ),
+    Room(
+        # 0004 creates the role groups with accounts.roles.groups_sync.
+        "migrations",
+        ("durability/migrations/",),
+        CORE + ACCOUNTS,
+        "shared core, accounts",
+    ),
+)
+# The one exception to a row, by file. models.py imports the reconciler plug-in interface:
+# ReconcilerConfig.reconciler() asks base.reconciler_for for the class named by dotted path
+# in settings.TALLYBOOK_RECONCILERS, which imports the plug-in on first use; base.py imports
+# models only under TYPE_CHECKING, so the core loads nothing of the rooms but that interface.
+EXCEPTIONS = {"durability/models.py": ("durability.reconcilers.base",)}
+# Across every room: a page view (a `views` module) is imported only by its own room (its
+# urls.py); the ledger's row already rules out every view.
+VIEWS = "views"
+
+
+def room_of(path: Path, root: Path = ROOT) -> Room | None:
+    """The room holding the file: the longest of the `holds` that matches."""
+    relative = path.relative_to(root).as_posix()
+    held = [
+        (len(entry), room)
+        for room in ROOMS
+        for entry in room.holds
+        if relative == entry or (entry.endswith("/") and relative.startswith(entry))
+    ]
+    return max(held, key=lambda pair: pair[0])[1] if held else None
 
 
 def _within(module: str, packages: tuple[str, ...]) -> bool:
     return any(module == p or module.startswith(p + ".") for p in packages)
 
 
-def _where(path: Path, line: int, module: str) -> str:
-    return f"{path.relative_to(ROOT)}:{line} imports {module}"
+def _model_names(app: str, root: Path) -> set[str]:
+    models = root / app / "models.py"
+    if not models.exists():
+        return set()
+    tree = ast.parse(models.read_text())
+    return {node.name.lower() for node in tree.body if isinstance(node, ast.ClassDef)}
 
 
-def test_the_ledger_imports_no_trajectories_no_views_and_none_of_the_rooms_that_use_it():
-    found = [
-        _where(path, line, module)
-        for path in sorted((DURABILITY / "ledger").glob("*.py"))
-        for line, module in imports_of(path)
-        if _within(module, NOT_FOR_THE_LEDGER) or "views" in module.split(".")
-    ]
-    assert found == []
+def _is_module(path: Path) -> bool:
+    return path.is_dir() or path.with_suffix(".py").exists()
 
 
-def test_nothing_in_durability_but_the_project_wiring_imports_trajectories():
-    found = [
-        _where(path, line, module)
-        for path in sorted(DURABILITY.rglob("*.py"))
-        if path not in WIRING
-        for line, module in imports_of(path)
-        if _within(module, ("trajectories",))
-    ]
-    assert found == []
+def violations(paths: list[Path], root: Path = ROOT) -> list[str]:
+    """One line per import that breaks its room's row: the file, the import, the rule."""
+    # Django names a model by its label in strings ("durability.effect" in a migration's
+    # foreign key): that is the app's models module.
+    labels = {app: _model_names(app, root) for app in APPS}
+    found = []
+    for path in paths:
+        room = room_of(path, root)
+        where = path.relative_to(root).as_posix()
+        if room is None:
+            found.append(f"{where} sits in no room of the table")
+            continue
+        for line, module in imports_of(path, root):
+            app, _, rest = module.partition(".")
+            if app not in APPS:
+                continue  # Django, the standard library, third-party packages
+            first = rest.split(".")[0]
+            if first.lower() in labels[app] and not _is_module(root / app / first):
+                module = f"{app}.models.{rest}"
+            own = _within(module, room.own)
+            allowed = room.may_import + EXCEPTIONS.get(where, ())
+            if not own and VIEWS in module.split("."):
+                found.append(
+                    f"{where}:{line} imports {module}: a room never imports another"
+                    " room's page views"
+                )
+            elif not own and not _within(module, allowed):
+                found.append(f"{where}:{line} imports {module}: {room.name} may import {room.rule}")
+    return found
+
+
+def modules_of(root: Path = ROOT) -> list[Path]:
+    return sorted(path for app in APPS for path in (root / app).rglob("*.py"))
+
+
+def test_every_module_of_both_apps_sits_in_a_room():
+    assert modules_of(), "the check reads nothing"
+    found = violations([path for path in modules_of() if room_of(path) is None])
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize("room", ROOMS, ids=[room.name for room in ROOMS])
+def test_the_room_imports_only_what_its_row_of_the_table_allows(room):
+    paths = [path for path in modules_of() if room_of(path) == room]
+    assert paths, f"no module sits in {room.name}"
+    found = violations(paths)
+    assert not found, "\n".join(found)
 
 
 def test_the_layout_check_sees_every_kind_of_import(tmp_path):
-    # Guards the two tests above against passing because they read nothing.
+    # Guards the tests above against passing because they read nothing.
     source = tmp_path / "durability" / "ledger" / "probe.py"
     source.parent.mkdir(parents=True)
     source.write_text(
@@ -91,3 +229,33 @@ def test_the_layout_check_sees_every_kind_of_import(tmp_path):
         "durability.accounts.access.project_access",
         "trajectories.jobs.effect_link",
     } <= modules
+
+
+def test_a_violation_names_the_file_the_import_and_the_rule(tmp_path):
+    files = {
+        "durability/models.py": "class Effect: ...\n",
+        "durability/ledger/probe.py": (
+            "from durability.api.schemas import IntentIn\n"  # allowed
+            "def later():\n"
+            "    from durability.api.decorators import authorize\n"
+        ),
+        "durability/api/views.py": (
+            "from durability.authority.grants import GrantQuery\n"  # allowed
+            "from durability.authority.grants import grant_create\n"
+        ),
+        "durability/templatetags/probes.py": "from durability.reconcilers.views import PANEL\n",
+        "trajectories/migrations/0001_runs.py": "TO = 'durability.effect'\n",  # allowed
+        "durability/elsewhere.py": "",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert violations(modules_of(tmp_path), root=tmp_path) == [
+        "durability/api/views.py:2 imports durability.authority.grants.grant_create:"
+        " api may import shared core, ledger, authority's GrantQuery",
+        "durability/elsewhere.py sits in no room of the table",
+        "durability/ledger/probe.py:3 imports durability.api.decorators.authorize:"
+        " ledger may import shared core, api.schemas",
+        "durability/templatetags/probes.py:1 imports durability.reconcilers.views.PANEL:"
+        " a room never imports another room's page views",
+    ]

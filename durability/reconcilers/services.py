@@ -2,18 +2,21 @@
 
 `found` settles the effect as succeeded with a provider_confirmed receipt; `not_found`
 settles it as not happened only once the reconciler's grace period has passed, and is
-otherwise evidence for an operator; `unknown` changes nothing.
+otherwise evidence for an operator; `unknown` changes nothing. `panel_context` is what the
+probe panel shows, for its views and for the case page's `{% probe_panel %}` tag.
 """
 
 from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from durability import audit
+from durability.accounts.roles import Access, Perm
 from durability.api.schemas import ReceiptIn
 from durability.ledger import settling
 from durability.ledger.machine import Event
@@ -23,6 +26,10 @@ from durability.reconcilers.base import Answer, Found, NotFound, Unknown
 logger = logging.getLogger(__name__)
 
 SCAN_ACTOR = "system:scan"
+PANEL = "durability/reconcilers/_probe_panel.html"
+HISTORY = 20
+# How long the panel waits for a requested probe's answer before it stops polling.
+WAIT_S = 60
 
 
 def reconciler_config_of(effect: Effect) -> ReconcilerConfig | None:
@@ -30,6 +37,32 @@ def reconciler_config_of(effect: Effect) -> ReconcilerConfig | None:
     return ReconcilerConfig.objects.filter(
         project_id=effect.project_id, target=effect.target, enabled=True
     ).first()
+
+
+def panel_context(
+    effect: Effect, access: Access | None, requested: datetime | None = None
+) -> dict[str, Any]:
+    """What the panel shows; `requested` is when an operator asked for a probe."""
+    config = reconciler_config_of(effect)
+    probes = list(effect.probes.order_by("-started", "-id")[:HISTORY])
+    waiting = (
+        requested is not None
+        and (timezone.now() - requested).total_seconds() < WAIT_S
+        and not any(p.started >= requested for p in probes)
+    )
+    return {
+        "effect": effect,
+        "config": config,
+        "probes": probes,
+        "can_probe": bool(
+            config
+            and effect.state == State.TIMED_OUT
+            and access is not None
+            and access.can(Perm.RESOLVE)
+        ),
+        "waiting": waiting,
+        "requested": requested.timestamp() if requested else "",
+    }
 
 
 def _ask(config: ReconcilerConfig, effect: Effect) -> Answer:

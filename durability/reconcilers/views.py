@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -15,41 +14,10 @@ from django.views.decorators.http import require_GET, require_POST
 
 from durability import jobs
 from durability.accounts.access import AuthedRequest, actor_of, object_access
-from durability.accounts.roles import Access, Perm
-from durability.models import Effect, State
+from durability.accounts.roles import Perm
+from durability.models import Effect
 from durability.reconcilers import jobs as reconciler_jobs
-from durability.reconcilers.services import reconciler_config_of
-
-PANEL = "durability/reconcilers/_probe_panel.html"
-HISTORY = 20
-# How long the panel waits for a requested probe's answer before it stops polling.
-WAIT_S = 60
-
-
-def panel_context(
-    effect: Effect, access: Access | None, requested: datetime | None = None
-) -> dict[str, Any]:
-    """What the panel shows; `requested` is when an operator asked for a probe."""
-    config = reconciler_config_of(effect)
-    probes = list(effect.probes.order_by("-started", "-id")[:HISTORY])
-    waiting = (
-        requested is not None
-        and (timezone.now() - requested).total_seconds() < WAIT_S
-        and not any(p.started >= requested for p in probes)
-    )
-    return {
-        "effect": effect,
-        "config": config,
-        "probes": probes,
-        "can_probe": bool(
-            config
-            and effect.state == State.TIMED_OUT
-            and access is not None
-            and access.can(Perm.RESOLVE)
-        ),
-        "waiting": waiting,
-        "requested": requested.timestamp() if requested else "",
-    }
+from durability.reconcilers.services import PANEL, panel_context
 
 
 def _requested(value: str) -> datetime | None:

@@ -8,7 +8,7 @@ from django import template
 
 from durability.accounts.roles import Access, access_of
 from durability.models import Effect
-from durability.reconcilers.views import PANEL, panel_context
+from durability.reconcilers.services import PANEL, panel_context
 
 register = template.Library()
 
