@@ -6,7 +6,7 @@ from typing import Any
 
 from django import template
 
-from durability.accounts.roles import Access, access_of
+from durability.accounts.roles import Access
 from durability.models import Effect
 from durability.reconcilers.services import PANEL, panel_context
 
@@ -15,13 +15,10 @@ register = template.Library()
 
 @register.inclusion_tag(PANEL, takes_context=True)
 def probe_panel(context: template.Context, effect: Effect) -> dict[str, Any]:
-    request = context["request"]
-    # The case page has already looked up the user's access to the project.
-    access = context.get("access")
-    if not isinstance(access, Access) or access.project.pk != effect.project_id:
-        access = access_of(request.user, effect.project_id)
+    """The panel, with the `access` the case page's view looked up (the one access helper)."""
+    access: Access = context["access"]
     return {
         **panel_context(effect, access),
-        "request": request,
+        "request": context["request"],
         "csrf_token": context.get("csrf_token"),
     }

@@ -9,6 +9,7 @@ from django.template import engines
 from django.test import RequestFactory
 from rq import SimpleWorker
 
+from durability.accounts.roles import access_of
 from durability.models import AuditEntry, Case, Effect, Membership, Probe, ReconcilerConfig, Role
 from durability.reconcilers.services import effect_probe
 from tests.local_http import LocalHttp, Reply
@@ -155,7 +156,7 @@ def test_the_panel_renders_from_the_case_page_include(rf: RequestFactory, alice,
     html = (
         engines["django"]
         .from_string('{% include "durability/reconcilers/_case_probes.html" %}')
-        .render({"effect": effect}, request)
+        .render({"effect": effect, "access": access_of(alice, effect.project_id)}, request)
     )
     assert "Reconciler probes" in html and "Probe now" in html
 
