@@ -36,5 +36,4 @@ def server(transactional_db: None) -> Iterator[ServerProcess]:
     """A real server process (not started yet) on the test database."""
     process = ServerProcess(database_url_of_tests())
     yield process
-    if process.process is not None:
-        process.stop()
+    process.close()
