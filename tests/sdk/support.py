@@ -3,14 +3,17 @@ and agent processes."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +39,34 @@ def wait_until(predicate: Any, timeout: float = 15.0, what: str = "the condition
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def alongside(act: Callable[[], None], timeout: float = 120.0) -> Iterator[None]:
+    """Run `act` in a thread of its own (a person at the desk) while the block runs.
+
+    The thread's database connection is closed when it ends; the block's end waits for it
+    (up to `timeout` seconds) and raises what it raised.
+    """
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            act()
+        except BaseException as exc:
+            raised.append(exc)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join(timeout)
+    assert not thread.is_alive(), f"the thread running {act.__name__} did not finish"
+    if raised:
+        raise raised[0]
 
 
 class ServerProcess:
