@@ -71,6 +71,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Before the run creates its test databases, drop those this checkout's killed runs left
+    (tests/isolation.py): once, in the run's controller, not in each xdist worker."""
+    if hasattr(session.config, "workerinput"):
+        return
+    for database in settings.DATABASES.values():
+        if database["ENGINE"] == "django.db.backends.postgresql":
+            isolation.drop_dead_runs_databases(database)
+
+
 @pytest.fixture(scope="session")
 def django_db_modify_db_settings(request: pytest.FixtureRequest) -> None:
     """This run's own test database (tests/isolation.py), then pytest-django's per-worker

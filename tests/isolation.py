@@ -3,7 +3,8 @@ machine (two checkouts, or one checkout twice) and the xdist workers of one run 
 
 - The test database is named for the checkout and the run, `test_<name>_<checkout>_<pid>`
   with the pid of the pytest that started the run; pytest-django adds `_gw0`, `_gw1`, ... for
-  xdist's workers, and drops each at the end.
+  xdist's workers, and drops each at the end. A run that was killed cannot: the next run of
+  the same checkout drops the databases of its runs whose pid is no process any more.
 - A Redis database is claimed, never assumed: `SET tallybook:test-redis-db:<n> <owner> NX EX`
   in database 0, for the URL's own database first (when it names one), then 1 to 15. It is
   emptied when claimed and when released, the claim renewed before each test and released at
@@ -14,17 +15,25 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import socket
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+import psycopg
 import redis
+from psycopg import sql
 
 ROOT = Path(__file__).resolve().parent.parent
+# This checkout on this machine: the pids in its databases' names are this machine's.
+CHECKOUT = hashlib.sha256(f"{socket.gethostname()}:{ROOT}".encode()).hexdigest()[:8]
 # One value for a whole run: set by the pytest that starts it, inherited by its xdist workers.
-RUN = os.environ.setdefault(
-    "TALLYBOOK_TEST_RUN", f"{hashlib.sha256(str(ROOT).encode()).hexdigest()[:8]}_{os.getpid()}"
-)
+RUN = os.environ.setdefault("TALLYBOOK_TEST_RUN", f"{CHECKOUT}_{os.getpid()}")
+# A test database of this checkout's, with the pid of its run, and what was added after it
+# (pytest-django's `_gwN`, a test's own `_dbos`).
+OURS = re.compile(rf"test_.*_{CHECKOUT}_(\d+)(_\w+)?")
 
 CLAIM = "tallybook:test-redis-db:{}"
 DATABASES = range(1, 16)  # Redis's default 16 databases; 0 holds the claims
@@ -40,6 +49,44 @@ def own_test_database(name: str) -> str:
     """This run's test database for the database `name`, within PostgreSQL's 63 bytes with
     room for pytest-django's `_gwN`."""
     return f"test_{name}"[: 63 - len(RUN) - 7] + f"_{RUN}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def admin(database: Mapping[str, Any]) -> psycopg.Connection[tuple[Any, ...]]:
+    """An autocommit connection to the `postgres` database of the server of `database` (a
+    Django DATABASES entry), to create and drop databases."""
+    return psycopg.connect(
+        dbname="postgres",
+        user=database["USER"],
+        password=database["PASSWORD"] or None,
+        host=database["HOST"],
+        port=database["PORT"] or 5432,
+        autocommit=True,
+    )
+
+
+def drop_dead_runs_databases(database: Mapping[str, Any]) -> list[str]:
+    """Drop this checkout's test databases on the server of `database` whose run's pid is no
+    longer a process here; the names dropped.
+
+    Another checkout's databases, and a live run's, are left alone.
+    """
+    with admin(database) as server:
+        names = [row[0] for row in server.execute("SELECT datname FROM pg_database")]
+        dead = [n for n in names if (ours := OURS.fullmatch(n)) and not _alive(int(ours[1]))]
+        for name in dead:
+            drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            server.execute(drop)
+    return dead
 
 
 class RedisClaim:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs
 
 import pytest
+from django.core.signals import request_started
 from tallybook import AsyncTallybook, Tallybook
 
 from tests.sdk.support import FAST, ServerProcess, database_url_of_tests
@@ -32,9 +35,24 @@ def atb(live_server: Any, api_key: str, spool_root: Path) -> Iterator[AsyncTally
 
 
 @pytest.fixture
+def status_polls(live_server: Any) -> Iterator[Counter[str]]:
+    """How many status requests (`GET /api/v1/effects?key=...`) the live server has begun, by
+    effect key: what a client waiting for a person asks."""
+    polls: Counter[str] = Counter()
+
+    def count(sender: Any, environ: dict[str, Any], **kwargs: Any) -> None:
+        if (environ["REQUEST_METHOD"], environ["PATH_INFO"]) == ("GET", "/api/v1/effects"):
+            for key in parse_qs(environ.get("QUERY_STRING", "")).get("key", []):
+                polls[key] += 1
+
+    request_started.connect(count)
+    yield polls
+    request_started.disconnect(count)
+
+
+@pytest.fixture
 def server(transactional_db: None) -> Iterator[ServerProcess]:
     """A real server process (not started yet) on the test database."""
     process = ServerProcess(database_url_of_tests())
     yield process
-    if process.process is not None:
-        process.stop()
+    process.close()

@@ -3,14 +3,17 @@ and agent processes."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,16 +41,58 @@ def wait_until(predicate: Any, timeout: float = 15.0, what: str = "the condition
         time.sleep(0.05)
 
 
+@contextlib.contextmanager
+def alongside(act: Callable[[], None], timeout: float = 120.0) -> Iterator[None]:
+    """Run `act` in a thread of its own (a person at the desk) while the block runs.
+
+    The thread's database connection is closed when it ends; the block's end waits for it
+    (up to `timeout` seconds) and raises what it raised.
+    """
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            act()
+        except BaseException as exc:
+            raised.append(exc)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join(timeout)
+    assert not thread.is_alive(), f"the thread running {act.__name__} did not finish"
+    if raised:
+        raise raised[0]
+
+
 class ServerProcess:
-    """gunicorn serving the test database on a fixed loopback port; stop() and start() again."""
+    """gunicorn serving the test database on a loopback port; stop() and start() again.
+
+    The port is this object's from its creation to close(): gunicorn is handed a socket
+    bound here, and while the server is stopped a socket that does not listen keeps the port
+    (a client is refused, as by any server away) so that nobody else is given it. Should the
+    port be taken all the same, the next start is on a new one: read `url` after start().
+    """
 
     def __init__(self, database_url: str) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         self.env = {**os.environ, "DATABASE_URL": database_url, "DB_CONN_MAX_AGE": "0"}
         self.process: subprocess.Popen[bytes] | None = None
+        self._socket: socket.socket | None = self._bind(0)
+        self.port = self._socket.getsockname()[1]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
+        if self._socket is None:
+            self._socket = self._bind(0)
+        self.port = self._socket.getsockname()[1]
+        fd = self._socket.fileno()
         self.process = subprocess.Popen(
             [
                 sys.executable,
@@ -55,7 +100,7 @@ class ServerProcess:
                 "gunicorn",
                 "durability.wsgi",
                 "--bind",
-                f"127.0.0.1:{self.port}",
+                f"fd://{fd}",
                 "--workers",
                 "2",
                 "--log-level",
@@ -63,14 +108,40 @@ class ServerProcess:
             ],
             cwd=ROOT,
             env=self.env,
+            pass_fds=[fd],
         )
         wait_until(self._answers, 30, "the server to start")
 
     def stop(self) -> None:
-        assert self.process is not None
+        assert self.process is not None and self._socket is not None
         self.process.terminate()
         self.process.wait(15)
         self.process = None
+        # Ours listens still (it is gunicorn's): swap it for one that only holds the port.
+        self._socket.close()
+        try:
+            self._socket = self._bind(self.port)
+        except OSError:
+            self._socket = None  # taken in between: start() binds a new port
+
+    def close(self) -> None:
+        if self.process is not None:
+            self.stop()
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
+
+    @staticmethod
+    def _bind(port: int) -> socket.socket:
+        held = socket.socket()
+        # The stopped server's connections in TIME_WAIT do not keep us from its port.
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            held.bind(("127.0.0.1", port))
+        except OSError:
+            held.close()
+            raise
+        return held
 
     def _answers(self) -> bool:
         assert self.process is not None and self.process.poll() is None, "the server died"

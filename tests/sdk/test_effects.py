@@ -21,7 +21,7 @@ from durability.ledger import evidence, settling
 from durability.ledger.machine import Event
 from durability.models import Attempt, Case, Effect, Receipt
 from tests.ledger import support as ledger
-from tests.sdk.support import FAST, SDK_SRC, free_port
+from tests.sdk.support import FAST, SDK_SRC, alongside, free_port, wait_until
 
 
 class Declined(Exception):
@@ -230,16 +230,19 @@ def test_a_timeout_then_a_late_receipt_is_a_late_success(tb):
     assert not Case.objects.filter(reason="uncertain", closed=None).exists()
 
 
-def test_wait_for_returns_once_an_operator_settles_the_case(tb):
+def test_wait_for_returns_once_an_operator_settles_the_case(tb, status_polls):
     with pytest.raises(TimeoutError), refund(tb):
         raise TimeoutError
     assert tb.flush()
-    operator = threading.Timer(0.5, settle, ("refund:42", Event.ATTEST_NOT_HAPPENED))
-    operator.start()
 
-    status = tb.wait_for("refund:42", timeout=10, poll=0.1)
+    def operator():
+        # A second poll means the first was answered "wait": wait_for is waiting.
+        wait_until(lambda: status_polls["refund:42"] >= 2, 60, "wait_for to wait and poll")
+        settle("refund:42", Event.ATTEST_NOT_HAPPENED)
 
-    operator.join(timeout=30)
+    with alongside(operator):
+        status = tb.wait_for("refund:42", timeout=10, poll=0.1)
+
     assert (status.decision, status.state) == ("proceed", "not_happened")
     with refund(tb) as fx:
         assert fx.attempt == 2

@@ -6,7 +6,6 @@ deferred call until an operator approves it in the desk."""
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -30,7 +29,7 @@ from durability.models import Approval, Case, Effect, Project, Receipt, State
 from tests.authority.support import grant
 from tests.desk.support import logged_in
 from tests.sdk import pydantic_ai_agent as refunds
-from tests.sdk.support import wait_until
+from tests.sdk.support import alongside, wait_until
 from tests.trajectories.support import queue, work
 from trajectories.models import Span
 
@@ -244,21 +243,14 @@ def test_waiting_for_the_approval_runs_the_tool_once_the_desk_approves(
     agent = _agent(atb, spans[0], ledger, authority={"grant": gate.pk}, wait_for_approval=120)
 
     def operator() -> None:
-        try:
-            wait_until(lambda: Approval.objects.filter(effect__key=KEY).exists())
-            approval = Approval.objects.get(effect__key=KEY)
-            logged_in(alice).post(
-                f"/approvals/{approval.pk}/sign/", {"verdict": "approve", "reason": "fine"}
-            )
-        finally:
-            connection.close()
+        wait_until(lambda: Approval.objects.filter(effect__key=KEY).exists(), 60, "the approval")
+        approval = Approval.objects.get(effect__key=KEY)
+        logged_in(alice).post(
+            f"/approvals/{approval.pk}/sign/", {"verdict": "approve", "reason": "fine"}
+        )
 
-    desk = threading.Thread(target=operator)
-    desk.start()
-    try:
+    with alongside(operator):
         result = agent.run_sync("Refund order 42", conversation_id=CONVERSATION)
-    finally:
-        desk.join()
 
     assert result.output == "Refunded: re_42"
     assert ledger.read_text() == "42\n"

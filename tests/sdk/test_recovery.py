@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 
 import pytest
 from tallybook import (
@@ -24,7 +23,7 @@ from durability.ledger.machine import Event
 from durability.models import Case, Effect
 from durability.models import Receipt as ReceiptRow
 from tests.ledger import support as ledger
-from tests.sdk.support import FAST, SDK_SRC, free_port
+from tests.sdk.support import FAST, SDK_SRC, alongside, free_port, wait_until
 
 
 def refund(tb, **options):
@@ -64,27 +63,25 @@ def test_a_probe_that_finds_nothing_leaves_the_effect_to_a_person(tb):
     assert Effect.objects.get().state == "timed_out"
 
 
-def test_a_block_told_to_wait_runs_once_a_person_settles_the_effect(tb):
+def test_a_block_told_to_wait_runs_once_a_person_settles_the_effect(tb, status_polls):
     in_doubt(tb)
     effect = Effect.objects.get()
-    operator = threading.Timer(
-        0.3,
-        settling.effect_settle,
-        kwargs={
-            "project": effect.project,
-            "effect_id": effect.pk,
-            "actor": "user:alice",
-            "event": Event.ATTEST_NOT_HAPPENED,
-            "note": "fakepay has no such refund",
-        },
-    )
-    operator.start()
 
-    with refund(tb, wait_in_doubt=20) as fx:
+    def operator():
+        # A second poll means the first was answered "wait": the block is waiting.
+        wait_until(lambda: status_polls["refund:42"] >= 2, 60, "the block to wait and poll")
+        settling.effect_settle(
+            project=effect.project,
+            effect_id=effect.pk,
+            actor="user:alice",
+            event=Event.ATTEST_NOT_HAPPENED,
+            note="fakepay has no such refund",
+        )
+
+    with alongside(operator), refund(tb, wait_in_doubt=20) as fx:
         assert fx.decision == "proceed" and fx.attempt == 2
         fx.receipt(system="fakepay", external_id="re_2")
 
-    operator.join(timeout=30)
     assert tb.flush()
     assert Effect.objects.get().state == "succeeded"
 

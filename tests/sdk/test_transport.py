@@ -31,6 +31,7 @@ class Script:
     def __init__(self, *answers):
         self.answers = deque(answers)
         self.seen = []  # (monotonic time, client port, path, body)
+        self.arrived = threading.Event()  # set by each request, as it is seen
         script = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -51,6 +52,7 @@ class Script:
     def answer(self, handler):
         body = handler.rfile.read(int(handler.headers.get("Content-Length") or 0))
         self.seen.append((time.monotonic(), handler.client_address[1], handler.path, body))
+        self.arrived.set()
         status, headers, body, delay = (
             self.answers.popleft() if len(self.answers) > 1 else (self.answers[0])
         )
@@ -246,6 +248,7 @@ def test_an_intent_the_server_sits_on_fails_closed_within_its_budget(tmp_path):
             pytest.fail("the effect ran")
 
         # Given up on while the server still held the request: the budget ended it.
-        assert not held.is_set() and server.seen
+        assert server.arrived.wait(30), "the intent never reached the server"
+        assert not held.is_set()
         held.set()
         tb.close()
