@@ -46,12 +46,15 @@ def _sign(project: Project, user: User, verdict: SignoffVerdict, reason: str) ->
 def operator_later(project: Project, alice: User) -> Iterator[Any]:
     """Sign the approval from another thread once the agent has asked for it."""
     threads: list[threading.Thread] = []
+    raised: list[BaseException] = []
 
     def start(verdict: SignoffVerdict, reason: str = "checked the order") -> None:
         def run() -> None:
             try:
                 wait_until(lambda: Approval.objects.filter(effect__key="refund:7").exists(), 120)
                 _sign(project, alice, verdict, reason)
+            except BaseException as exc:
+                raised.append(exc)
             finally:
                 connection.close()
 
@@ -63,6 +66,8 @@ def operator_later(project: Project, alice: User) -> Iterator[Any]:
     for thread in threads:
         thread.join(timeout=120)
         assert not thread.is_alive(), "the operator's thread did not finish"
+    if raised:
+        raise raised[0]
 
 
 def test_the_block_waits_for_the_approval_and_then_runs(tb: Tallybook, refunds, operator_later):
