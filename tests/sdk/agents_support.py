@@ -13,12 +13,15 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from tallybook import Tallybook
 from tallybook.integrations._tool_calls import ToolEffect
+
+from tests.sdk.support import ROOT
 
 CALL_ID = "call_refund_7"
 RUN_ID = "ticket-7"
@@ -112,6 +115,29 @@ def langgraph_run(graph: Any, resume: Any = None) -> dict[str, Any]:
     if resume is not None:
         return dict(graph.invoke(resume, THREAD))
     return dict(graph.invoke({"messages": [HumanMessage("Refund order 7.")]}, THREAD))
+
+
+def agent_process(
+    framework: str,
+    live_server: Any,
+    api_key: str,
+    spool: Path,
+    provider: Provider,
+    grant: int,
+    *,
+    crash: bool = False,
+) -> tuple[int, Any]:
+    """Run the framework's agent in a process of its own (`main` below): its exit code, and
+    the JSON it printed last (or its standard error)."""
+    command = [sys.executable, "-m", "tests.sdk.agents_support", framework]
+    command += ["--url", live_server.url, "--key", api_key, "--spool", str(spool)]
+    command += ["--ledger", str(provider.ledger), "--grant", str(grant)]
+    command += ["--crash"] if crash else []
+    done = subprocess.run(
+        command, cwd=ROOT, env=os.environ, capture_output=True, text=True, timeout=120
+    )
+    lines = done.stdout.strip().splitlines()
+    return done.returncode, json.loads(lines[-1]) if lines else done.stderr
 
 
 def main() -> int:

@@ -5,18 +5,13 @@ interrupt until an operator approves it in the desk."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
 from durability.models import Approval, Case, Effect, Receipt, State
 from tests.authority.support import grant
 from tests.desk.support import logged_in
-from tests.sdk.agents_support import KEY, Provider, langgraph_agent, langgraph_run
-from tests.sdk.support import ROOT, wait_until
+from tests.sdk.agents_support import KEY, Provider, agent_process, langgraph_agent, langgraph_run
+from tests.sdk.support import wait_until
 from tests.trajectories.support import queue, work
 from trajectories.models import Span
 
@@ -68,25 +63,16 @@ def test_a_tool_call_is_an_effect_linked_to_its_tool_and_model_spans_and_never_r
     assert again["messages"][2].content == "re_7_1"
 
 
-def _agent_process(live_server, api_key, spool_root, provider, g, *more):
-    command = [sys.executable, "-m", "tests.sdk.agents_support", "langgraph"]
-    command += ["--url", live_server.url, "--key", api_key, "--spool", str(spool_root)]
-    command += ["--ledger", str(provider.ledger), "--grant", str(g.pk), *more]
-    done = subprocess.run(
-        command, cwd=ROOT, env=os.environ, capture_output=True, text=True, timeout=120
-    )
-    lines = done.stdout.strip().splitlines()
-    return done.returncode, json.loads(lines[-1]) if lines else done.stderr
-
-
 def test_a_crash_between_the_refund_and_its_receipt_leaves_a_case_and_no_repeat(
     live_server, api_key, spool_root, project, provider
 ):
     g = grant(project, name="refunds")
-    code, _ = _agent_process(live_server, api_key, spool_root, provider, g, "--crash")
+    code, _ = agent_process(
+        "langgraph", live_server, api_key, spool_root, provider, g.pk, crash=True
+    )
     assert code == -9 and provider.refunds() == ["7"]
 
-    code, out = _agent_process(live_server, api_key, spool_root, provider, g)
+    code, out = agent_process("langgraph", live_server, api_key, spool_root, provider, g.pk)
 
     assert code == 0, out
     assert out["interrupted"] == ["refund"], "the call in doubt did not stop the graph"

@@ -6,10 +6,6 @@ call until an operator approves it in the desk."""
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 from agents import Runner, set_tracing_disabled
@@ -17,8 +13,8 @@ from agents import Runner, set_tracing_disabled
 from durability.models import Approval, Case, Effect, Receipt, State
 from tests.authority.support import grant
 from tests.desk.support import logged_in
-from tests.sdk.agents_support import KEY, RUN_ID, Provider, openai_agent, openai_run
-from tests.sdk.support import ROOT, wait_until
+from tests.sdk.agents_support import KEY, RUN_ID, Provider, agent_process, openai_agent, openai_run
+from tests.sdk.support import wait_until
 from tests.trajectories.support import queue, work
 from trajectories.models import Span
 
@@ -76,43 +72,14 @@ def test_a_tool_call_is_an_effect_linked_to_its_tool_and_model_spans_and_never_r
     assert tool_output.output == "re_7_1"
 
 
-def _agent_process(live_server, api_key, spool_root, provider, g, *more):
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tests.sdk.agents_support",
-            "openai",
-            "--url",
-            live_server.url,
-            "--key",
-            api_key,
-            "--spool",
-            str(spool_root),
-            "--ledger",
-            str(provider.ledger),
-            "--grant",
-            str(g.pk),
-            *more,
-        ],
-        cwd=ROOT,
-        env=os.environ,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    lines = done.stdout.strip().splitlines()
-    return done.returncode, json.loads(lines[-1]) if lines else done.stderr
-
-
 def test_a_crash_between_the_refund_and_its_receipt_leaves_a_case_and_no_repeat(
     live_server, api_key, spool_root, project, provider
 ):
     g = grant(project, name="refunds")
-    code, _ = _agent_process(live_server, api_key, spool_root, provider, g, "--crash")
+    code, _ = agent_process("openai", live_server, api_key, spool_root, provider, g.pk, crash=True)
     assert code == -9 and provider.refunds() == ["7"]
 
-    code, out = _agent_process(live_server, api_key, spool_root, provider, g)
+    code, out = agent_process("openai", live_server, api_key, spool_root, provider, g.pk)
 
     assert code == 0, out
     assert out["interrupted"] == ["refund"], "the call in doubt was not stopped"
