@@ -40,7 +40,9 @@ def imports_of(path: Path, root: Path = ROOT) -> Iterator[tuple[int, str]]:
 # The rooms, as the table of docs/architecture.md has them. `holds`: the files of the room
 # (a folder ends with /); a room may always import its own modules. `may_import`: dotted
 # prefixes of what else it may import: a module, or one name of a module.
-CORE = tuple(f"durability.{name}" for name in ("models", "audit", "redaction", "site", "jobs"))
+CORE = tuple(
+    f"durability.{name}" for name in ("models", "audit", "redaction", "inbound", "site", "jobs")
+)
 LEDGER = ("durability.ledger",)
 ACCOUNTS = ("durability.accounts",)
 INPUT_SCHEMAS = ("durability.api.schemas",)
@@ -93,8 +95,10 @@ ROOMS = (
         ("durability.models", "durability.accounts")
         + ("durability.api.decorators", "durability.api.schemas", "durability.api.signals")
         + ("durability.ledger.signals", "durability.jobs", "durability.redaction")
+        + ("durability.inbound",)
         + ("durability.admin.ReadOnly",),
         "models, accounts, api.decorators/schemas/signals, ledger.signals, jobs, redaction,"
+        " inbound,"
         " admin.ReadOnly",
     ),
     Room(

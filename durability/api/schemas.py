@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from datetime import UTC, datetime
+from datetime import datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Self, cast
 
@@ -16,6 +16,7 @@ from pydantic import (
     field_validator,
 )
 
+from durability.inbound import instant
 from durability.site import site_url
 
 if TYPE_CHECKING:
@@ -63,15 +64,8 @@ TraceId = Annotated[HexTraceId, AfterValidator(_not_all_zero)]
 SpanId = Annotated[HexSpanId, AfterValidator(_not_all_zero)]
 
 
-def _storable_in_utc(value: datetime) -> datetime:
-    try:
-        (value if value.tzinfo else value.replace(tzinfo=UTC)).astimezone(UTC)
-    except OverflowError:
-        raise ValueError("out of range once converted to UTC") from None
-    return value
-
-
-Timestamp = Annotated[datetime, AfterValidator(_storable_in_utc)]
+# A time the world reported, in UTC and in range (durability/inbound.py says which range).
+Timestamp = Annotated[datetime, AfterValidator(instant)]
 # The widest attempt number the database column holds.
 AttemptNumber = Annotated[int, Field(gt=0, le=2**31 - 1)]
 

@@ -1,0 +1,138 @@
+"""What every entrance does to input from outside before it is validated or stored.
+
+The ledger's API, the events and OTLP ingest and the signed webhooks all pass their times
+and their JSON through here, so an odd value is refused the same way wherever it comes in:
+with a `ValueError` whose message says what is wrong, which each entrance turns into its
+own 4xx (a field error, a span refused alone in OTLP's `partialSuccess`, a webhook's 400).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.utils import timezone
+
+# Times an agent, a tracer or a provider reports about the world (when a receipt was
+# observed, when a span or run started or ended) must lie between these. Nothing Tallybook
+# records happened before 2000; a later bound of now + 1 day allows for clocks that run
+# ahead without letting a year-10000 value in, which pages could not show and every later
+# comparison (deadlines, overdue cases, run durations) would get wrong.
+EARLIEST = datetime(2000, 1, 1, tzinfo=UTC)
+CLOCK_SKEW = timedelta(days=1)
+
+# The deepest JSON nesting accepted anywhere. Requests, receipts' data and span attributes
+# are shallow documents; a deep one is an attack on the parser, the jsonb column or the
+# recursive checks that follow.
+MAX_DEPTH = 64
+
+
+def instant(value: datetime) -> datetime:
+    """`value` in UTC, or ValueError if it is not a time the world can have reported.
+
+    A naive value is taken as UTC. The range check is on the converted value, which is
+    also what is returned: PostgreSQL and every page see the same instant.
+    """
+    aware = value if value.tzinfo else value.replace(tzinfo=UTC)
+    try:
+        utc = aware.astimezone(UTC)
+    except (OverflowError, ValueError):
+        raise ValueError("out of range once converted to UTC") from None
+    latest = timezone.now() + CLOCK_SKEW
+    if utc < EARLIEST or utc > latest:
+        raise ValueError(
+            f"must lie between {EARLIEST:%Y-%m-%d} and one day from now ({latest:%Y-%m-%d})"
+        )
+    return utc
+
+
+def instant_from_unix(seconds: Any) -> datetime:
+    """A time given as Unix seconds (an int or a finite float; not a bool or a string)."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        raise ValueError("expected Unix seconds as a number")
+    if not math.isfinite(seconds) or abs(seconds) > 1e11:
+        raise ValueError("Unix seconds out of range")
+    return instant(datetime.fromtimestamp(seconds, UTC))
+
+
+def instant_from_unix_nanos(nanos: int) -> datetime:
+    """A time given as Unix nanoseconds (OTLP's fixed64), range-checked before any overflow."""
+    if isinstance(nanos, bool) or not isinstance(nanos, int):
+        raise ValueError("expected Unix nanoseconds as an integer")
+    if not 0 <= nanos < 2**64:
+        raise ValueError("Unix nanoseconds out of range")
+    seconds, rest = divmod(nanos, 1_000_000_000)
+    if seconds > 1e11:
+        raise ValueError("Unix nanoseconds out of range")
+    return instant(datetime.fromtimestamp(seconds, UTC) + timedelta(microseconds=rest // 1000))
+
+
+def decimal_digits(text: str, *, max_digits: int = 20) -> int:
+    """The integer an ASCII decimal string spells ("123"), or ValueError.
+
+    `str.isdigit()` accepts superscripts and other scripts' digits that `int()` refuses or
+    reads differently, and `int()` of a 5,000-digit string is slow; both are refused here.
+    """
+    if not 0 < len(text) <= max_digits or not text.isascii() or not text.isdigit():
+        raise ValueError(f"expected a decimal integer of at most {max_digits} ASCII digits")
+    return int(text)
+
+
+def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    document = dict(pairs)
+    if len(document) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ValueError(f"duplicate key {key!r} in a JSON object")
+            seen.add(key)
+    return document
+
+
+def _depth_within(document: Any) -> None:
+    stack: list[tuple[Any, int]] = [(document, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            children: Any = value.values()
+        elif isinstance(value, list):
+            children = value
+        else:
+            continue
+        if depth > MAX_DEPTH:
+            raise ValueError(f"JSON nested deeper than {MAX_DEPTH} levels")
+        stack.extend((child, depth + 1) for child in children)
+
+
+def json_loads(body: bytes | str) -> Any:
+    """Parse JSON from outside: ValueError for malformed JSON, a duplicate key in an object
+    (which would otherwise keep the last value and hide the first), nesting deeper than
+    MAX_DEPTH, or the non-standard NaN and Infinity."""
+
+    def refuse_constant(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
+    try:
+        document = json.loads(
+            body, object_pairs_hook=_refuse_duplicates, parse_constant=refuse_constant
+        )
+    except RecursionError:
+        raise ValueError(f"JSON nested deeper than {MAX_DEPTH} levels") from None
+    except UnicodeDecodeError:
+        raise ValueError("JSON must be UTF-8") from None
+    _depth_within(document)
+    return document
+
+
+def storable_text(text: str) -> str:
+    """`text`, or ValueError if PostgreSQL cannot store it: a NUL character, or a lone
+    surrogate (JSON's "\\ud800" decodes to one, and it has no UTF-8 form)."""
+    if "\x00" in text:
+        raise ValueError("NUL characters (\\u0000) cannot be stored")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("lone surrogates (\\ud800-\\udfff) cannot be stored") from None
+    return text
