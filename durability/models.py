@@ -163,6 +163,9 @@ class Effect(models.Model):
     kind = models.CharField(max_length=100)
     target = models.CharField(max_length=255)
     fingerprint = models.CharField(max_length=128)
+    # SHA-256 of the authority claimed beside the request (kind, target, authority, amount),
+    # as sent: a later intent for the key that claims otherwise is a conflict.
+    claim = models.CharField(max_length=64, blank=True)
     request = models.JSONField(null=True, blank=True)
     replay = models.CharField(max_length=16, choices=Replay.choices, default=Replay.NEVER)
     state = models.CharField(max_length=20, choices=State.choices, default=State.PENDING)

@@ -76,7 +76,7 @@ def matches(patterns: list[str], value: str) -> bool:
     return any(fnmatchcase(value, pattern) for pattern in patterns)
 
 
-def _money(value: Decimal, currency: str) -> str:
+def money(value: Decimal, currency: str) -> str:
     return f"{value.normalize():f} {currency}"
 
 
@@ -177,8 +177,8 @@ def authority_check(*, project: Project, intent: IntentIn, now: datetime | None 
     if value is not None and grant.max_amount is not None and value > grant.max_amount:
         return _deny(
             Rule.MAX_AMOUNT,
-            f"{_money(value, grant.currency)} is over its limit of "
-            f"{_money(grant.max_amount, grant.currency)} per effect",
+            f"{money(value, grant.currency)} is over its limit of "
+            f"{money(grant.max_amount, grant.currency)} per effect",
             grant,
         )
     if grant.max_daily_amount is not None or grant.max_count is not None:
@@ -186,9 +186,9 @@ def authority_check(*, project: Project, intent: IntentIn, now: datetime | None 
         if grant.max_daily_amount is not None and spent + (value or 0) > grant.max_daily_amount:
             return _deny(
                 Rule.DAILY_AMOUNT,
-                f"{_money(spent, grant.currency)} spent in the last 24 hours plus "
-                f"{_money(value or Decimal(0), grant.currency)} is over its limit of "
-                f"{_money(grant.max_daily_amount, grant.currency)} a day",
+                f"{money(spent, grant.currency)} spent in the last 24 hours plus "
+                f"{money(value or Decimal(0), grant.currency)} is over its limit of "
+                f"{money(grant.max_daily_amount, grant.currency)} a day",
                 grant,
             )
         if grant.max_count is not None and count >= grant.max_count:
@@ -206,7 +206,7 @@ def authority_check(*, project: Project, intent: IntentIn, now: datetime | None 
             Ruling.APPROVAL,
             f"Grant {grant.pk} ({grant.name!r}) requires "
             + (
-                f"two people's approval above {_money(threshold, grant.currency)}"
+                f"two people's approval above {money(threshold, grant.currency)}"
                 if two and threshold is not None
                 else "a person's approval"
             )
@@ -215,6 +215,36 @@ def authority_check(*, project: Project, intent: IntentIn, now: datetime | None 
             approvers=2 if two else 1,
         )
     return Check(Ruling.PROCEED, f"Authorized by grant {grant.pk} ({grant.name!r}).", grant)
+
+
+# -- the claim an intent makes -------------------------------------------------------------
+
+
+def claim_of(intent: IntentIn) -> dict[str, Any]:
+    """What an intent claims besides its request: everything the grant check and an
+    approval read of it but the principal (a resumed attempt may run under another context).
+
+    The effect keeps a digest of the first intent's claim (`Effect.claim`), taken from the
+    claim as sent like the request's fingerprint; a later intent for the key must claim the
+    same, or what was approved and checked is not what it would perform.
+    """
+    amount = intent.amount
+    return {
+        "kind": intent.kind,
+        "target": intent.target,
+        "authority": intent.authority,
+        "amount": money(Decimal(amount.value), amount.currency) if amount else None,
+    }
+
+
+def claim_recorded(effect: Effect) -> dict[str, Any]:
+    """The claim an effect was recorded with, as its columns hold it (`claim_of`'s shape)."""
+    return {
+        "kind": effect.kind,
+        "target": effect.target,
+        "authority": effect.authority,
+        "amount": None if effect.amount is None else money(effect.amount, effect.currency),
+    }
 
 
 # -- evidence compared with authority ------------------------------------------------------
@@ -251,12 +281,12 @@ def evidence_finding(effect: Effect, receipt: Receipt) -> Finding | None:
     if receipt.currency and grant.currency and receipt.currency != grant.currency:
         beyond[Rule.CURRENCY] = f"paid in {receipt.currency}, the grant is in {grant.currency}"
     elif receipt.amount is not None:
-        moved = _money(receipt.amount, receipt.currency or grant.currency)
+        moved = money(receipt.amount, receipt.currency or grant.currency)
         if grant.max_amount is not None and receipt.amount > grant.max_amount:
-            limit = _money(grant.max_amount, grant.currency)
+            limit = money(grant.max_amount, grant.currency)
             beyond[Rule.MAX_AMOUNT] = f"{moved} is over the grant's {limit} per effect"
         if effect.amount is not None and receipt.amount > effect.amount:
-            asked = _money(effect.amount, effect.currency)
+            asked = money(effect.amount, effect.currency)
             beyond["intent_amount"] = f"{moved} is more than the {asked} the intent asked for"
     if receipt.target and not matches(grant.targets, receipt.target):
         beyond[Rule.TARGET] = f"it landed on {receipt.target!r}, outside the grant's targets"

@@ -79,22 +79,25 @@ def intent_record(*, project: Project, actor: str, intent: IntentIn) -> Outcome:
 
 def _intent_store(*, project: Project, actor: str, intent: IntentIn) -> Outcome:
     fingerprint = intent.fingerprint or fingerprint_of(intent.request)
+    # Separate from the fingerprint, which is the client's to choose: what was approved and
+    # checked is the request and this claim together, whoever computes the fingerprint.
+    claim = fingerprint_of(grants.claim_of(intent))
     with audit.trail(project.pk, actor) as trail:
         effect = locked_or_key_locked(project, intent.key)
         if effect is None:
-            outcome = _effect_new(project, intent, fingerprint, trail)
+            outcome = _effect_new(project, intent, fingerprint, claim, trail)
             if outcome is not None:
                 return outcome
             # Another intent for this key committed first: answer as a repeat.
             effect = Effect.objects.select_for_update().get(project=project, key=intent.key)
-        return _answer(effect, intent, fingerprint, trail)
+        return _answer(effect, intent, fingerprint, claim, trail)
 
 
 # -- a new key ---------------------------------------------------------------------------
 
 
 def _effect_new(
-    project: Project, intent: IntentIn, fingerprint: str, trail: Trail
+    project: Project, intent: IntentIn, fingerprint: str, claim: str, trail: Trail
 ) -> Outcome | None:
     """Record a new effect as its grant check rules; None if another intent recorded the
     key first."""
@@ -106,6 +109,7 @@ def _effect_new(
         kind=intent.kind,
         target=intent.target,
         fingerprint=fingerprint,
+        claim=claim,
         request=intent.request,
         replay=intent.replay,
         timeout_s=intent.timeout_s,
@@ -236,22 +240,36 @@ def _answer(effect: Effect, intent: IntentIn, fingerprint: str, trail: Trail) ->
 
 
 def _conflict(effect: Effect, intent: IntentIn, fingerprint: str, trail: Trail) -> Outcome:
+    """The key was first recorded with another request or another authority claim: what
+    was checked and approved is not what this intent would perform."""
+    recorded, asked = grants.claim_recorded(effect), grants.claim_of(intent)
+    differs = {k: [recorded[k], asked[k]] for k in asked if recorded[k] != asked[k]}
+    if effect.fingerprint != fingerprint:
+        differs["fingerprint"] = [effect.fingerprint, fingerprint]
+    # A claim whose digest differs while the columns agree differed in a redacted value.
+    what = ", ".join("request" if k == "fingerprint" else k for k in differs) or "authority"
     case = case_open(
         effect,
         Reason.KEY_REUSE_CONFLICT,
         Severity.HIGH,
-        f"Key {effect.key!r} was reused with a different request.",
+        f"Key {effect.key!r} was reused with a different {what}.",
         trail,
         fingerprint=fingerprint,
         request=intent.request,
         run_id=intent.run_id,
+        differs=differs,
     )
     return Outcome(
         Decision.CONFLICT,
         effect,
-        f"Key {effect.key!r} was first used for a different request (fingerprint "
-        f"{effect.fingerprint[:12]}…, this one {fingerprint[:12]}…); do not perform it, "
-        "and give a different request its own key.",
+        f"Key {effect.key!r} was first recorded with a different {what}"
+        + (
+            f" (fingerprint {effect.fingerprint[:12]}…, this one {fingerprint[:12]}…)"
+            if "fingerprint" in differs
+            else ""
+        )
+        + "; do not perform it: what was checked and approved is the first intent's request "
+        "and claim. Give a different effect its own key.",
         case=case,
     )
 
