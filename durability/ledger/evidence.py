@@ -154,9 +154,100 @@ def _receipt_store(
                 key=receipt.key,
             )
             return ReceiptOutcome(row, None, case, created=True)
-        settled = _receipt_apply(effect, row, trail)
-        flagged = _authority_of_evidence(effect, row, trail)
-        return ReceiptOutcome(row, effect, settled or flagged, created=True)
+        return ReceiptOutcome(row, effect, _receipt_settle(effect, row, trail), created=True)
+
+
+def _receipt_settle(effect: Effect, row: Receipt, trail: Trail) -> Case | None:
+    """The evidence step every receipt for an effect passes, in order or adopted: the
+    transition and its cases, then the comparison with the effect's grant."""
+    settled = _receipt_apply(effect, row, trail)
+    flagged = _authority_of_evidence(effect, row, trail)
+    return settled or flagged
+
+
+def orphans_adopt(effect: Effect, trail: Trail) -> tuple[Receipt, Case | None] | None:
+    """Give a new effect the receipts that arrived before its intent: the first of them and
+    the case they call for, or None if there were none.
+
+    Each passes the evidence step of a receipt that came in order, after its intent: it
+    settles the effect, a second one is a duplicate, evidence for an effect awaiting
+    approval or denied is unauthorized, evidence beyond the grant exceeds it. An orphan
+    receipt names only the key, never the request, so any intent with that key adopts it:
+    where the receipt and the intent disagree, its case stays open on the effect.
+    """
+    orphans = list(
+        Receipt.objects.filter(project_id=effect.project_id, key=effect.key, effect=None).order_by(
+            "received", "id"
+        )
+    )
+    if not orphans:
+        return None
+    found: Case | None = None
+    for row in orphans:
+        row.effect = effect
+        disputed = _orphan_case_settle(effect, row, trail)
+        found = _receipt_settle(effect, row, trail) or disputed or found
+    return orphans[0], found
+
+
+def _orphan_case_settle(effect: Effect, row: Receipt, trail: Trail) -> Case | None:
+    """Answer the orphan case's question, which effect the receipt belongs to, and keep it
+    open (returned) where the receipt disagrees with the intent's request."""
+    differs = evidence_mismatch(effect, row)
+    case = Case.objects.filter(receipt=row, reason=Reason.ORPHAN_RECEIPT).first()
+    mismatch = (
+        f" The intent recorded later for this key disagrees with it ({', '.join(differs)}): "
+        "check that the receipt is this effect's."
+    )
+    open_here = open_case_of(effect, Reason.ORPHAN_RECEIPT)
+    if case is not None and differs and case.closed is None and open_here is None:
+        case.effect = effect
+        case.summary += mismatch
+        case.detail["differs"] = differs
+        case.version += 1
+        case.save(update_fields=["effect", "summary", "detail", "version"])
+        trail.add(AuditAction.CASE_REPEATED, effect=effect, case=case, reason=case.reason)
+        return case
+    if case is not None:
+        case.effect = effect
+        if case.closed is None:
+            # Closed before it names the effect: an effect has one open case per reason.
+            case_close(case, "auto_resolved", "the intent for this key arrived", trail)
+        case.save(update_fields=["effect"])
+    if not differs:
+        return None
+    return case_open(
+        effect,
+        Reason.ORPHAN_RECEIPT,
+        Severity.HIGH,
+        f"A receipt from {row.system} ({row.external_id}) arrived before the intent for "
+        f"key {effect.key!r}." + mismatch,
+        trail,
+        receipt=row,
+        differs=differs,
+    )
+
+
+def evidence_mismatch(effect: Effect, row: Receipt) -> dict[str, list[object]]:
+    """Where a receipt's own word disagrees with the effect's intent: {what: [intent, receipt]}.
+
+    Compares what both name: the amount, the target, and the top-level fields that the
+    intent's request and the receipt's data share.
+    """
+    differs: dict[str, list[object]] = {}
+    if row.amount is not None and effect.amount is not None:
+        asked = grants.money(effect.amount, effect.currency)
+        said = grants.money(row.amount, row.currency or effect.currency)
+        if asked != said:
+            differs["amount"] = [asked, said]
+    if row.target and row.target != effect.target:
+        differs["target"] = [effect.target, row.target]
+    request, data = effect.request, row.data
+    if isinstance(request, dict) and isinstance(data, dict):
+        for name in sorted(request.keys() & data.keys()):
+            if request[name] != data[name]:
+                differs[f"request.{name}"] = [request[name], data[name]]
+    return differs
 
 
 def _authority_of_evidence(effect: Effect, row: Receipt, trail: Trail) -> Case | None:

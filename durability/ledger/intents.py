@@ -20,6 +20,7 @@ from durability import audit
 from durability.api.schemas import IntentIn
 from durability.audit import Trail
 from durability.ledger import authority as grants
+from durability.ledger import evidence
 from durability.ledger.cases import case_close, case_open, open_case_of, uncertain_case_open
 from durability.ledger.decisions import Outcome, approval_where, decide, decision_for
 from durability.ledger.machine import EFFECT_MUTABLE_FIELDS, Event, apply, locked_or_key_locked
@@ -131,6 +132,22 @@ def _effect_new(
         apply(effect, event, trail, **numbered, fingerprint=fingerprint, **authority)
     except IntegrityError:
         return None
+    outcome = _ruled(effect, intent, check, attempt, authority, trail)
+    adopted = evidence.orphans_adopt(effect, trail)
+    if adopted is not None:
+        _receipt_told(outcome, *adopted)
+    return outcome
+
+
+def _ruled(
+    effect: Effect,
+    intent: IntentIn,
+    check: grants.Check,
+    attempt: Attempt | None,
+    authority: dict[str, Any],
+    trail: Trail,
+) -> Outcome:
+    """What the grant check's ruling on a new effect opens, and the answer it gives."""
     if check.ruling == grants.Ruling.DENY:
         case = case_open(
             effect, Reason.AUTHORITY_DENIED, Severity.MEDIUM, check.reason, trail, **authority
@@ -177,8 +194,24 @@ def _effect_new(
             trail,
             policy="audit",
         )
-    _adopt_orphans(effect, trail, outcome)
     return outcome
+
+
+def _receipt_told(outcome: Outcome, receipt: Receipt, case: Case | None) -> None:
+    """A new effect adopted receipts that arrived before its intent: it happened, so the
+    answer is the rule's for the state the evidence left it in (`completed`, or `wait` for
+    the approval it skipped, or `denied`), never `proceed`."""
+    outcome.decision = decision_for(outcome.effect)
+    outcome.receipt = receipt
+    outcome.case = case or outcome.case
+    told = (
+        f"A receipt ({receipt.system}:{receipt.external_id}) arrived before this intent: "
+        "the effect already happened; do not repeat it."
+    )
+    if outcome.decision == Decision.COMPLETED:
+        outcome.reason = told
+    else:
+        outcome.reason = f"{told} {outcome.reason}"
 
 
 def _reconciler_missing(effect: Effect) -> str:
@@ -197,36 +230,14 @@ def _reconciler_missing(effect: Effect) -> str:
     )
 
 
-def _adopt_orphans(effect: Effect, trail: Trail, outcome: Outcome) -> None:
-    """Receipts that arrived before their intent belong to the new effect: it happened."""
-    orphans = list(
-        Receipt.objects.filter(project_id=effect.project_id, key=effect.key, effect=None)
-    )
-    if not orphans:
-        return
-    Receipt.objects.filter(pk__in=[r.pk for r in orphans]).update(effect=effect)
-    apply(effect, Event.RECEIPT, trail, receipt=orphans[0].pk, adopted=len(orphans))
-    # Their cases asked which effect the receipts belong to: this one. Closed before
-    # they are attached, as an effect has at most one open case per reason.
-    cases = Case.objects.filter(receipt__in=orphans, reason=Reason.ORPHAN_RECEIPT)
-    for case in cases.filter(closed=None):
-        case.effect = effect
-        case_close(case, "auto_resolved", "the intent for this key arrived", trail)
-    cases.update(effect=effect)
-    outcome.decision = Decision.COMPLETED
-    outcome.receipt = orphans[0]
-    outcome.reason = (
-        f"A receipt ({orphans[0].system}:{orphans[0].external_id}) arrived before this intent: "
-        "the effect already happened; do not repeat it."
-    )
-
-
 # -- a known key -------------------------------------------------------------------------
 
 
-def _answer(effect: Effect, intent: IntentIn, fingerprint: str, trail: Trail) -> Outcome:
+def _answer(
+    effect: Effect, intent: IntentIn, fingerprint: str, claim: str, trail: Trail
+) -> Outcome:
     """An intent for a recorded effect: the decision rule's answer, acted on."""
-    if effect.fingerprint != fingerprint:
+    if effect.fingerprint != fingerprint or effect.claim != claim:
         return _conflict(effect, intent, fingerprint, trail)
     if effect.state == S.PENDING and effect.attempt_count > 0:
         carried_on = _attempt_resumed(effect, intent, trail)

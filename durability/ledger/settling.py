@@ -71,7 +71,8 @@ def effect_approval_decide(
     *, project: Project, effect_id: int, actor: str, approve: bool, note: str
 ) -> EffectOutcome:
     """Release an effect awaiting approval (`pending`, no attempt yet: the agent's next
-    intent makes it) or deny it, closing its `approval_required` case.
+    intent makes it; `succeeded` if a receipt is already on record) or deny it, closing its
+    `approval_required` case.
 
     Who may decide and how many must agree is the approvals service's business; it
     calls this once the decision is final.
@@ -79,6 +80,11 @@ def effect_approval_decide(
     with audit.trail(project.pk, actor) as trail:
         effect = locked_by_id(project, effect_id)
         apply(effect, Event.APPROVE if approve else Event.DENY, trail, note=note)
+        evidence = effect.receipts.order_by("received", "id").first()
+        if approve and evidence is not None:
+            # It happened before it was approved (its case says so): the approval settles
+            # it, so that the agent's next intent is told `completed`, never `proceed`.
+            apply(effect, Event.RECEIPT, trail, receipt=evidence.pk, approved_after=True)
         case = open_case_of(effect, Reason.APPROVAL_REQUIRED)
         if case is not None:
             case_close(case, "approved" if approve else "denied", note, trail)
