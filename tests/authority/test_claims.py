@@ -45,9 +45,7 @@ def _approve(user: User, key: str) -> None:
     assert response.status_code == 302
 
 
-def test_an_approved_intent_sent_again_claiming_more_is_a_conflict_not_proceed(
-    api, refunds, alice
-):
+def test_an_approved_intent_sent_again_claiming_more_is_a_conflict_not_proceed(api, refunds, alice):
     assert api.intent("refund:1", request=REQUEST, **under(refunds, "50")).json()["decision"] == (
         "wait"
     )

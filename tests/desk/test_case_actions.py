@@ -212,12 +212,13 @@ def test_a_comment_joins_the_story_and_the_audit_log(project, desk):
 
 
 def test_the_story_tells_intent_attempts_and_their_context_changes_in_order(project, desk):
+    authority = {"grant": ledger.everything(project).pk, "ticket": "refunds-under-50"}
     ledger.intent(
         project,
         "k1",
         run_id="run-1",
         worker="w1",
-        authority={"grant": ledger.everything(project).pk, "ticket": "refunds-under-50"},
+        authority=authority,
         context={"workflow": "refund-bot", "workflow_version": "2.3.0", "model": "m-1"},
     )
     ledger.failure(project, "k1", definitive=True)
@@ -226,6 +227,7 @@ def test_the_story_tells_intent_attempts_and_their_context_changes_in_order(proj
         "k1",
         run_id="run-1",
         worker="w2",
+        authority=authority,
         context={"workflow": "refund-bot", "workflow_version": "2.4.0", "model": "m-1"},
     )
     ledger.timeout(project, "k1")
