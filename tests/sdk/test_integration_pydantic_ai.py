@@ -184,7 +184,8 @@ def test_a_refused_effect_is_a_failed_tool_call_the_model_sees(atb, spans, proje
 
 
 def test_an_effect_in_doubt_stops_the_run_with_the_interruption_report(atb, spans, api, tmp_path):
-    api.intent(KEY, kind="payment", target="fakepay", request={"order": 42})
+    # The intent the agent itself would have sent: its tool effect names no grant.
+    api.intent(KEY, kind="payment", target="fakepay", request={"order": 42}, authority=None)
     api.timeout(KEY)
     agent = _agent(atb, spans[0], tmp_path / "fakepay-ledger.txt")
 
