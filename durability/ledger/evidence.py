@@ -191,31 +191,31 @@ def orphans_adopt(effect: Effect, trail: Trail) -> tuple[Receipt, Case | None] |
 
 
 def _orphan_case_settle(effect: Effect, row: Receipt, trail: Trail) -> Case | None:
-    """Answer the orphan case's question, which effect the receipt belongs to, and keep it
-    open (returned) where the receipt disagrees with the intent's request."""
+    """Answer the orphan case's question, which effect the receipt belongs to: the case
+    names the effect and closes, unless the receipt disagrees with the intent's request;
+    then a case on the effect (returned) shows where."""
     differs = evidence_mismatch(effect, row)
-    case = Case.objects.filter(receipt=row, reason=Reason.ORPHAN_RECEIPT).first()
     mismatch = (
         f" The intent recorded later for this key disagrees with it ({', '.join(differs)}): "
         "check that the receipt is this effect's."
     )
-    open_here = open_case_of(effect, Reason.ORPHAN_RECEIPT)
-    if case is not None and differs and case.closed is None and open_here is None:
-        case.effect = effect
-        case.summary += mismatch
-        case.detail["differs"] = differs
-        case.version += 1
-        case.save(update_fields=["effect", "summary", "detail", "version"])
-        trail.add(AuditAction.CASE_REPEATED, effect=effect, case=case, reason=case.reason)
-        return case
+    case = Case.objects.filter(receipt=row, reason=Reason.ORPHAN_RECEIPT, closed=None).first()
     if case is not None:
         case.effect = effect
-        if case.closed is None:
-            # Closed before it names the effect: an effect has one open case per reason.
-            case_close(case, "auto_resolved", "the intent for this key arrived", trail)
-        case.save(update_fields=["effect"])
+        if differs and open_case_of(effect, Reason.ORPHAN_RECEIPT) is None:
+            case.summary += mismatch
+            case.detail["differs"] = differs
+            case.version += 1
+            case.save(update_fields=["effect", "summary", "detail", "version"])
+            trail.add(AuditAction.CASE_REPEATED, effect=effect, case=case, reason=case.reason)
+            return case
+        # Closed before it names the effect: an effect has one open case per reason.
+        case_close(case, "auto_resolved", "the intent for this key arrived", trail)
+    # Closed cases (acknowledged before the intent came) name the effect too.
+    Case.objects.filter(receipt=row, reason=Reason.ORPHAN_RECEIPT).update(effect=effect)
     if not differs:
         return None
+    # Another disputed receipt of the effect, or one whose case a person closed already.
     return case_open(
         effect,
         Reason.ORPHAN_RECEIPT,

@@ -147,3 +147,30 @@ def test_an_orphan_receipt_that_agrees_with_the_later_intent_closes_its_case(api
     api.intent("k1", request={"order": "o-1", "amount": 1})
     case = Case.objects.get(pk=orphan["case"]["id"])
     assert case.closed is not None and "differs" not in case.detail
+
+
+def test_two_disputed_orphan_receipts_leave_one_open_case_on_the_effect(api):
+    for external_id in ("re_1", "re_2"):
+        api.receipt("k1", external_id, data={"amount": 50})
+    api.intent("k1", request={"amount": 900})
+    effect = Effect.objects.get()
+    disputed = Case.objects.get(effect=effect, reason="orphan_receipt", closed=None)
+    assert disputed.detail["differs"] == {"request.amount": [900, 50]}
+    assert [r["differs"] for r in disputed.detail["repeats"]] == [{"request.amount": [900, 50]}]
+    assert Case.objects.filter(effect=effect, reason="orphan_receipt").count() == 2
+
+
+def test_an_acknowledged_orphan_case_is_named_by_the_effect_that_adopts_it(api, project, alice):
+    orphan = api.receipt("k1", "re_1").json()
+    case = Case.objects.get(pk=orphan["case"]["id"])
+    logged_in(alice).post(
+        f"/cases/{case.pk}/resolve/",
+        {"verdict": "acknowledge", "note": "we know", "version": case.version},
+    )
+    case.refresh_from_db()
+    assert case.closed is not None
+
+    api.intent("k1")
+
+    case.refresh_from_db()
+    assert case.effect == Effect.objects.get() and case.resolution.actor == "user:alice"
