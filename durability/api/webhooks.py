@@ -21,6 +21,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
@@ -277,10 +278,14 @@ def _github(
     return receipts, ignored
 
 
-@dataclass
+@dataclass(frozen=True)
 class DeliveryOutcome:
     outcomes: list[evidence.ReceiptOutcome]
     duplicate: bool
+    ignored: int = 0
+
+
+RECEIVED_ALREADY = DeliveryOutcome([], duplicate=True)
 
 
 def webhook_receive(
@@ -303,8 +308,9 @@ def webhook_receive(
                     ignored=ignored,
                 )
         except IntegrityError:
-            # Its delivery id, or its signed bytes under another id: received already.
-            return DeliveryOutcome([], duplicate=True)
+            # Received meanwhile by a concurrent request (its delivery id, or its signed
+            # bytes under another id); the view asked first, for the usual case.
+            return RECEIVED_ALREADY
         outcomes = [
             evidence.receipt_record(
                 project=source.project,
@@ -314,7 +320,7 @@ def webhook_receive(
             )
             for receipt in sorted(receipts, key=lambda r: r.key)
         ]
-    return DeliveryOutcome(outcomes, duplicate=False)
+    return DeliveryOutcome(outcomes, duplicate=False, ignored=ignored)
 
 
 @csrf_exempt
@@ -329,6 +335,10 @@ def hook(request: HttpRequest, name: str) -> JsonResponse:
         return refused.response
     try:
         verified = verify(source, request.headers, body, time.time())
+        if _received(source, verified):
+            # Before the body is read: a replay is answered alike whatever headers it
+            # carries (GitHub's event is not signed), even ones that would not map now.
+            return _answer(verified, RECEIVED_ALREADY)
         try:
             payload = inbound.json_loads(body)
         except ValueError as exc:
@@ -340,6 +350,16 @@ def hook(request: HttpRequest, name: str) -> JsonResponse:
     except Rejected as exc:
         return error(exc.message, exc.status, exc.fields)
     outcome = webhook_receive(source=source, verified=verified, receipts=receipts, ignored=ignored)
+    return _answer(verified, outcome)
+
+
+def _received(source: WebhookSource, verified: Verified) -> bool:
+    return WebhookDelivery.objects.filter(
+        Q(delivery_id=verified.delivery) | Q(signed_digest=verified.digest), source=source
+    ).exists()
+
+
+def _answer(verified: Verified, outcome: DeliveryOutcome) -> JsonResponse:
     return answer(
         HookDeliveryOut(
             delivery=verified.delivery,
@@ -354,7 +374,7 @@ def hook(request: HttpRequest, name: str) -> JsonResponse:
                 )
                 for o in outcome.outcomes
             ],
-            ignored=ignored,
+            ignored=outcome.ignored,
         ),
         200 if outcome.duplicate else 201,
     )

@@ -11,11 +11,9 @@ import pytest
 from django.test import Client
 
 from durability.api.webhooks import Rejected, signature_of, verify
-from durability.authority.webhook_sources import webhook_source_create
 from durability.models import (
     Case,
     Effect,
-    Project,
     Reason,
     Receipt,
     State,
@@ -23,43 +21,9 @@ from durability.models import (
     WebhookKind,
     WebhookSource,
 )
+from tests.api.support import signed
 from tests.authority.support import grant, under
 from tests.ledger import support as ledger
-
-STRIPE_MAPPING = {
-    "key": "data.object.metadata.tallybook_key",
-    "external_id": "data.object.id",
-    "observed_at": "created",
-    "amount": "data.object.amount",
-    "currency": "data.object.currency",
-    "exponent": 2,
-}
-
-
-@pytest.fixture
-def stripe(project: Project) -> WebhookSource:
-    return webhook_source_create(
-        project=project,
-        actor="user:ada",
-        name="alpha-stripe",
-        kind=WebhookKind.GENERIC,
-        system="stripe",
-        mapping=STRIPE_MAPPING,
-        tolerance_s=300,
-    )
-
-
-@pytest.fixture
-def github(project: Project) -> WebhookSource:
-    return webhook_source_create(
-        project=project,
-        actor="user:ada",
-        name="alpha-github",
-        kind=WebhookKind.GITHUB,
-        system="github",
-        mapping={},
-        tolerance_s=300,
-    )
 
 
 def _refund(key: str = "refund:1", charge: str = "re_1", cents: Any = 1250) -> dict[str, Any]:
@@ -74,15 +38,6 @@ def _refund(key: str = "refund:1", charge: str = "re_1", cents: Any = 1250) -> d
                 "metadata": {"tallybook_key": key},
             }
         },
-    }
-
-
-def _signed(body: bytes, stamp: str, secret: str, delivery: str = "d-1") -> dict[str, str]:
-    """A generic source's headers for a body signed at `stamp` (Unix seconds)."""
-    return {
-        "X-Tallybook-Signature": signature_of(secret, body, stamp),
-        "X-Tallybook-Timestamp": stamp,
-        "X-Tallybook-Delivery": delivery,
     }
 
 
@@ -101,13 +56,11 @@ def _post(
         f"/hooks/{source.name}/",
         data=body,
         content_type="application/json",
-        headers=_signed(body, stamp, secret or source.secret, delivery),
+        headers=signed(body, stamp, secret or source.secret, delivery),
     )
 
 
-def _push(
-    client: Client, source: WebhookSource, commits: list[dict[str, Any]], **headers: str
-) -> Any:
+def _push(client: Client, source: WebhookSource, commits: list[Any], **headers: str) -> Any:
     body = json.dumps(
         {
             "ref": "refs/heads/main",
@@ -206,14 +159,14 @@ NOW = 1_760_000_000.9
 @pytest.mark.parametrize("skew", [-300, 300], ids=["oldest", "newest"])
 def test_a_delivery_signed_up_to_the_tolerance_away_is_inside_the_replay_window(stripe, skew):
     body = json.dumps(_refund()).encode()
-    headers = _signed(body, str(int(NOW) + skew), stripe.secret)
+    headers = signed(body, str(int(NOW) + skew), stripe.secret)
     assert verify(stripe, headers, body, NOW).delivery == "d-1"
 
 
 @pytest.mark.parametrize("skew", [-301, 301], ids=["stale", "from-the-future"])
 def test_a_delivery_signed_a_second_beyond_the_tolerance_is_a_401(stripe, skew):
     body = json.dumps(_refund()).encode()
-    headers = _signed(body, str(int(NOW) + skew), stripe.secret)
+    headers = signed(body, str(int(NOW) + skew), stripe.secret)
     with pytest.raises(Rejected, match="replay window") as rejected:
         verify(stripe, headers, body, NOW)
     assert rejected.value.status == 401
@@ -365,7 +318,7 @@ def test_a_captured_delivery_replayed_in_the_window_under_a_new_delivery_id_stor
 ):
     ledger.intent(project, "refund:1")
     body = json.dumps(_refund()).encode()
-    headers = _signed(body, str(int(time.time())), stripe.secret, delivery="d-1")
+    headers = signed(body, str(int(time.time())), stripe.secret, delivery="d-1")
     url = f"/hooks/{stripe.name}/"
     assert client.post(url, body, "application/json", headers=headers).status_code == 201
     before = ledger.row_counts()
@@ -391,6 +344,19 @@ def test_a_captured_github_push_replayed_later_under_a_new_delivery_id_stores_no
         **{"X-GitHub-Delivery": "gh-2", "X-GitHub-Event": "push"},
     )
     assert replay.status_code == 200 and replay.json()["duplicate"] is True
+    assert ledger.row_counts() == before
+
+
+def test_a_replay_is_answered_as_received_already_even_under_headers_that_would_not_map(
+    client, project, github
+):
+    # GitHub does not sign its event header: a captured ping sent again as a push.
+    ping = _push(client, github, [None], **{"X-GitHub-Event": "ping"})
+    assert ping.status_code == 201
+    before = ledger.row_counts()
+    replay = _push(client, github, [None], **{"X-GitHub-Delivery": "gh-2"})
+    assert replay.status_code == 200
+    assert replay.json() == {"delivery": "gh-2", "duplicate": True, "receipts": [], "ignored": 0}
     assert ledger.row_counts() == before
 
 
@@ -422,7 +388,7 @@ def _signed_post(client: Client, source: WebhookSource, body: bytes, stamp: str)
         f"/hooks/{source.name}/",
         data=body,
         content_type="application/json",
-        headers=_signed(body, stamp, source.secret),
+        headers=signed(body, stamp, source.secret),
     )
 
 
@@ -452,7 +418,17 @@ def test_a_timestamp_header_that_is_not_plain_decimal_digits_is_a_401_even_when_
         ("0001-01-01T00:00:00+23:59", "out of range"),
         ("2025-10-09T25:00:00", "ISO 8601"),
     ],
-    ids=["1e20", "-1e20", "10**30", "bool", "list", "1999", "year-10000-in-utc", "year-0-in-utc", "hour-25"],
+    ids=[
+        "1e20",
+        "-1e20",
+        "10**30",
+        "bool",
+        "list",
+        "1999",
+        "year-10000-in-utc",
+        "year-0-in-utc",
+        "hour-25",
+    ],
 )
 def test_an_observed_time_out_of_range_or_of_the_wrong_type_is_a_422_naming_its_path(
     client, project, stripe, created, message
