@@ -18,12 +18,14 @@ from durability.models import (
     Receipt,
     State,
     Strength,
+    WebhookDelivery,
     WebhookKind,
     WebhookSource,
 )
 from tests.api.support import signed
 from tests.authority.support import grant, under
 from tests.ledger import support as ledger
+from tests.ledger.test_concurrency import in_threads
 
 
 def _refund(key: str = "refund:1", charge: str = "re_1", cents: Any = 1250) -> dict[str, Any]:
@@ -570,3 +572,20 @@ def test_a_trailer_with_a_long_run_of_spaces_inside_is_answered_without_backtrac
     response = _push(client, github, [{**_commit("a" * 40, None), "message": message}])
     assert response.status_code == 422
     assert "at most 255 characters" in response.json()["fields"]["commits.0.message"]
+
+
+@pytest.mark.usefixtures("transactional_db")
+def test_one_delivery_sent_at_once_under_ten_delivery_ids_is_received_once(project, stripe):
+    ledger.intent(project, "refund:1")
+    body = json.dumps(_refund()).encode()
+    stamp = str(int(time.time()))
+
+    def send(i: int) -> int:
+        headers = signed(body, stamp, stripe.secret, delivery=f"d-{i}")
+        response = Client().post(
+            f"/hooks/{stripe.name}/", body, "application/json", headers=headers
+        )
+        return int(response.status_code)
+
+    assert sorted(in_threads(10, send)) == [200] * 9 + [201]
+    assert WebhookDelivery.objects.count() == 1 and Receipt.objects.count() == 1
