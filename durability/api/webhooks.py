@@ -143,9 +143,9 @@ def _amount(value: Any, currency: Any, exponent: int) -> dict[str, Any] | None:
     try:
         number = Decimal(str(value))  # str(True) and str([1]) are not numbers either
     except InvalidOperation:
-        raise ValueError(f"{value!r} is not a number") from None
+        raise ValueError(f"{value!r:.40} is not a number") from None
     if not number.is_finite():
-        raise ValueError(f"{value!r} is not a number")
+        raise ValueError(f"{value!r:.40} is not a number")
     if number.adjusted() - exponent >= MAX_INTEGER_DIGITS:
         raise ValueError(f"more than {MAX_INTEGER_DIGITS} digits before the decimal point")
     if int(number.as_tuple().exponent) - exponent < -MAX_DECIMALS:
@@ -188,10 +188,12 @@ def _mapped[T](paths: Mapping[str, str], field: str, convert: Callable[..., T], 
 
 def _generic(source: WebhookSource, payload: Any, delivery: str) -> list[ReceiptIn]:
     mapping: dict[str, Any] = source.mapping
-    found = {name: _at(payload, mapping[name]) for name in GENERIC_FIELDS if mapping.get(name)}
     paths = {name: mapping[name] for name in GENERIC_FIELDS if mapping.get(name)}
-    paths |= {"amount.value": paths.get("amount", "amount")}
-    paths |= {"amount.currency": paths.get("currency", "currency")}
+    found = {name: _at(payload, path) for name, path in paths.items()}
+    paths |= {
+        "amount.value": paths.get("amount", "amount"),
+        "amount.currency": paths.get("currency", "currency"),
+    }
     external_id = found.get("external_id")
     if isinstance(external_id, int) and not isinstance(external_id, bool):
         external_id = str(external_id)  # a provider's numeric id, taken as text
