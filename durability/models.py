@@ -878,10 +878,15 @@ class WebhookSource(models.Model):
 
 
 class WebhookDelivery(models.Model):
-    """A verified delivery, recorded once: the same delivery id again changes nothing."""
+    """A verified delivery, recorded once: the same delivery id, or the same signed bytes
+    under another id, again changes nothing."""
 
     source = models.ForeignKey(WebhookSource, models.CASCADE, related_name="deliveries")
     delivery_id = models.CharField(max_length=255)
+    # SHA-256 of the bytes the signature covers. The delivery id is not signed: a captured
+    # delivery sent again under a new id is known by this. Deliveries received before it
+    # was kept have "".
+    signed_digest = models.CharField(max_length=64, default="", editable=False)
     received = models.DateTimeField(default=timezone.now)
     receipts = models.PositiveIntegerField(default=0)
     # Items of the payload that named no effect key (e.g. commits without the trailer).
@@ -891,6 +896,11 @@ class WebhookDelivery(models.Model):
         constraints = [
             models.UniqueConstraint(
                 fields=["source", "delivery_id"], name="webhook_delivery_once_uniq"
+            ),
+            models.UniqueConstraint(
+                fields=["source", "signed_digest"],
+                condition=~Q(signed_digest=""),
+                name="webhook_delivery_signed_once_uniq",
             ),
         ]
         indexes = [

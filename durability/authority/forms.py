@@ -115,11 +115,16 @@ class WebhookSourceForm(forms.Form):
     )
 
     def clean_mapping(self) -> dict[str, Any]:
+        # Checked here, once: a mapping the intake could not follow would refuse every
+        # delivery the provider sends.
         mapping = self.cleaned_data.get("mapping") or {}
-        if not isinstance(mapping, dict) or not all(
-            isinstance(v, str | int) for v in mapping.values()
-        ):
+        if not isinstance(mapping, dict):
             raise forms.ValidationError("An object of field names to dotted paths.")
+        exponent = mapping.get("exponent", 0)
+        if type(exponent) is not int or not 0 <= exponent <= 18:
+            raise forms.ValidationError("The exponent is a whole number from 0 to 18 (2: cents).")
+        if not all(isinstance(v, str) and v for k, v in mapping.items() if k != "exponent"):
+            raise forms.ValidationError("Every field but the exponent names a dotted path.")
         return mapping
 
     def clean(self) -> dict[str, Any]:

@@ -11,58 +11,24 @@ import pytest
 from django.test import Client
 
 from durability.api.webhooks import Rejected, signature_of, verify
-from durability.authority.webhook_sources import webhook_source_create
 from durability.models import (
     Case,
     Effect,
-    Project,
     Reason,
     Receipt,
     State,
     Strength,
+    WebhookDelivery,
     WebhookKind,
     WebhookSource,
 )
+from tests.api.support import signed
 from tests.authority.support import grant, under
 from tests.ledger import support as ledger
-
-STRIPE_MAPPING = {
-    "key": "data.object.metadata.tallybook_key",
-    "external_id": "data.object.id",
-    "observed_at": "created",
-    "amount": "data.object.amount",
-    "currency": "data.object.currency",
-    "exponent": 2,
-}
+from tests.ledger.test_concurrency import in_threads
 
 
-@pytest.fixture
-def stripe(project: Project) -> WebhookSource:
-    return webhook_source_create(
-        project=project,
-        actor="user:ada",
-        name="alpha-stripe",
-        kind=WebhookKind.GENERIC,
-        system="stripe",
-        mapping=STRIPE_MAPPING,
-        tolerance_s=300,
-    )
-
-
-@pytest.fixture
-def github(project: Project) -> WebhookSource:
-    return webhook_source_create(
-        project=project,
-        actor="user:ada",
-        name="alpha-github",
-        kind=WebhookKind.GITHUB,
-        system="github",
-        mapping={},
-        tolerance_s=300,
-    )
-
-
-def _refund(key: str = "refund:1", charge: str = "re_1", cents: int = 1250) -> dict[str, Any]:
+def _refund(key: str = "refund:1", charge: str = "re_1", cents: Any = 1250) -> dict[str, Any]:
     return {
         "id": "evt_1",
         "created": 1_760_000_000,
@@ -74,15 +40,6 @@ def _refund(key: str = "refund:1", charge: str = "re_1", cents: int = 1250) -> d
                 "metadata": {"tallybook_key": key},
             }
         },
-    }
-
-
-def _signed(body: bytes, stamp: str, secret: str, delivery: str = "d-1") -> dict[str, str]:
-    """A generic source's headers for a body signed at `stamp` (Unix seconds)."""
-    return {
-        "X-Tallybook-Signature": signature_of(secret, body, stamp),
-        "X-Tallybook-Timestamp": stamp,
-        "X-Tallybook-Delivery": delivery,
     }
 
 
@@ -101,13 +58,11 @@ def _post(
         f"/hooks/{source.name}/",
         data=body,
         content_type="application/json",
-        headers=_signed(body, stamp, secret or source.secret, delivery),
+        headers=signed(body, stamp, secret or source.secret, delivery),
     )
 
 
-def _push(
-    client: Client, source: WebhookSource, commits: list[dict[str, Any]], **headers: str
-) -> Any:
+def _push(client: Client, source: WebhookSource, commits: list[Any], **headers: str) -> Any:
     body = json.dumps(
         {
             "ref": "refs/heads/main",
@@ -206,14 +161,14 @@ NOW = 1_760_000_000.9
 @pytest.mark.parametrize("skew", [-300, 300], ids=["oldest", "newest"])
 def test_a_delivery_signed_up_to_the_tolerance_away_is_inside_the_replay_window(stripe, skew):
     body = json.dumps(_refund()).encode()
-    headers = _signed(body, str(int(NOW) + skew), stripe.secret)
-    assert verify(stripe, headers, body, NOW) == "d-1"
+    headers = signed(body, str(int(NOW) + skew), stripe.secret)
+    assert verify(stripe, headers, body, NOW).delivery == "d-1"
 
 
 @pytest.mark.parametrize("skew", [-301, 301], ids=["stale", "from-the-future"])
 def test_a_delivery_signed_a_second_beyond_the_tolerance_is_a_401(stripe, skew):
     body = json.dumps(_refund()).encode()
-    headers = _signed(body, str(int(NOW) + skew), stripe.secret)
+    headers = signed(body, str(int(NOW) + skew), stripe.secret)
     with pytest.raises(Rejected, match="replay window") as rejected:
         verify(stripe, headers, body, NOW)
     assert rejected.value.status == 401
@@ -271,7 +226,8 @@ def test_a_payload_the_mapping_cannot_read_is_a_422_and_stores_nothing(client, p
     before = ledger.row_counts()
     response = _post(client, stripe, payload)
     assert response.status_code == 422
-    assert "key" in response.json()["fields"]
+    # Named by its path in the payload, what the provider knows.
+    assert "data.object.metadata.tallybook_key" in response.json()["fields"]
     assert ledger.row_counts() == before
 
 
@@ -354,3 +310,282 @@ def test_other_github_events_are_acknowledged_without_receipts(client, project, 
     assert response.status_code == 201
     assert response.json()["receipts"] == []
     assert not Receipt.objects.exists()
+
+
+# --- Replays: what is deduplicated is the signed content, whatever the headers say.
+
+
+def test_a_captured_delivery_replayed_in_the_window_under_a_new_delivery_id_stores_nothing(
+    client, project, stripe
+):
+    ledger.intent(project, "refund:1")
+    body = json.dumps(_refund()).encode()
+    headers = signed(body, str(int(time.time())), stripe.secret, delivery="d-1")
+    url = f"/hooks/{stripe.name}/"
+    assert client.post(url, body, "application/json", headers=headers).status_code == 201
+    before = ledger.row_counts()
+    replay = client.post(
+        url, body, "application/json", headers={**headers, "X-Tallybook-Delivery": "d-2"}
+    )
+    assert replay.status_code == 200
+    assert replay.json() == {"delivery": "d-2", "duplicate": True, "receipts": [], "ignored": 0}
+    assert ledger.row_counts() == before
+
+
+def test_a_captured_github_push_replayed_later_under_a_new_delivery_id_stores_nothing(
+    client, project, github
+):
+    ledger.intent(project, "fix:42")
+    assert _push(client, github, [_commit("a" * 40, "fix:42")]).status_code == 201
+    before = ledger.row_counts()
+    # GitHub signs no timestamp: the same bytes are valid for ever, under any headers.
+    replay = _push(
+        client,
+        github,
+        [_commit("a" * 40, "fix:42")],
+        **{"X-GitHub-Delivery": "gh-2", "X-GitHub-Event": "push"},
+    )
+    assert replay.status_code == 200 and replay.json()["duplicate"] is True
+    assert ledger.row_counts() == before
+
+
+def test_a_replay_is_answered_as_received_already_even_under_headers_that_would_not_map(
+    client, project, github
+):
+    # GitHub does not sign its event header: a captured ping sent again as a push.
+    ping = _push(client, github, [None], **{"X-GitHub-Event": "ping"})
+    assert ping.status_code == 201
+    before = ledger.row_counts()
+    replay = _push(client, github, [None], **{"X-GitHub-Delivery": "gh-2"})
+    assert replay.status_code == 200
+    assert replay.json() == {"delivery": "gh-2", "duplicate": True, "receipts": [], "ignored": 0}
+    assert ledger.row_counts() == before
+
+
+def test_the_providers_own_retry_under_a_fresh_timestamp_is_a_duplicate_by_its_delivery_id(
+    client, project, stripe
+):
+    ledger.intent(project, "refund:1")
+    assert _post(client, stripe, _refund(), delivery="evt_1").status_code == 201
+    before = ledger.row_counts()
+    retry = _post(client, stripe, _refund(), delivery="evt_1", skew=-10)
+    assert retry.status_code == 200 and retry.json()["duplicate"] is True
+    assert ledger.row_counts() == before
+
+
+def test_the_same_body_signed_at_another_time_under_another_delivery_id_is_a_new_delivery(
+    client, project, stripe
+):
+    # Two events of the provider may carry the same body; their signed bytes differ.
+    assert _post(client, stripe, _refund(), delivery="d-1").status_code == 201
+    again = _post(client, stripe, _refund(), delivery="d-2", skew=-10)
+    assert again.status_code == 201 and again.json()["duplicate"] is False
+
+
+# --- Odd input: refused with a 4xx naming what is wrong, and nothing stored.
+
+
+def _signed_post(client: Client, source: WebhookSource, body: bytes, stamp: str) -> Any:
+    return client.post(
+        f"/hooks/{source.name}/",
+        data=body,
+        content_type="application/json",
+        headers=signed(body, stamp, source.secret),
+    )
+
+
+@pytest.mark.parametrize(
+    "stamp", ["¹⁷⁶⁰⁰⁰⁰⁰⁰⁰", "1" * 5000, "", "-1", " 1760000000", "1760000000.5"]
+)
+def test_a_timestamp_header_that_is_not_plain_decimal_digits_is_a_401_even_when_signed(
+    client, project, stripe, stamp
+):
+    before = ledger.row_counts()
+    response = _signed_post(client, stripe, json.dumps(_refund()).encode(), stamp)
+    assert response.status_code == 401
+    assert "X-Tallybook-Timestamp" in response.json()["error"]
+    assert ledger.row_counts() == before
+
+
+@pytest.mark.parametrize(
+    ("created", "message"),
+    [
+        (1e20, "out of range"),
+        (-1e20, "out of range"),
+        (10**30, "out of range"),
+        (True, "Unix seconds"),
+        ([1_760_000_000], "Unix seconds"),
+        (946_684_799, "must lie between"),
+        ("9999-12-31T23:59:59-23:59", "out of range"),
+        ("0001-01-01T00:00:00+23:59", "out of range"),
+        ("2025-10-09T25:00:00", "ISO 8601"),
+    ],
+    ids=[
+        "1e20",
+        "-1e20",
+        "10**30",
+        "bool",
+        "list",
+        "1999",
+        "year-10000-in-utc",
+        "year-0-in-utc",
+        "hour-25",
+    ],
+)
+def test_an_observed_time_out_of_range_or_of_the_wrong_type_is_a_422_naming_its_path(
+    client, project, stripe, created, message
+):
+    ledger.intent(project, "refund:1")
+    before = ledger.row_counts()
+    response = _post(client, stripe, {**_refund(), "created": created})
+    assert response.status_code == 422
+    assert message in response.json()["fields"]["created"]
+    assert ledger.row_counts() == before
+
+
+def test_an_observed_time_is_stored_in_utc(client, project, stripe):
+    ledger.intent(project, "refund:1")
+    _post(client, stripe, {**_refund(), "created": "2025-10-09T23:30:00-23:00"})
+    observed = Receipt.objects.get().observed_at
+    assert observed is not None and observed.isoformat() == "2025-10-10T22:30:00+00:00"
+
+
+def test_a_commit_time_out_of_range_is_a_422_naming_the_commit_and_stores_no_receipt(
+    client, project, github
+):
+    ledger.intent(project, "fix:1")
+    ledger.intent(project, "fix:2")
+    before = ledger.row_counts()
+    response = _push(
+        client,
+        github,
+        [_commit("a" * 40, "fix:1"), {**_commit("b" * 40, "fix:2"), "timestamp": 1e20}],
+    )
+    assert response.status_code == 422
+    assert "out of range" in response.json()["fields"]["commits.1.timestamp"]
+    # All or nothing: the good commit of the same push is not recorded either.
+    assert ledger.row_counts() == before
+
+
+@pytest.mark.parametrize(
+    ("cents", "message"),
+    [
+        ("1e999999999", "digits"),
+        ("1e-999999999", "decimals"),
+        ("Infinity", "number"),
+        ("NaN", "number"),
+        ({"value": 1}, "number"),
+        (True, "number"),
+    ],
+    ids=["huge-exponent", "tiny-exponent", "infinity", "nan", "object", "bool"],
+)
+def test_an_amount_that_is_not_a_storable_sum_is_a_422_naming_its_path(
+    client, project, stripe, cents, message
+):
+    ledger.intent(project, "refund:1")
+    before = ledger.row_counts()
+    response = _post(client, stripe, _refund(cents=cents))
+    assert response.status_code == 422
+    assert message in response.json()["fields"]["data.object.amount"]
+    assert ledger.row_counts() == before
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b'{"id": "evt_1", "id": "evt_2"}', "duplicate key"),
+        (b"[" * 10_000 + b"]" * 10_000, "nested deeper"),
+        (b'{"created": NaN}', "NaN is not JSON"),
+        (b'{"id": "\xff"}', "UTF-8"),
+    ],
+    ids=["duplicate-key", "deep", "nan", "not-utf-8"],
+)
+def test_a_signed_body_that_is_not_plain_json_is_a_400_and_stores_nothing(
+    client, project, stripe, body, message
+):
+    before = ledger.row_counts()
+    response = _signed_post(client, stripe, body, str(int(time.time())))
+    assert response.status_code == 400
+    assert message in response.json()["fields"]["body"]
+    assert ledger.row_counts() == before
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "field"),
+    [
+        ("metadata", {"tallybook_key": "refund:\x00"}, "data.object.metadata.tallybook_key"),
+        ("metadata", {"tallybook_key": "refund:\ud800"}, "data.object.metadata.tallybook_key"),
+        ("id", "re_\udc00", "data.object.id"),
+        ("id", {"nested": "id"}, "data.object.id"),
+    ],
+    ids=["nul-key", "surrogate-key", "surrogate-id", "object-id"],
+)
+def test_a_mapped_text_postgresql_cannot_store_is_a_422_naming_its_path(
+    client, project, stripe, path, value, field
+):
+    payload = _refund()
+    payload["data"]["object"][path] = value
+    before = ledger.row_counts()
+    response = _post(client, stripe, payload)
+    assert response.status_code == 422
+    assert field in response.json()["fields"]
+    assert ledger.row_counts() == before
+
+
+@pytest.mark.parametrize(
+    ("commit", "field"),
+    [
+        ({"url": "https://github.com/\ud800"}, "commits.0.url"),
+        ({"url": "https://github.com/\x00"}, "commits.0.url"),
+        ({"id": 42}, "commits.0.id"),
+        ({"message": "Fix\n\nTallybook-Key: " + "k" * 300}, "commits.0.message"),
+    ],
+    ids=["surrogate-url", "nul-url", "numeric-id", "key-too-long"],
+)
+def test_a_commit_that_does_not_map_to_a_storable_receipt_is_a_422_naming_its_path(
+    client, project, github, commit, field
+):
+    before = ledger.row_counts()
+    response = _push(client, github, [{**_commit("a" * 40, "fix:42"), **commit}])
+    assert response.status_code == 422
+    assert field in response.json()["fields"]
+    assert ledger.row_counts() == before
+
+
+@pytest.mark.parametrize("delivery", ["d-\x00", "d-" + "x" * 300], ids=["nul", "too-long"])
+def test_a_delivery_id_that_cannot_be_stored_is_a_400_naming_the_header(
+    client, project, stripe, delivery
+):
+    before = ledger.row_counts()
+    response = _post(client, stripe, _refund(), delivery=delivery)
+    assert response.status_code == 400
+    assert "X-Tallybook-Delivery" in response.json()["fields"]
+    assert ledger.row_counts() == before
+
+
+def test_a_trailer_with_a_long_run_of_spaces_inside_is_answered_without_backtracking(
+    client, project, github
+):
+    # A regular expression that backtracked over the spaces took the square of the line's
+    # length: this 900 kB commit message held a web worker for half an hour.
+    message = "Fix\n\nTallybook-Key: fix:42" + " " * 900_000 + "!\n"
+    response = _push(client, github, [{**_commit("a" * 40, None), "message": message}])
+    assert response.status_code == 422
+    assert "at most 255 characters" in response.json()["fields"]["commits.0.message"]
+
+
+@pytest.mark.usefixtures("transactional_db")
+def test_one_delivery_sent_at_once_under_ten_delivery_ids_is_received_once(project, stripe):
+    ledger.intent(project, "refund:1")
+    body = json.dumps(_refund()).encode()
+    stamp = str(int(time.time()))
+
+    def send(i: int) -> int:
+        headers = signed(body, stamp, stripe.secret, delivery=f"d-{i}")
+        response = Client().post(
+            f"/hooks/{stripe.name}/", body, "application/json", headers=headers
+        )
+        return int(response.status_code)
+
+    assert sorted(in_threads(10, send)) == [200] * 9 + [201]
+    assert WebhookDelivery.objects.count() == 1 and Receipt.objects.count() == 1

@@ -1,0 +1,45 @@
+"""Webhook sources: the form takes only a mapping the intake can follow."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from durability.authority.forms import WebhookSourceForm
+
+
+def _form(mapping: Any) -> WebhookSourceForm:
+    return WebhookSourceForm(
+        {
+            "name": "alpha-stripe",
+            "kind": "generic",
+            "system": "stripe",
+            "mapping": mapping,
+            "tolerance_s": 300,
+        }
+    )
+
+
+def test_a_mapping_of_dotted_paths_with_an_exponent_is_taken():
+    form = _form('{"key": "data.metadata.key", "external_id": "data.id", "exponent": 2}')
+    assert form.is_valid(), form.errors
+    assert form.cleaned_data["mapping"]["exponent"] == 2
+
+
+@pytest.mark.parametrize(
+    ("mapping", "message"),
+    [
+        ('{"key": "k", "external_id": "id", "exponent": "2"}', "exponent"),
+        ('{"key": "k", "external_id": "id", "exponent": 99}', "exponent"),
+        ('{"key": "k", "external_id": "id", "exponent": true}', "exponent"),
+        ('{"key": 5, "external_id": "id"}', "dotted path"),
+        ('{"key": "k", "external_id": ""}', "dotted path"),
+        ('["key"]', "object"),
+    ],
+    ids=["text-exponent", "huge-exponent", "bool-exponent", "numeric-path", "empty-path", "list"],
+)
+def test_a_mapping_the_intake_could_not_follow_is_refused(mapping, message):
+    form = _form(mapping)
+    assert not form.is_valid()
+    assert message in " ".join(form.errors["mapping"])
