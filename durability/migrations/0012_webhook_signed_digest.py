@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('durability', '0010_audit_actions'),
+        ('durability', '0011_effect_claim'),
     ]
 
     operations = [
