@@ -109,14 +109,26 @@ def _depth_within(document: Any) -> None:
 def json_loads(body: bytes | str) -> Any:
     """Parse JSON from outside: ValueError for malformed JSON, a duplicate key in an object
     (which would otherwise keep the last value and hide the first), nesting deeper than
-    MAX_DEPTH, or the non-standard NaN and Infinity."""
+    MAX_DEPTH, a number too large for a float (1e400), text that is not UTF-8, or the
+    non-standard NaN and Infinity."""
 
     def refuse_constant(name: str) -> Any:
         raise ValueError(f"{name} is not JSON")
 
+    def finite(text: str) -> float:
+        number = float(text)
+        if not math.isfinite(number):
+            raise ValueError(f"{text[:20]} is out of range for a number")
+        return number
+
     try:
+        # json.loads would also take UTF-16 and UTF-32; RFC 8259 says UTF-8.
+        text = body.decode("utf-8") if isinstance(body, bytes) else body
         document = json.loads(
-            body, object_pairs_hook=_refuse_duplicates, parse_constant=refuse_constant
+            text,
+            object_pairs_hook=_refuse_duplicates,
+            parse_constant=refuse_constant,
+            parse_float=finite,
         )
     except RecursionError:
         raise ValueError(f"JSON nested deeper than {MAX_DEPTH} levels") from None
