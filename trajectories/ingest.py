@@ -24,7 +24,10 @@ from durability.models import Project
 from durability.redaction import (
     ATTRIBUTE_CAP,
     IO_CAP,
+    Extras,
     attributes_text,
+    distinct,
+    extras_of,
     json_text,
     redact,
     scrub_text,
@@ -161,6 +164,7 @@ def _span_values(
     s: SpanData,
     now: datetime,
     resource: tuple[str, dict[str, int]],
+    extras: Extras,
 ) -> tuple[Any, ...]:
     """A span's row in SPAN_COLUMNS order: secrets redacted, long values cut and recorded.
 
@@ -183,11 +187,21 @@ def _span_values(
         s.tool_name,
     ]
     # One search over all of the span's text: most spans hold nothing to redact or clean.
-    checked = not suspect("\n".join([*texts, attributes_json, io_json[0] or "", io_json[1] or ""]))
+    checked = not suspect(
+        "\n".join([*texts, attributes_json, io_json[0] or "", io_json[1] or ""]), extras
+    )
     if not checked:
-        texts = [scrub_text(texts[0]), scrub_text(texts[1]), *(_plain(t) for t in texts[2:])]
+        # The rest are names and ids: a secret in one is replaced by its digest, so that a
+        # tool call id still matches its effect's.
+        texts = [
+            scrub_text(texts[0], extras),
+            scrub_text(texts[1], extras),
+            *(distinct(t, extras) for t in texts[2:]),
+        ]
     capped: dict[str, Any] = {}
-    attributes, cut = attributes_text(s.attributes, ATTRIBUTE_CAP, attributes_json, checked=checked)
+    attributes, cut = attributes_text(
+        s.attributes, ATTRIBUTE_CAP, attributes_json, checked=checked, extras=extras
+    )
     for prefix, sizes in (("attributes", cut), ("resource", resource[1])):
         for key, size in sizes.items():
             capped[f"{prefix}.{key}"] = {"size": size, "cap": ATTRIBUTE_CAP}
@@ -196,7 +210,7 @@ def _span_values(
         if value is None:
             io.append(None)
             continue
-        text, cut_size = json_text(value, IO_CAP, given, checked=checked)
+        text, cut_size = json_text(value, IO_CAP, given, checked=checked, extras=extras)
         if cut_size is not None:
             capped[name] = {"size": cut_size, "cap": IO_CAP}
         io.append(text)
@@ -425,7 +439,7 @@ def _runs_refresh(runs: Iterable[Run], hints: dict[int, list[SpanData]]) -> None
             hints.get(run.pk, []),
             key=lambda s: (bool(s.parent_span_id), s.kind != SpanKind.AGENT, s.start),
         )
-        hint_values += [run.pk, *(_plain(_hint(ordered, name))[:255] for name in RUN_HINTS)]
+        hint_values += [run.pk, *(distinct(_hint(ordered, name))[:255] for name in RUN_HINTS)]
     sql = RUNS_REFRESH.format(
         fills=_FILLS,
         runs=", ".join(["%s"] * len(runs)),
@@ -448,17 +462,21 @@ def _spans_store(project: Project, spans: list[SpanData], touched: Touched) -> N
         return
     # The last copy of a span re-sent within one batch wins.
     spans = list({(s.trace_id, s.span_id): s for s in spans}.values())
+    extras = extras_of(project)
+    for s in spans:
+        # A run id is an identity, as the ledger's is: the same digest for the same secret.
+        s.run_key = distinct(s.run_key, extras)
     runs = _runs_of(project, spans, touched)
     now = timezone.now()
     # Spans of one OTLP resource share its attributes dict: encode it once.
     resources: dict[int, tuple[str, dict[str, int]]] = {}
     for s in spans:
         if id(s.resource) not in resources:
-            resources[id(s.resource)] = attributes_text(s.resource, ATTRIBUTE_CAP)
+            resources[id(s.resource)] = attributes_text(s.resource, ATTRIBUTE_CAP, extras=extras)
     # Model.pk is a property: looked up once per run, not once per span.
     project_pk, run_pks = project.pk, {key: run.pk for key, run in runs.items()}
     rows = [
-        _span_values(project_pk, run_pks[s.run_key], s, now, resources[id(s.resource)])
+        _span_values(project_pk, run_pks[s.run_key], s, now, resources[id(s.resource)], extras)
         for s in spans
     ]
     _spans_upsert(rows, [[_plain(c) for c in s.requested_calls] for s in spans])
@@ -614,17 +632,22 @@ def _span_of_event(event: SpanEventIn) -> SpanData:
 
 def _run_events_store(project: Project, events: list[RunEventIn], touched: Touched) -> None:
     """Create or update named runs; their traces join them (merging runs inferred for them)."""
+    extras = extras_of(project)
     for event in sorted(events, key=lambda e: e.run_id):
+        run_id = distinct(event.run_id, extras)
         given = {
             name: getattr(event, name)
             for name in (*RUN_HINTS, "status", "started", "ended")
             if getattr(event, name) is not None
         }
+        for name in RUN_HINTS:
+            if name in given:
+                given[name] = distinct(given[name], extras)
         if event.attributes is not None:
-            given["attributes"] = redact(event.attributes)
+            given["attributes"] = redact(event.attributes, extras)
         run, _ = Run.objects.update_or_create(
             project=project,
-            run_id=event.run_id,
+            run_id=run_id,
             defaults={**given, "inferred": False, "updated": timezone.now()},
         )
         owners = {
