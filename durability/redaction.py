@@ -80,17 +80,20 @@ _SECRET_PAIRS = frozenset(
 )
 _WORD = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")
 
+# A token starts after anything but a letter or digit: "re_ghp_…" and "key_sk-…" hold one,
+# "task-…" does not (\b would miss the first two, "_" being a word character).
+_START = r"(?<![A-Za-z0-9])"
 # (marker, pattern): a text is searched for a pattern only when it holds the marker;
 # running every regex over every text would dominate ingest time.
 _TOKENS: list[tuple[str, re.Pattern[str]]] = [
-    ("sk-", re.compile(r"\bsk-[A-Za-z0-9_-]{16,}")),  # OpenAI, Anthropic
-    ("gh", re.compile(r"\bgh[pousr]_[A-Za-z0-9]{30,}")),  # GitHub tokens
-    ("github_pat_", re.compile(r"\bgithub_pat_\w{20,}")),  # GitHub fine-grained tokens
-    ("AKIA", re.compile(r"\bAKIA[0-9A-Z]{16}\b")),  # AWS access key ids
-    ("ASIA", re.compile(r"\bASIA[0-9A-Z]{16}\b")),  # AWS temporary key ids
-    ("xox", re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}")),  # Slack
-    ("AIza", re.compile(r"\bAIza[0-9A-Za-z_-]{35}")),  # Google
-    ("tb_", re.compile(r"\btb_[A-Za-z0-9_-]{20,}")),  # our own API keys
+    ("sk-", re.compile(_START + r"sk-[A-Za-z0-9_-]{16,}")),  # OpenAI, Anthropic
+    ("gh", re.compile(_START + r"gh[pousr]_[A-Za-z0-9]{30,}")),  # GitHub tokens
+    ("github_pat_", re.compile(_START + r"github_pat_\w{20,}")),  # GitHub fine-grained tokens
+    ("AKIA", re.compile(_START + r"AKIA[0-9A-Z]{16}\b")),  # AWS access key ids
+    ("ASIA", re.compile(_START + r"ASIA[0-9A-Z]{16}\b")),  # AWS temporary key ids
+    ("xox", re.compile(_START + r"xox[abposr]-[A-Za-z0-9-]{10,}")),  # Slack
+    ("AIza", re.compile(_START + r"AIza[0-9A-Za-z_-]{35}")),  # Google
+    ("tb_", re.compile(_START + r"tb_[A-Za-z0-9_-]{20,}")),  # our own API keys
 ]
 # "Bearer <token>": the label stays, so a reader sees what was removed.
 _BEARER = re.compile(r"(?i)(\bbearer\s+)([A-Za-z0-9._~+/=-]{8,})")
@@ -185,7 +188,8 @@ def _mark_distinct(secret: str) -> str:
     # Keyed, so that the digest of a short or guessable secret cannot be looked up; no
     # longer than the secret where it can be (4 to 12 hex digits).
     size = min(12, max(4, len(secret) - 11))
-    return f"[REDACTED:{salted_hmac('tallybook.redaction', secret).hexdigest()[:size]}]"
+    digest = salted_hmac("tallybook.redaction", secret, algorithm="sha256").hexdigest()
+    return f"[REDACTED:{digest[:size]}]"
 
 
 def _assignments(text: str, mark: Callable[[str], str]) -> str:
