@@ -290,21 +290,22 @@ def redact_input[M: BaseModel](model: M, extras: Extras = NONE) -> M:
 
     Its own text fields are identities or short reports (a key, an external id, an error)
     and get `distinct`; JSON values (a request, a receipt's data) get `redact`; nested
-    inputs the same, recursively. Not validated again: redaction only shortens texts or
-    replaces values with text where any JSON was allowed.
+    inputs the same, recursively, and the names of their free extra fields too. Not
+    validated again: redaction only shortens texts, or replaces values with text where
+    any JSON was allowed.
     """
-    fields = {**model.__dict__, **(model.model_extra or {})}
-    changed: dict[str, Any] = {}
-    for name, value in fields.items():
+
+    def redacted(name: str, value: Any) -> Any:
         if isinstance(value, BaseModel):
-            new: Any = redact_input(value, extras)
-        elif isinstance(value, str):
-            new = REDACTED if is_secret_key(name, extras) else distinct(value, extras)
-        else:
-            new = redact({name: value}, extras)[name]
-        if new is not value and new != value:
-            changed[name] = new
-    return model.model_copy(update=changed) if changed else model
+            return redact_input(value, extras)
+        if isinstance(value, str):
+            return REDACTED if is_secret_key(name, extras) else distinct(value, extras)
+        return redact({name: value}, extras)[name]
+
+    values = {name: redacted(name, value) for name, value in model.__dict__.items()}
+    for name, value in (model.model_extra or {}).items():
+        values[scrub_text(name, extras)] = redacted(name, value)
+    return model.model_construct(_fields_set=model.model_fields_set, **values)
 
 
 def suspect(text: str, extras: Extras = NONE) -> bool:

@@ -24,6 +24,7 @@ from durability.models import Project
 from durability.redaction import (
     ATTRIBUTE_CAP,
     IO_CAP,
+    NONE,
     Extras,
     attributes_text,
     distinct,
@@ -423,7 +424,9 @@ _FILLS = ",\n    ".join(
 _HINT_ROW = "SELECT %s AS run, " + ", ".join(f"%s AS {name}" for name in RUN_HINTS)
 
 
-def _runs_refresh(runs: Iterable[Run], hints: dict[int, list[SpanData]]) -> None:
+def _runs_refresh(
+    runs: Iterable[Run], hints: dict[int, list[SpanData]], extras: Extras = NONE
+) -> None:
     """Recompute the runs' aggregates from their spans; fill blank names from span hints.
 
     One statement. Rescans each run's spans (one index range per run), so counts stay
@@ -439,7 +442,10 @@ def _runs_refresh(runs: Iterable[Run], hints: dict[int, list[SpanData]]) -> None
             hints.get(run.pk, []),
             key=lambda s: (bool(s.parent_span_id), s.kind != SpanKind.AGENT, s.start),
         )
-        hint_values += [run.pk, *(distinct(_hint(ordered, name))[:255] for name in RUN_HINTS)]
+        hint_values += [
+            run.pk,
+            *(distinct(_hint(ordered, name), extras)[:255] for name in RUN_HINTS),
+        ]
     sql = RUNS_REFRESH.format(
         fills=_FILLS,
         runs=", ".join(["%s"] * len(runs)),
@@ -479,7 +485,7 @@ def _spans_store(project: Project, spans: list[SpanData], touched: Touched) -> N
         _span_values(project_pk, run_pks[s.run_key], s, now, resources[id(s.resource)], extras)
         for s in spans
     ]
-    _spans_upsert(rows, [[_plain(c) for c in s.requested_calls] for s in spans])
+    _spans_upsert(rows, [[distinct(c, extras) for c in s.requested_calls] for s in spans])
     hints: dict[int, list[SpanData]] = defaultdict(list)
     for s in spans:
         hints[run_pks[s.run_key]].append(s)
@@ -487,7 +493,7 @@ def _spans_store(project: Project, spans: list[SpanData], touched: Touched) -> N
         if s.tool_call_id:
             touched.tool_call_ids.add(s.tool_call_id)
         touched.tool_call_ids.update(s.requested_calls)
-    _runs_refresh(runs.values(), hints)
+    _runs_refresh(runs.values(), hints, extras)
 
 
 def spans_ingest(*, project: Project, spans: list[SpanData]) -> Touched:
@@ -586,14 +592,19 @@ def _event_validate(index: int, raw: Any) -> RunEventIn | SpanEventIn | EventRes
 
 
 def _events_claim(project: Project, event_ids: list[str]) -> set[str]:
-    """Record event ids as seen; returns those not seen before (in this transaction)."""
+    """Record event ids as seen; returns those not seen before (in this transaction).
+
+    An id is stored as `distinct` makes it, so that a secret in one is not kept.
+    """
     if not event_ids:
         return set()
+    extras = extras_of(project)
+    stored = {distinct(event_id, extras): event_id for event_id in event_ids}
     table = SeenEvent._meta.db_table
     now = timezone.now()
-    values = ", ".join(["(%s, %s, %s)"] * len(event_ids))
+    values = ", ".join(["(%s, %s, %s)"] * len(stored))
     params: list[Any] = []
-    for event_id in event_ids:
+    for event_id in stored:
         params += [project.pk, event_id, now]
     with connection.cursor() as cursor:
         cursor.execute(
@@ -601,7 +612,7 @@ def _events_claim(project: Project, event_ids: list[str]) -> set[str]:
             "ON CONFLICT (project_id, event_id) DO NOTHING RETURNING event_id",
             params,
         )
-        return {row[0] for row in cursor.fetchall()}
+        return {stored[row[0]] for row in cursor.fetchall()}
 
 
 def _span_of_event(event: SpanEventIn) -> SpanData:
