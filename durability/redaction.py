@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import re
-import re._parser as sre_parse  # the only way to read a pattern's structure without running it
+import re._parser as sre_parse  # type: ignore[import-not-found]  # no stub; reads a pattern without running it
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
