@@ -470,8 +470,11 @@ def _spans_store(project: Project, spans: list[SpanData], touched: Touched) -> N
     spans = list({(s.trace_id, s.span_id): s for s in spans}.values())
     extras = extras_of(project)
     for s in spans:
-        # A run id is an identity, as the ledger's is: the same digest for the same secret.
+        # Identities, stored as the ledger stores its own: a secret in one becomes its
+        # digest, the same for the same secret, so links still find their effects.
         s.run_key = distinct(s.run_key, extras)
+        s.tool_call_id = distinct(s.tool_call_id, extras)
+        s.requested_calls = [distinct(c, extras) for c in s.requested_calls]
     runs = _runs_of(project, spans, touched)
     now = timezone.now()
     # Spans of one OTLP resource share its attributes dict: encode it once.
@@ -485,7 +488,7 @@ def _spans_store(project: Project, spans: list[SpanData], touched: Touched) -> N
         _span_values(project_pk, run_pks[s.run_key], s, now, resources[id(s.resource)], extras)
         for s in spans
     ]
-    _spans_upsert(rows, [[distinct(c, extras) for c in s.requested_calls] for s in spans])
+    _spans_upsert(rows, [[_plain(c) for c in s.requested_calls] for s in spans])
     hints: dict[int, list[SpanData]] = defaultdict(list)
     for s in spans:
         hints[run_pks[s.run_key]].append(s)
