@@ -10,6 +10,7 @@ differ only in a secret stay two and the same one is found again.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 import re._parser as sre_parse  # type: ignore[import-not-found]  # no stub; reads a pattern without running it
@@ -23,6 +24,8 @@ from pydantic import BaseModel
 
 if TYPE_CHECKING:
     from durability.models import Project
+
+logger = logging.getLogger(__name__)
 
 REDACTED = "[REDACTED]"
 # A project's own configuration stays small: it runs over every text of every ingest.
@@ -167,17 +170,31 @@ def pattern_check(pattern: str) -> re.Pattern[str]:
 
 @lru_cache(maxsize=256)
 def extras_from(patterns: tuple[str, ...], keys: tuple[str, ...]) -> Extras:
-    """Extras from stored configuration (checked when it was saved)."""
+    """Extras from stored configuration (checked when saved on the settings page).
+
+    A stored pattern that fails the check anyway (written around the page) is left out
+    and logged: ingest must not fail on what the database holds.
+    """
     if not patterns and not keys:
         return NONE
-    return Extras(tuple(re.compile(p) for p in patterns), frozenset(k.lower() for k in keys))
+    compiled = []
+    for pattern in patterns:
+        try:
+            compiled.append(pattern_check(pattern))
+        except BadPattern as exc:
+            logger.error("redaction pattern %r left out: %s", pattern, exc)
+    return Extras(tuple(compiled), frozenset(k.lower() for k in keys))
 
 
 def extras_of(project: Project | None) -> Extras:
     """The project's own patterns and key names; compiled once per configuration."""
     if project is None:
         return NONE
-    return extras_from(tuple(project.redaction_patterns), tuple(project.redaction_keys))
+
+    def texts(stored: Any) -> tuple[str, ...]:
+        return tuple(t for t in stored if isinstance(t, str)) if isinstance(stored, list) else ()
+
+    return extras_from(texts(project.redaction_patterns), texts(project.redaction_keys))
 
 
 def _mark_plain(secret: str) -> str:

@@ -110,3 +110,13 @@ def test_an_operators_evidence_is_redacted_too(project):
     ledger.timeout(project, "pay:1")
     ledger.settle(project, "pay:1", Event.ATTEST_HAPPENED, evidence=f"re_{OPENAI}")
     assert OPENAI not in _stored(project)
+
+
+def test_a_stored_pattern_that_fails_the_check_is_left_out_and_recording_goes_on(api, project):
+    # Written around the settings page (a shell, a data migration): ingest must not fail.
+    Project.objects.filter(pk=project.pk).update(
+        redaction_patterns=["(a+)+$", "[", 7, "cust-[0-9]{6}"], redaction_keys={"not": "a list"}
+    )
+    r = api.intent("pay:1", request={"customer": "cust-123456"})
+    assert r.status_code == 201
+    assert Effect.objects.get(key="pay:1").request == {"customer": REDACTED}
