@@ -49,7 +49,8 @@ class MembershipInline(admin.TabularInline):  # type: ignore[type-arg]
 @admin.register(Project)
 class ProjectAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = ["name", "created"]
-    readonly_fields = ["audit_seq", "audit_head"]
+    # Redaction is set on the settings page, which checks the patterns and audits the change.
+    readonly_fields = ["audit_seq", "audit_head", "redaction_patterns", "redaction_keys"]
     inlines = [MembershipInline]
 
 

@@ -45,6 +45,10 @@ class Project(models.Model):
     authority_policy = models.CharField(
         max_length=8, choices=AuthorityPolicy.choices, default=AuthorityPolicy.AUDIT
     )
+    # The project's own secrets, redacted on top of the built-in ones (durability.redaction):
+    # regular expressions, checked when saved, and field or attribute names.
+    redaction_patterns = models.JSONField(default=list, blank=True)
+    redaction_keys = models.JSONField(default=list, blank=True)
 
     class Meta:
         ordering = ["name"]
@@ -501,6 +505,7 @@ class AuditAction(models.TextChoices):
     APIKEY_CREATED = "apikey_created", "Apikey created"
     APIKEY_REVOKED = "apikey_revoked", "Apikey revoked"
     AUTHORITY_POLICY_SET = "authority_policy_set", "Authority policy set"
+    REDACTION_SET = "redaction_set", "Redaction set"
 
 
 class AuditEntry(models.Model):

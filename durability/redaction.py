@@ -1,14 +1,38 @@
-"""Redaction of secrets and size caps, applied to span data before anything is stored."""
+"""Redaction of secrets and size caps: the one step every entrance's data passes before
+anything is stored or hashed (ledger fields, events, spans, webhooks).
+
+A project may add its own patterns and key names (`Extras`, from `Project.redaction_*`).
+Free text and JSON values get `[REDACTED]`; identities (keys, external ids, run ids) get
+`[REDACTED:<digest>]` instead, a keyed digest of the secret, so that two identities that
+differ only in a secret stay two and the same one is found again.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
+import re._parser as sre_parse  # type: ignore[import-not-found]  # no stub; reads a pattern without running it
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from django.utils.crypto import salted_hmac
+from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    from durability.models import Project
+
+logger = logging.getLogger(__name__)
 
 REDACTED = "[REDACTED]"
+# A project's own configuration stays small: it runs over every text of every ingest.
+MAX_PATTERNS = 20
+MAX_PATTERN_LENGTH = 200
+MAX_KEY_NAMES = 50
+MAX_KEY_NAME_LENGTH = 100
 # Inputs and outputs (messages, tool arguments and results) keep this many bytes of JSON.
 IO_CAP = 64 * 1024
 # Each attribute value keeps this many bytes of JSON.
@@ -59,20 +83,23 @@ _SECRET_PAIRS = frozenset(
 )
 _WORD = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")
 
+# A token starts after anything but a letter or digit: "re_ghp_…" and "key_sk-…" hold one,
+# "task-…" does not (\b would miss the first two, "_" being a word character).
+_START = r"(?<![A-Za-z0-9])"
 # (marker, pattern): a text is searched for a pattern only when it holds the marker;
 # running every regex over every text would dominate ingest time.
 _TOKENS: list[tuple[str, re.Pattern[str]]] = [
-    ("sk-", re.compile(r"\bsk-[A-Za-z0-9_-]{16,}")),  # OpenAI, Anthropic
-    ("gh", re.compile(r"\bgh[pousr]_[A-Za-z0-9]{30,}")),  # GitHub tokens
-    ("github_pat_", re.compile(r"\bgithub_pat_\w{20,}")),  # GitHub fine-grained tokens
-    ("AKIA", re.compile(r"\bAKIA[0-9A-Z]{16}\b")),  # AWS access key ids
-    ("ASIA", re.compile(r"\bASIA[0-9A-Z]{16}\b")),  # AWS temporary key ids
-    ("xox", re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}")),  # Slack
-    ("AIza", re.compile(r"\bAIza[0-9A-Za-z_-]{35}")),  # Google
-    ("tb_", re.compile(r"\btb_[A-Za-z0-9_-]{20,}")),  # our own API keys
+    ("sk-", re.compile(_START + r"sk-[A-Za-z0-9_-]{16,}")),  # OpenAI, Anthropic
+    ("gh", re.compile(_START + r"gh[pousr]_[A-Za-z0-9]{30,}")),  # GitHub tokens
+    ("github_pat_", re.compile(_START + r"github_pat_\w{20,}")),  # GitHub fine-grained tokens
+    ("AKIA", re.compile(_START + r"AKIA[0-9A-Z]{16}\b")),  # AWS access key ids
+    ("ASIA", re.compile(_START + r"ASIA[0-9A-Z]{16}\b")),  # AWS temporary key ids
+    ("xox", re.compile(_START + r"xox[abposr]-[A-Za-z0-9-]{10,}")),  # Slack
+    ("AIza", re.compile(_START + r"AIza[0-9A-Za-z_-]{35}")),  # Google
+    ("tb_", re.compile(_START + r"tb_[A-Za-z0-9_-]{20,}")),  # our own API keys
 ]
 # "Bearer <token>": the label stays, so a reader sees what was removed.
-_BEARER = re.compile(r"(?i)(\bbearer\s+)(?!\[REDACTED\])[A-Za-z0-9._~+/=-]{8,}")
+_BEARER = re.compile(r"(?i)(\bbearer\s+)([A-Za-z0-9._~+/=-]{8,})")
 # password=…, "api_key": "…", token: … in free text: found by keyword, then matched.
 _ASSIGNMENT_KEYWORDS = (
     "password",
@@ -85,12 +112,104 @@ _ASSIGNMENT_KEYWORDS = (
     "authorization",
 )
 _ASSIGNMENT_VALUE = re.compile(
-    r"[\"']?\s*[:=]\s*[\"']?(?!\[REDACTED\])(?!(?i:bearer)\b)"
+    r"[\"']?\s*[:=]\s*[\"']?(?!\[REDACTED[\]:])(?!(?i:bearer)\b)"
     r"((?:(?i:basic|digest|token|negotiate)\s+)?[^\s\"'&,;]+)"
 )
 
 
-def _assignments(text: str) -> str:
+@dataclass(frozen=True)
+class Extras:
+    """A project's own secrets: patterns (compiled) and key names (lowercased)."""
+
+    patterns: tuple[re.Pattern[str], ...] = ()
+    keys: frozenset[str] = field(default_factory=frozenset)
+
+
+NONE = Extras()
+
+
+class BadPattern(ValueError):
+    """A project's pattern that cannot be used, with the reason."""
+
+
+def _unbounded_repeats(parsed: Any) -> Iterable[Any]:
+    """The unbounded repeats (`*`, `+`, `{n,}`) in a parsed pattern, with their bodies."""
+    for op, arg in parsed:
+        if op in (sre_parse.MAX_REPEAT, sre_parse.MIN_REPEAT):
+            low, high, body = arg
+            if high == sre_parse.MAXREPEAT:
+                yield body
+            yield from _unbounded_repeats(body)
+        elif op == sre_parse.SUBPATTERN:
+            yield from _unbounded_repeats(arg[-1])
+        elif op == sre_parse.BRANCH:
+            for branch in arg[1]:
+                yield from _unbounded_repeats(branch)
+
+
+def pattern_check(pattern: str) -> re.Pattern[str]:
+    """The compiled pattern, or BadPattern: too long, not a regex, empty-matching, or
+    prone to catastrophic backtracking (an unbounded repeat inside another)."""
+    if not pattern:
+        raise BadPattern("empty")
+    if len(pattern) > MAX_PATTERN_LENGTH:
+        raise BadPattern(f"over {MAX_PATTERN_LENGTH} characters")
+    try:
+        compiled = re.compile(pattern)
+    except re.error as exc:
+        raise BadPattern(f"not a regular expression: {exc}") from exc
+    if compiled.search("") is not None:
+        raise BadPattern("matches the empty text, so it would redact everything")
+    # Python's re has no timeout: nested unbounded repeats like (a+)+ can take exponential
+    # time on a hostile text, on every ingest of the project.
+    for body in _unbounded_repeats(sre_parse.parse(pattern)):
+        if any(True for _ in _unbounded_repeats(body)):
+            raise BadPattern("an unbounded repeat inside another (like (a+)+) can hang ingest")
+    return compiled
+
+
+@lru_cache(maxsize=256)
+def extras_from(patterns: tuple[str, ...], keys: tuple[str, ...]) -> Extras:
+    """Extras from stored configuration (checked when saved on the settings page).
+
+    A stored pattern that fails the check anyway (written around the page) is left out
+    and logged: ingest must not fail on what the database holds.
+    """
+    if not patterns and not keys:
+        return NONE
+    compiled = []
+    for pattern in patterns:
+        try:
+            compiled.append(pattern_check(pattern))
+        except BadPattern as exc:
+            logger.error("redaction pattern %r left out: %s", pattern, exc)
+    return Extras(tuple(compiled), frozenset(k.lower() for k in keys))
+
+
+def extras_of(project: Project | None) -> Extras:
+    """The project's own patterns and key names; compiled once per configuration."""
+    if project is None:
+        return NONE
+
+    def texts(stored: Any) -> tuple[str, ...]:
+        return tuple(t for t in stored if isinstance(t, str)) if isinstance(stored, list) else ()
+
+    return extras_from(texts(project.redaction_patterns), texts(project.redaction_keys))
+
+
+def _mark_plain(secret: str) -> str:
+    return REDACTED
+
+
+def _mark_distinct(secret: str) -> str:
+    # Keyed, so that the digest of a short or guessable secret cannot be looked up; no
+    # longer than the secret where it can be (4 to 12 hex digits).
+    size = min(12, max(4, len(secret) - 11))
+    digest = salted_hmac("tallybook.redaction", secret, algorithm="sha256").hexdigest()
+    return f"[REDACTED:{digest[:size]}]"
+
+
+def _assignments(text: str, mark: Callable[[str], str]) -> str:
     lowered = text.lower()
     cuts: set[tuple[int, int]] = set()
     for keyword in _ASSIGNMENT_KEYWORDS:
@@ -106,15 +225,14 @@ def _assignments(text: str) -> str:
     parts, last = [], 0
     for begin, end in sorted(cuts):
         if begin >= last:
-            parts += [text[last:begin], REDACTED]
+            parts += [text[last:begin], mark(text[begin:end])]
             last = end
     parts.append(text[last:])
     return "".join(parts)
 
 
 @lru_cache(maxsize=4096)
-def is_secret_key(key: str) -> bool:
-    """Whether a field or attribute named `key` holds a secret (password, api_key, …)."""
+def _is_secret_name(key: str) -> bool:
     words = [w.lower() for w in _WORD.findall(key)]
     if not words:
         return False
@@ -123,42 +241,91 @@ def is_secret_key(key: str) -> bool:
     return len(words) > 1 and (words[-2], words[-1]) in _SECRET_PAIRS
 
 
-def scrub_text(text: str) -> str:
-    """Known secret patterns replaced, NUL characters (which PostgreSQL refuses) removed."""
+def is_secret_key(key: str, extras: Extras = NONE) -> bool:
+    """Whether a field or attribute named `key` holds a secret (password, api_key, or one
+    of the project's own key names)."""
+    return _is_secret_name(key) or (bool(extras.keys) and key.lower() in extras.keys)
+
+
+def _scrub(text: str, extras: Extras, mark: Callable[[str], str]) -> str:
     if "\x00" in text:
         text = text.replace("\x00", "")
     for marker, pattern in _TOKENS:
         if marker in text:
-            text = pattern.sub(REDACTED, text)
+            text = pattern.sub(lambda m: mark(m.group()), text)
     if "bearer" in text.lower():
-        text = _BEARER.sub(rf"\g<1>{REDACTED}", text)
-    return _assignments(text)
+        text = _BEARER.sub(lambda m: m.group(1) + mark(m.group(2)), text)
+    for pattern in extras.patterns:
+        text = pattern.sub(lambda m: mark(m.group()), text)
+    return _assignments(text, mark)
+
+
+def scrub_text(text: str, extras: Extras = NONE) -> str:
+    """Known secret patterns replaced, NUL characters (which PostgreSQL refuses) removed."""
+    return _scrub(text, extras, _mark_plain)
+
+
+def distinct(text: str, extras: Extras = NONE) -> str:
+    """An identity (key, external id, run id…) with each secret in it replaced by its keyed
+    digest: the same identity always gives the same text, different ones stay different.
+
+    Never longer than it was, so that it still fits its column: what a mark for a very
+    short secret adds is cut from the end.
+    """
+    if not suspect(text, extras):
+        return text
+    return _scrub(text, extras, _mark_distinct)[: len(text)]
 
 
 def _is_scalar(value: Any) -> bool:
     return isinstance(value, (str, int, float)) and not isinstance(value, bool)
 
 
-def redact(value: Any) -> Any:
+def redact(value: Any, extras: Extras = NONE) -> Any:
     """A copy of a JSON value with secrets redacted, by key name and by pattern in text.
 
     Also makes it storable: NUL characters dropped, non-finite numbers written as text.
     """
     if isinstance(value, str):
-        return scrub_text(value)
+        return scrub_text(value, extras)
     if isinstance(value, dict):
         return {
-            scrub_text(str(k)): (REDACTED if _is_scalar(v) and is_secret_key(str(k)) else redact(v))
+            scrub_text(str(k), extras): (
+                REDACTED if _is_scalar(v) and is_secret_key(str(k), extras) else redact(v, extras)
+            )
             for k, v in value.items()
         }
     if isinstance(value, (list, tuple)):
-        return [redact(v) for v in value]
+        return [redact(v, extras) for v in value]
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     return value
 
 
-def suspect(text: str) -> bool:
+def redact_input[M: BaseModel](model: M, extras: Extras = NONE) -> M:
+    """A copy of a validated input with no secret left in any field.
+
+    Its own text fields are identities or short reports (a key, an external id, an error)
+    and get `distinct`; JSON values (a request, a receipt's data) get `redact`; nested
+    inputs the same, recursively, and the names of their free extra fields too. Not
+    validated again: redaction only shortens texts, or replaces values with text where
+    any JSON was allowed.
+    """
+
+    def redacted(name: str, value: Any) -> Any:
+        if isinstance(value, BaseModel):
+            return redact_input(value, extras)
+        if isinstance(value, str):
+            return REDACTED if is_secret_key(name, extras) else distinct(value, extras)
+        return redact({name: value}, extras)[name]
+
+    values = {name: redacted(name, value) for name, value in model.__dict__.items()}
+    for name, value in (model.model_extra or {}).items():
+        values[scrub_text(name, extras)] = redacted(name, value)
+    return model.model_construct(_fields_set=model.model_fields_set, **values)
+
+
+def suspect(text: str, extras: Extras = NONE) -> bool:
     """Whether a text may hold a secret or a NUL; only such texts are redacted field by field.
 
     A few substring searches in C are far cheaper than walking every value with regexes.
@@ -167,11 +334,20 @@ def suspect(text: str) -> bool:
         if marker in text:
             return True
     lowered = text.lower()
-    return any(marker in lowered for marker in _LOWER_MARKERS)
+    if any(marker in lowered for marker in _LOWER_MARKERS):
+        return True
+    if extras.keys and any(key in lowered for key in extras.keys):
+        return True
+    return any(pattern.search(text) for pattern in extras.patterns)
 
 
 def json_text(
-    value: Any, limit: int, text: str | None = None, *, checked: bool = False
+    value: Any,
+    limit: int,
+    text: str | None = None,
+    *,
+    checked: bool = False,
+    extras: Extras = NONE,
 ) -> tuple[str, int | None]:
     """The JSON text to store for `value`: secrets redacted, at most `limit` bytes kept.
 
@@ -182,8 +358,8 @@ def json_text(
     """
     if text is None:
         text = json.dumps(value)
-    if not checked and suspect(text):
-        value = redact(value)
+    if not checked and suspect(text, extras):
+        value = redact(value, extras)
         text = json.dumps(value)
     size = len(text) if text.isascii() else len(text.encode())
     if size <= limit:
@@ -193,7 +369,12 @@ def json_text(
 
 
 def attributes_text(
-    attributes: dict[str, Any], limit: int, text: str | None = None, *, checked: bool = False
+    attributes: dict[str, Any],
+    limit: int,
+    text: str | None = None,
+    *,
+    checked: bool = False,
+    extras: Extras = NONE,
 ) -> tuple[str, dict[str, int]]:
     """The JSON text of attributes, redacted, each value cut to `limit`; the cut sizes.
 
@@ -201,8 +382,8 @@ def attributes_text(
     """
     if text is None:
         text = json.dumps(attributes)
-    if not checked and suspect(text):
-        attributes = redact(attributes)
+    if not checked and suspect(text, extras):
+        attributes = redact(attributes, extras)
         text = json.dumps(attributes)
     if len(text) <= limit:
         return text, {}  # no single value can be over the limit

@@ -24,7 +24,11 @@ from durability.models import Project
 from durability.redaction import (
     ATTRIBUTE_CAP,
     IO_CAP,
+    NONE,
+    Extras,
     attributes_text,
+    distinct,
+    extras_of,
     json_text,
     redact,
     scrub_text,
@@ -161,6 +165,7 @@ def _span_values(
     s: SpanData,
     now: datetime,
     resource: tuple[str, dict[str, int]],
+    extras: Extras,
 ) -> tuple[Any, ...]:
     """A span's row in SPAN_COLUMNS order: secrets redacted, long values cut and recorded.
 
@@ -183,11 +188,21 @@ def _span_values(
         s.tool_name,
     ]
     # One search over all of the span's text: most spans hold nothing to redact or clean.
-    checked = not suspect("\n".join([*texts, attributes_json, io_json[0] or "", io_json[1] or ""]))
+    checked = not suspect(
+        "\n".join([*texts, attributes_json, io_json[0] or "", io_json[1] or ""]), extras
+    )
     if not checked:
-        texts = [scrub_text(texts[0]), scrub_text(texts[1]), *(_plain(t) for t in texts[2:])]
+        # The rest are names and ids: a secret in one is replaced by its digest, so that a
+        # tool call id still matches its effect's.
+        texts = [
+            scrub_text(texts[0], extras),
+            scrub_text(texts[1], extras),
+            *(distinct(t, extras) for t in texts[2:]),
+        ]
     capped: dict[str, Any] = {}
-    attributes, cut = attributes_text(s.attributes, ATTRIBUTE_CAP, attributes_json, checked=checked)
+    attributes, cut = attributes_text(
+        s.attributes, ATTRIBUTE_CAP, attributes_json, checked=checked, extras=extras
+    )
     for prefix, sizes in (("attributes", cut), ("resource", resource[1])):
         for key, size in sizes.items():
             capped[f"{prefix}.{key}"] = {"size": size, "cap": ATTRIBUTE_CAP}
@@ -196,7 +211,7 @@ def _span_values(
         if value is None:
             io.append(None)
             continue
-        text, cut_size = json_text(value, IO_CAP, given, checked=checked)
+        text, cut_size = json_text(value, IO_CAP, given, checked=checked, extras=extras)
         if cut_size is not None:
             capped[name] = {"size": cut_size, "cap": IO_CAP}
         io.append(text)
@@ -409,7 +424,9 @@ _FILLS = ",\n    ".join(
 _HINT_ROW = "SELECT %s AS run, " + ", ".join(f"%s AS {name}" for name in RUN_HINTS)
 
 
-def _runs_refresh(runs: Iterable[Run], hints: dict[int, list[SpanData]]) -> None:
+def _runs_refresh(
+    runs: Iterable[Run], hints: dict[int, list[SpanData]], extras: Extras = NONE
+) -> None:
     """Recompute the runs' aggregates from their spans; fill blank names from span hints.
 
     One statement. Rescans each run's spans (one index range per run), so counts stay
@@ -425,7 +442,10 @@ def _runs_refresh(runs: Iterable[Run], hints: dict[int, list[SpanData]]) -> None
             hints.get(run.pk, []),
             key=lambda s: (bool(s.parent_span_id), s.kind != SpanKind.AGENT, s.start),
         )
-        hint_values += [run.pk, *(_plain(_hint(ordered, name))[:255] for name in RUN_HINTS)]
+        hint_values += [
+            run.pk,
+            *(distinct(_hint(ordered, name), extras)[:255] for name in RUN_HINTS),
+        ]
     sql = RUNS_REFRESH.format(
         fills=_FILLS,
         runs=", ".join(["%s"] * len(runs)),
@@ -448,17 +468,24 @@ def _spans_store(project: Project, spans: list[SpanData], touched: Touched) -> N
         return
     # The last copy of a span re-sent within one batch wins.
     spans = list({(s.trace_id, s.span_id): s for s in spans}.values())
+    extras = extras_of(project)
+    for s in spans:
+        # Identities, stored as the ledger stores its own: a secret in one becomes its
+        # digest, the same for the same secret, so links still find their effects.
+        s.run_key = distinct(s.run_key, extras)
+        s.tool_call_id = distinct(s.tool_call_id, extras)
+        s.requested_calls = [distinct(c, extras) for c in s.requested_calls]
     runs = _runs_of(project, spans, touched)
     now = timezone.now()
     # Spans of one OTLP resource share its attributes dict: encode it once.
     resources: dict[int, tuple[str, dict[str, int]]] = {}
     for s in spans:
         if id(s.resource) not in resources:
-            resources[id(s.resource)] = attributes_text(s.resource, ATTRIBUTE_CAP)
+            resources[id(s.resource)] = attributes_text(s.resource, ATTRIBUTE_CAP, extras=extras)
     # Model.pk is a property: looked up once per run, not once per span.
     project_pk, run_pks = project.pk, {key: run.pk for key, run in runs.items()}
     rows = [
-        _span_values(project_pk, run_pks[s.run_key], s, now, resources[id(s.resource)])
+        _span_values(project_pk, run_pks[s.run_key], s, now, resources[id(s.resource)], extras)
         for s in spans
     ]
     _spans_upsert(rows, [[_plain(c) for c in s.requested_calls] for s in spans])
@@ -469,7 +496,7 @@ def _spans_store(project: Project, spans: list[SpanData], touched: Touched) -> N
         if s.tool_call_id:
             touched.tool_call_ids.add(s.tool_call_id)
         touched.tool_call_ids.update(s.requested_calls)
-    _runs_refresh(runs.values(), hints)
+    _runs_refresh(runs.values(), hints, extras)
 
 
 def spans_ingest(*, project: Project, spans: list[SpanData]) -> Touched:
@@ -568,14 +595,19 @@ def _event_validate(index: int, raw: Any) -> RunEventIn | SpanEventIn | EventRes
 
 
 def _events_claim(project: Project, event_ids: list[str]) -> set[str]:
-    """Record event ids as seen; returns those not seen before (in this transaction)."""
+    """Record event ids as seen; returns those not seen before (in this transaction).
+
+    An id is stored as `distinct` makes it, so that a secret in one is not kept.
+    """
     if not event_ids:
         return set()
+    extras = extras_of(project)
+    stored = {distinct(event_id, extras): event_id for event_id in event_ids}
     table = SeenEvent._meta.db_table
     now = timezone.now()
-    values = ", ".join(["(%s, %s, %s)"] * len(event_ids))
+    values = ", ".join(["(%s, %s, %s)"] * len(stored))
     params: list[Any] = []
-    for event_id in event_ids:
+    for event_id in stored:
         params += [project.pk, event_id, now]
     with connection.cursor() as cursor:
         cursor.execute(
@@ -583,7 +615,7 @@ def _events_claim(project: Project, event_ids: list[str]) -> set[str]:
             "ON CONFLICT (project_id, event_id) DO NOTHING RETURNING event_id",
             params,
         )
-        return {row[0] for row in cursor.fetchall()}
+        return {stored[row[0]] for row in cursor.fetchall()}
 
 
 def _span_of_event(event: SpanEventIn) -> SpanData:
@@ -614,17 +646,22 @@ def _span_of_event(event: SpanEventIn) -> SpanData:
 
 def _run_events_store(project: Project, events: list[RunEventIn], touched: Touched) -> None:
     """Create or update named runs; their traces join them (merging runs inferred for them)."""
+    extras = extras_of(project)
     for event in sorted(events, key=lambda e: e.run_id):
+        run_id = distinct(event.run_id, extras)
         given = {
             name: getattr(event, name)
             for name in (*RUN_HINTS, "status", "started", "ended")
             if getattr(event, name) is not None
         }
+        for name in RUN_HINTS:
+            if name in given:
+                given[name] = distinct(given[name], extras)
         if event.attributes is not None:
-            given["attributes"] = redact(event.attributes)
+            given["attributes"] = redact(event.attributes, extras)
         run, _ = Run.objects.update_or_create(
             project=project,
-            run_id=event.run_id,
+            run_id=run_id,
             defaults={**given, "inferred": False, "updated": timezone.now()},
         )
         owners = {

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from django.contrib.auth.models import User
 
-from durability import audit
+from durability import audit, redaction
 from durability.models import ApiKey, AuditAction, AuthorityPolicy, Membership, Project, Role
 
 
@@ -121,4 +121,42 @@ def project_policy_set(*, project: Project, actor: str, policy: AuthorityPolicy)
         Project.objects.filter(pk=project.pk).update(authority_policy=policy)
         project.authority_policy = policy
         trail.add(AuditAction.AUTHORITY_POLICY_SET, was=before, policy=policy.value)
+    return True
+
+
+def project_redaction_set(
+    *, project: Project, actor: str, patterns: list[str], keys: list[str]
+) -> bool:
+    """Set the project's own secret patterns and key names; True when they changed.
+
+    Each pattern must pass `redaction.pattern_check`; the audit entry names the patterns
+    and keys themselves (they describe secrets, they are not secrets).
+    """
+    for index, pattern in enumerate(patterns):
+        try:
+            redaction.pattern_check(pattern)
+        except redaction.BadPattern as exc:
+            raise Refused("patterns", f"Pattern {index + 1} ({pattern[:40]!r}): {exc}.") from exc
+    if len(patterns) > redaction.MAX_PATTERNS:
+        raise Refused("patterns", f"At most {redaction.MAX_PATTERNS} patterns.")
+    if len(keys) > redaction.MAX_KEY_NAMES:
+        raise Refused("keys", f"At most {redaction.MAX_KEY_NAMES} key names.")
+    if any(len(key) > redaction.MAX_KEY_NAME_LENGTH for key in keys):
+        raise Refused("keys", f"Key names are at most {redaction.MAX_KEY_NAME_LENGTH} characters.")
+    with audit.trail(project.pk, actor) as trail:
+        before = Project.objects.select_for_update().values("redaction_patterns", "redaction_keys")
+        was = before.get(pk=project.pk)
+        if was == {"redaction_patterns": patterns, "redaction_keys": keys}:
+            return False
+        Project.objects.filter(pk=project.pk).update(
+            redaction_patterns=patterns, redaction_keys=keys
+        )
+        project.redaction_patterns, project.redaction_keys = patterns, keys
+        trail.add(
+            AuditAction.REDACTION_SET,
+            was_patterns=was["redaction_patterns"],
+            was_keys=was["redaction_keys"],
+            patterns=patterns,
+            keys=keys,
+        )
     return True

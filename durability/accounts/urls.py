@@ -27,4 +27,5 @@ urlpatterns = [
         name="settings-key-revoke",
     ),
     path("settings/<int:project_id>/policy/", views.policy, name="settings-policy"),
+    path("settings/<int:project_id>/redaction/", views.redaction, name="settings-redaction"),
 ]

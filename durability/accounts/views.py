@@ -1,4 +1,5 @@
-"""The project settings page (/settings/): members and their roles, API keys, the policy.
+"""The project settings page (/settings/): members and their roles, API keys, the policy,
+the project's own secret patterns.
 
 Admins only (the `manage_project` permission): other members get 403, strangers to a
 project 404, a user in no project the landing page.
@@ -23,7 +24,13 @@ from django.views.decorators.http import require_GET, require_POST
 
 from durability.accounts import services as members
 from durability.accounts.access import SESSION_PROJECT, AuthedRequest, actor_of, project_access
-from durability.accounts.forms import ApiKeyForm, MemberAddForm, MemberRoleForm, PolicyForm
+from durability.accounts.forms import (
+    ApiKeyForm,
+    MemberAddForm,
+    MemberRoleForm,
+    PolicyForm,
+    RedactionForm,
+)
 from durability.accounts.roles import Access, Perm
 from durability.models import ApiKey, AuthorityPolicy, Membership, Role
 
@@ -51,6 +58,13 @@ def _page(
         "key_form": bound.get("key_form") or ApiKeyForm(),
         "policy_form": bound.get("policy_form")
         or PolicyForm(initial={"authority_policy": project.authority_policy}),
+        "redaction_form": bound.get("redaction_form")
+        or RedactionForm(
+            initial={
+                "patterns": "\n".join(project.redaction_patterns),
+                "keys": "\n".join(project.redaction_keys),
+            }
+        ),
     }
     response = render(request, "durability/accounts/settings.html", context, status=status)
     if new_key:
@@ -169,6 +183,28 @@ def policy(request: AuthedRequest, project_id: int) -> HttpResponseBase:
     if members.project_policy_set(project=access.project, actor=actor_of(request), policy=new):
         messages.success(request, f"Intents that name no grant now get: {new.label}.")
     return redirect("settings")
+
+
+@login_required
+@require_POST
+def redaction(request: AuthedRequest, project_id: int) -> HttpResponseBase:
+    access = project_access(request, Perm.MANAGE, project_id=project_id)
+    form = RedactionForm(request.POST)
+    if form.is_valid():
+        try:
+            changed = members.project_redaction_set(
+                project=access.project,
+                actor=actor_of(request),
+                patterns=form.cleaned_data["patterns"],
+                keys=form.cleaned_data["keys"],
+            )
+        except members.Refused as exc:
+            form.add_error(exc.field, str(exc))
+        else:
+            if changed:
+                messages.success(request, "Redaction saved: it applies from now on.")
+            return redirect("settings")
+    return _page(request, access, status=400, redaction_form=form)
 
 
 @login_required

@@ -8,6 +8,7 @@ from typing import Any, cast
 from django.http import JsonResponse
 from django.views.decorators.http import require_GET, require_POST
 
+from durability import redaction
 from durability.api import signals
 from durability.api.decorators import ApiRequest, PayloadRequest, answer, authorize, error
 from durability.api.schemas import (
@@ -153,7 +154,9 @@ def effects(request: ApiRequest) -> JsonResponse:
         return error("Invalid query", 400, {"key": "At most 255 characters"})
     if "\x00" in key:
         return error("Invalid query", 400, {"key": "NUL characters cannot be stored"})
-    effect = Effect.objects.filter(project=request.project, key=key).first()
+    # Keys are stored with any secret in them replaced, as the ledger recorded them.
+    stored = redaction.distinct(key, redaction.extras_of(request.project))
+    effect = Effect.objects.filter(project=request.project, key=stored).first()
     if effect is None:
         return error("No effect has this key in this project", 404, {"key": "Unknown key"})
     return _effect_detail(effect)

@@ -32,6 +32,7 @@ from durability.models import (
     State,
     Strength,
 )
+from durability.redaction import extras_of, redact_input
 
 S = State
 # Receipts that settle an effect given up on are late successes.
@@ -121,6 +122,9 @@ def receipt_row(
 def _receipt_store(
     *, project: Project, actor: str, receipt: ReceiptIn, strength: Strength
 ) -> ReceiptOutcome:
+    # Before anything is looked up, stored or hashed: the redacted key and external id are
+    # what earlier receipts were stored under.
+    receipt = redact_input(receipt, extras_of(project))
     with audit.trail(project.pk, actor) as trail:
         effect = locked_or_key_locked(project, receipt.key)
         existing = Receipt.objects.filter(
@@ -323,6 +327,7 @@ def _receipt_apply(effect: Effect, row: Receipt, trail: Trail) -> Case | None:
 
 def failure_record(*, project: Project, actor: str, failure: FailureIn) -> EffectOutcome:
     """A failed attempt: definitive (nothing happened) or uncertain (treated as a timeout)."""
+    failure = redact_input(failure, extras_of(project))
     with audit.trail(project.pk, actor) as trail:
         effect = locked(project, failure.key)
         target = S.FAILED if failure.definitive else S.TIMED_OUT
@@ -345,6 +350,7 @@ def failure_record(*, project: Project, actor: str, failure: FailureIn) -> Effec
 
 def timeout_record(*, project: Project, actor: str, timeout: TimeoutIn) -> EffectOutcome:
     """The agent makes its timeout authoritative: the outcome is now uncertain."""
+    timeout = redact_input(timeout, extras_of(project))
     with audit.trail(project.pk, actor) as trail:
         effect = locked(project, timeout.key)
         if effect.state == S.TIMED_OUT:

@@ -40,6 +40,7 @@ from durability.models import (
     Severity,
     State,
 )
+from durability.redaction import distinct, extras_of, redact_input
 
 S = State
 # The event that records a new effect, by the grant check's ruling.
@@ -79,10 +80,15 @@ def intent_record(*, project: Project, actor: str, intent: IntentIn) -> Outcome:
 
 
 def _intent_store(*, project: Project, actor: str, intent: IntentIn) -> Outcome:
-    fingerprint = intent.fingerprint or fingerprint_of(intent.request)
+    # The fingerprint and the claim are taken from the intent as sent, so that two requests
+    # differing only in a secret are still two requests (a conflict); from here on only the
+    # redacted intent is seen, so nothing stored or hashed into the audit chain holds a secret.
+    extras = extras_of(project)
+    fingerprint = distinct(intent.fingerprint or fingerprint_of(intent.request), extras)
     # Separate from the fingerprint, which is the client's to choose: what was approved and
     # checked is the request and this claim together, whoever computes the fingerprint.
     claim = fingerprint_of(grants.claim_of(intent))
+    intent = redact_input(intent, extras)
     with audit.trail(project.pk, actor) as trail:
         effect = locked_or_key_locked(project, intent.key)
         if effect is None:

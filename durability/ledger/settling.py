@@ -12,6 +12,7 @@ from durability.ledger.cases import case_close, open_case_of
 from durability.ledger.evidence import EffectOutcome, receipt_row
 from durability.ledger.machine import Event, IllegalTransition, apply, can, locked_by_id
 from durability.models import Project, Reason, State, Strength
+from durability.redaction import extras_of, redact_input
 
 SETTLING_EVENTS = frozenset(
     {
@@ -52,6 +53,7 @@ def effect_settle(
         if not can(State(effect.state), event):
             raise IllegalTransition(effect, event)
         if evidence is not None and event in EVIDENCE_STRENGTH:
+            evidence = redact_input(evidence, extras_of(project))
             strength = EVIDENCE_STRENGTH[event]
             receipt = receipt_row(project, effect, evidence, strength, attempt=effect.attempt_count)
             receipt.save()

@@ -9,13 +9,14 @@ probe panel shows, for its views and for the case page's `{% probe_panel %}` tag
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
-from durability import audit
+from durability import audit, redaction
 from durability.accounts.roles import Access, Perm
 from durability.api.schemas import ReceiptIn
 from durability.ledger import settling
@@ -66,12 +67,26 @@ def panel_context(
 
 
 def _ask(config: ReconcilerConfig, effect: Effect) -> Answer:
-    """The reconciler's answer; a broken configuration or plug-in answers unknown."""
+    """The reconciler's answer, redacted; a broken configuration or plug-in answers unknown.
+
+    A provider's reply is text from outside like any other: its secrets go before the
+    probe, its receipt, the notes or the audit entries can hold them.
+    """
+    answer: Answer
     try:
-        return config.reconciler().probe(effect)
+        answer = config.reconciler().probe(effect)
     except Exception as exc:
         logger.exception("the %s reconciler failed on effect %s", config.kind, effect.pk)
-        return Unknown(f"the {config.kind} reconciler failed: {exc}")
+        answer = Unknown(f"the {config.kind} reconciler failed: {exc}")
+    extras = redaction.extras_of(effect.project)
+    if isinstance(answer, Found):
+        return replace(
+            answer,
+            system=redaction.distinct(answer.system, extras),
+            external_id=redaction.distinct(answer.external_id, extras),
+            data=redaction.redact(answer.data, extras),
+        )
+    return replace(answer, detail=redaction.scrub_text(answer.detail, extras))
 
 
 def absence_trusted_after(effect: Effect, config: ReconcilerConfig) -> datetime | None:

@@ -36,6 +36,7 @@ def _actions(project, alice, api_key):
         "key": (f"{base}/keys/", {"name": "ci"}),
         "revoke": (f"{base}/keys/{key_id}/revoke/", {}),
         "policy": (f"{base}/policy/", {"authority_policy": "enforce"}),
+        "redaction": (f"{base}/redaction/", {"patterns": r"cust-[0-9]{6}", "keys": "iban"}),
     }
 
 
@@ -46,16 +47,26 @@ def _state(project):
         sorted(Membership.objects.filter(project=project).values_list("user__username", "role")),
         sorted(ApiKey.objects.filter(project=project).values_list("pk", "revoked_at")),
         project.authority_policy,
+        (project.redaction_patterns, project.redaction_keys),
         AuditEntry.objects.filter(project=project).count(),
     )
 
 
 # Admins act (the new key's page is a 200 showing it); other members are refused; a
 # stranger, with a project of their own or none, is not told the project exists.
+ACTIONS = ["add", "role", "remove", "key", "revoke", "policy", "redaction"]
 EXPECTED = {
-    "admin": {"add": 302, "role": 302, "remove": 302, "key": 200, "revoke": 302, "policy": 302},
+    "admin": {
+        "add": 302,
+        "role": 302,
+        "remove": 302,
+        "key": 200,
+        "revoke": 302,
+        "policy": 302,
+        "redaction": 302,
+    },
     **{
-        persona: dict.fromkeys(["add", "role", "remove", "key", "revoke", "policy"], status)
+        persona: dict.fromkeys(ACTIONS, status)
         for persona, status in [
             ("alice", 403),
             ("viewer", 403),
@@ -67,7 +78,7 @@ EXPECTED = {
 
 
 @pytest.mark.parametrize("persona", PERSONAS)
-@pytest.mark.parametrize("action", ["add", "role", "remove", "key", "revoke", "policy"])
+@pytest.mark.parametrize("action", ACTIONS)
 def test_each_action_is_for_the_projects_admins_only(
     request, project, alice, api_key, newbie, persona, action
 ):
@@ -263,6 +274,63 @@ def test_an_admin_sets_the_policy_for_intents_without_authority(project, admin):
     assert bad.status_code == 400 and "Select a valid choice" in bad.content.decode()
 
 
+def test_an_admin_adds_secret_patterns_and_key_names_and_the_audit_names_them(project, admin):
+    client = logged_in(admin)
+    r = client.post(
+        f"/settings/{project.pk}/redaction/",
+        {"patterns": "cust-[0-9]{6}\n\n  acct_[a-z]{8}  \n", "keys": "iban\nSSN"},
+    )
+    assert r.status_code == 302
+    project.refresh_from_db()
+    assert project.redaction_patterns == ["cust-[0-9]{6}", "acct_[a-z]{8}"]
+    assert project.redaction_keys == ["iban", "SSN"]
+    entry = AuditEntry.objects.get(project=project, action="redaction_set")
+    assert entry.actor == "user:ada"
+    assert entry.data["patterns"] == ["cust-[0-9]{6}", "acct_[a-z]{8}"]
+    assert entry.data["was_patterns"] == [] and entry.data["keys"] == ["iban", "SSN"]
+    page = client.get("/settings/").content.decode()
+    assert "acct_[a-z]{8}" in page and "SSN" in page
+    # Saving the same again changes nothing and audits nothing.
+    client.post(
+        f"/settings/{project.pk}/redaction/",
+        {"patterns": "cust-[0-9]{6}\nacct_[a-z]{8}", "keys": "iban\nSSN"},
+    )
+    assert AuditEntry.objects.filter(project=project, action="redaction_set").count() == 1
+
+
+@pytest.mark.parametrize(
+    ("pattern", "message"),
+    [
+        ("cust-[0-9", "not a regular expression"),
+        ("(a+)+$", "unbounded repeat inside another"),
+        ("(?:x|y*)*z", "unbounded repeat inside another"),
+        ("a*", "matches the empty text"),
+        ("x" * 201, "over 200 characters"),
+    ],
+)
+def test_a_pattern_that_cannot_be_used_is_refused_by_field_and_nothing_is_saved(
+    project, admin, pattern, message
+):
+    before = _state(project)
+    r = logged_in(admin).post(
+        f"/settings/{project.pk}/redaction/", {"patterns": f"ok-[0-9]{{4}}\n{pattern}", "keys": "x"}
+    )
+    assert r.status_code == 400
+    assert "Pattern 2" in r.content.decode() and message in r.content.decode()
+    assert _state(project) == before
+
+
+def test_too_many_patterns_or_overlong_key_names_are_refused(project, admin):
+    client = logged_in(admin)
+    many = "\n".join(f"p{i}-[0-9]+" for i in range(21))
+    r = client.post(f"/settings/{project.pk}/redaction/", {"patterns": many, "keys": ""})
+    assert r.status_code == 400 and "At most 20 patterns" in r.content.decode()
+    r = client.post(f"/settings/{project.pk}/redaction/", {"patterns": "", "keys": "k" * 101})
+    assert r.status_code == 400 and "at most 100 characters" in r.content.decode()
+    project.refresh_from_db()
+    assert project.redaction_patterns == [] and project.redaction_keys == []
+
+
 def test_every_change_needs_the_csrf_token(project, admin, alice, api_key, newbie):
     client = logged_in(admin, enforce_csrf_checks=True)
     before = _state(project)
@@ -286,6 +354,7 @@ def test_settings_changes_extend_the_projects_audit_chain(project, admin, alice,
         "apikey_created",
         "apikey_revoked",
         "authority_policy_set",
+        "redaction_set",
     ]
     assert first_broken_entry(Project.objects.get(pk=project.pk)) is None
 

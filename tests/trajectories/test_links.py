@@ -220,3 +220,15 @@ def test_without_redis_the_pass_runs_inline(
         enqueue(jobs.links_repair)
     assert queue.count == 0
     assert send.trajectory(lost) == (TRACE, TOOL, MODEL)
+
+
+def test_a_tool_call_id_holding_a_secret_links_by_its_digest(send):
+    call = "call_ghp_" + "k" * 36
+    effect = send.intent(tool_call_id=call)
+    send.spans(
+        span(AGENT),
+        chat(MODEL, calls=(call,), parent=AGENT, at_ms=10),
+        tool(TOOL, call, parent=AGENT, at_ms=100),
+    )
+    assert send.trajectory(effect) == (TRACE, TOOL, MODEL)
+    assert Effect.objects.get(pk=effect).tool_call_id.startswith("call_[REDACTED:")

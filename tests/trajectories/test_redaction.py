@@ -4,9 +4,20 @@ from __future__ import annotations
 
 import json
 
-from durability.redaction import ATTRIBUTE_CAP, IO_CAP, REDACTED, is_secret_key, scrub_text
+import pytest
+
+from durability.redaction import (
+    ATTRIBUTE_CAP,
+    IO_CAP,
+    REDACTED,
+    BadPattern,
+    distinct,
+    is_secret_key,
+    pattern_check,
+    scrub_text,
+)
 from tests.trajectories.support import post_traces, request, span, tool
-from trajectories.models import Span
+from trajectories.models import Run, Span
 
 OPENAI = "sk-proj-" + "a1B2" * 8
 GITHUB = "ghp_" + "x" * 36
@@ -144,3 +155,54 @@ def test_values_postgresql_cannot_store_are_made_storable(api):
     kept = spans["1" * 16]
     assert kept.name == "name"
     assert kept.attributes == {"ratio": "nan", "huge": "inf", "nul": "ab"}
+
+
+def test_the_projects_own_patterns_and_key_names_apply_to_spans_and_events(api, project):
+    project.redaction_patterns = [r"cust-[0-9]{6}"]
+    project.redaction_keys = ["iban"]
+    project.save()
+    spans = stored(
+        api,
+        tool(
+            "1" * 16,
+            attributes={
+                "gen_ai.tool.call.arguments": json.dumps({"iban": "DE89370400440532013000"}),
+                "crm.note": "customer cust-123456 called",
+            },
+        ),
+    )
+    executed = spans["1" * 16]
+    assert executed.input == {"iban": REDACTED}
+    assert executed.attributes["crm.note"] == f"customer {REDACTED} called"
+    event = {
+        "id": "e1",
+        "type": "run",
+        "run_id": "run-cust-654321",
+        "attributes": {"iban": "DE00", "who": "cust-111111"},
+    }
+    assert api.post("events", {"events": [event]}).status_code == 207
+    run = Run.objects.get(run_id__startswith="run-")
+    assert run.attributes == {"iban": REDACTED, "who": REDACTED}
+    assert "654321" not in run.run_id and run.run_id.startswith("run-[REDACTED:")
+
+
+def test_a_secret_in_a_run_id_leaves_one_run_under_its_digest(api):
+    stored(api, span("1" * 16, attributes={"tallybook.run.id": f"run-{OPENAI}"}))
+    stored(api, span("2" * 16, attributes={"tallybook.run.id": f"run-{OPENAI}"}))
+    (run,) = Run.objects.all()
+    assert OPENAI not in run.run_id and run.spans.count() == 2
+
+
+def test_a_pattern_check_refuses_what_could_hang_or_redact_everything():
+    assert pattern_check(r"cust-[0-9]{6}").pattern == r"cust-[0-9]{6}"
+    for bad in ("(a+)+", "x(c+)*", "(?:[a-z]+\\s?)+$", "", ".*", "["):
+        with pytest.raises(BadPattern):
+            pattern_check(bad)
+
+
+def test_identities_keep_a_stable_digest_no_longer_than_they_were():
+    one, other = f"pay:{OPENAI}", f"pay:{GITHUB}"
+    assert distinct(one) == distinct(one) != distinct(other)
+    assert OPENAI not in distinct(one) and len(distinct(one)) <= len(one)
+    assert distinct("pay:42") == "pay:42"
+    assert distinct(distinct(one)) == distinct(one)
