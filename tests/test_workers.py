@@ -7,11 +7,9 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import IO
 
 import django_rq
 import pytest
@@ -60,23 +58,23 @@ class RedisServer:
 class Command:
     """`manage.py <name>` in a process of its own; what it logs lands in a file."""
 
-    def __init__(self, name: str, env: dict[str, str]) -> None:
-        self.log: IO[str] = tempfile.TemporaryFile("w+")
-        self.process = subprocess.Popen(
-            [sys.executable, "manage.py", name],
-            cwd=ROOT,
-            env=env,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-        )
+    def __init__(self, name: str, env: dict[str, str], folder: Path) -> None:
+        self.log = folder / f"{name}.log"
+        with self.log.open("w") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "manage.py", name],
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
 
     def said(self, text: str) -> bool:
         assert self.process.poll() is None, f"it exited:\n{self.output()}"
         return text in self.output()
 
     def output(self) -> str:
-        self.log.seek(0)
-        return self.log.read()
+        return self.log.read_text()
 
     def stop(self) -> None:
         self.process.terminate()
@@ -85,7 +83,6 @@ class Command:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
-        self.log.close()
 
 
 @pytest.fixture
@@ -100,7 +97,7 @@ def private_redis(settings) -> Iterator[RedisServer]:
 
 
 @pytest.fixture
-def start(private_redis: RedisServer) -> Iterator[object]:
+def start(private_redis: RedisServer, tmp_path: Path) -> Iterator[object]:
     env = {
         **os.environ,
         "DATABASE_URL": database_url_of_tests(),
@@ -111,7 +108,7 @@ def start(private_redis: RedisServer) -> Iterator[object]:
     started: list[Command] = []
 
     def run(name: str) -> Command:
-        started.append(Command(name, env))
+        started.append(Command(name, env, tmp_path))
         return started[-1]
 
     yield run
