@@ -1,4 +1,4 @@
-"""The schedule for `python manage.py rqcron durability.cron` (needs REDIS_URL).
+"""The schedule for `python manage.py scheduler` (needs REDIS_URL).
 
 Without Redis, `python manage.py demoagents` runs the same schedule itself.
 """
