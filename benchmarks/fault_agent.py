@@ -2,9 +2,9 @@
 through the SDK alone (run with `python -S`, the SDK on PYTHONPATH).
 
 The provider is the world: each refund it performs is a line `key external_id` appended
-(and fsynced) to the world log, and it is the only record of what happened. Every 2xx the
-server gave to an intent or a receipt is a line in this agent's ack log. Both are written
-with os.write on O_APPEND descriptors: a crash (os._exit) loses neither.
+(and fsynced) to the world log, and it is the only record of what happened. Every 2xx (and
+5xx) the server gave to an intent or a receipt is a line in this agent's ack log. Both are
+written with os.write on O_APPEND descriptors: a crash (os._exit) loses neither.
 
 The agent crashes on purpose now and then (after the intent, or after the refund and
 before its receipt); its supervisor starts it again and it resumes the key it was on
@@ -58,18 +58,15 @@ def world_has(world: Path, key: str) -> str | None:
 
 
 def acks_logged(ack_log: Log) -> None:
-    """Log every 2xx the server gives to an intent or a receipt (wraps the SDK's transport)."""
+    """Log each 2xx and 5xx the server gives an intent or a receipt (wraps the SDK's transport)."""
     request = tb_transport.Transport.request
 
     def logged(self: Any, method: str, path: str, body: Any = None, **kwargs: Any) -> Any:
         response = request(self, method, path, body, **kwargs)
         endpoint = path.rsplit("/", 1)[-1]
-        if (
-            method == "POST"
-            and endpoint in ("intents", "receipts")
-            and 200 <= response.status < 300
-        ):
-            entry = {"endpoint": endpoint, "key": body["key"]}
+        answered = 200 <= response.status < 300 or response.status >= 500
+        if method == "POST" and endpoint in ("intents", "receipts") and answered:
+            entry = {"endpoint": endpoint, "key": body["key"], "status": response.status}
             if endpoint == "receipts":
                 entry["external_id"] = body["external_id"]
             ack_log.line(json.dumps(entry))

@@ -401,10 +401,13 @@ def tally(run: Run) -> dict[str, int]:
         )
         receipts = set(conn.execute("SELECT key, external_id FROM durability_receipt").fetchall())
     acked_intents, acked_receipts = set(), set()
+    server_errors = 0
     for acks in (run.folder / "agents").glob("*/acks.jsonl"):
         for line in acks.read_text().splitlines():
             ack = json.loads(line)
-            if ack["endpoint"] == "intents":
+            if ack["status"] >= 500:
+                server_errors += 1
+            elif ack["endpoint"] == "intents":
                 acked_intents.add(ack["key"])
             else:
                 acked_receipts.add((ack["key"], ack["external_id"]))
@@ -414,6 +417,8 @@ def tally(run: Run) -> dict[str, int]:
         "effects the ledger holds": len(states),
         "intents acknowledged": len(acked_intents),
         "receipts acknowledged": len(acked_receipts),
+        # Retried by the SDK; expected only while PostgreSQL is away.
+        "5xx answers to the agents": server_errors,
         "lost": len(set(performed) - succeeded),
         "duplicated": sum(1 for count in performed.values() if count > 1),
         "unexpected": len(succeeded - set(performed)),
