@@ -18,6 +18,7 @@ SCHEDULE = [
     (ledger_jobs.sweep, 5),
     (reconciler_jobs.probe_scan, 60),
     (desk_jobs.alert, 60),
+    (desk_jobs.bulks_resume, 60),
     (trajectories_jobs.links_repair, 60),
 ]
 for job, interval in SCHEDULE:
