@@ -10,6 +10,7 @@ import socket
 import pytest
 
 from durability.models import Effect, Receipt, State
+from durability.settings import redis_url_bounded
 from trajectories import links
 from trajectories.models import EffectLink
 
@@ -54,6 +55,13 @@ def test_the_repair_pass_links_what_was_recorded_while_redis_was_away(api, redis
     assert links.links_repair() == [effect.pk]
 
     assert EffectLink.objects.get(effect=effect).run_key == "ticket-1"
+
+
+def test_a_redis_that_does_not_answer_holds_a_request_for_seconds_at_most():
+    bounded = redis_url_bounded("redis://cache.internal:6379/2")
+    assert bounded == "redis://cache.internal:6379/2?socket_connect_timeout=2&socket_timeout=5"
+    own = "redis://cache.internal:6379/2?socket_timeout=30"
+    assert redis_url_bounded(own) == f"{own}&socket_connect_timeout=2"
 
 
 def test_a_retried_intent_after_redis_was_away_is_the_same_effect(api, redis_away):
