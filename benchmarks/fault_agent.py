@@ -58,21 +58,23 @@ def world_has(world: Path, key: str) -> str | None:
 
 
 def acks_logged(ack_log: Log) -> None:
-    """Log each 2xx and 5xx the server gives an intent or a receipt (wraps the SDK's transport)."""
-    request = tb_transport.Transport.request
+    """Log each 2xx and 5xx the server gives an intent or a receipt: the SDK's transport,
+    wrapped beneath its retries, so every answer is seen."""
+    exchange = tb_transport.Transport._exchange
 
-    def logged(self: Any, method: str, path: str, body: Any = None, **kwargs: Any) -> Any:
-        response = request(self, method, path, body, **kwargs)
-        endpoint = path.rsplit("/", 1)[-1]
-        answered = 200 <= response.status < 300 or response.status >= 500
-        if method == "POST" and endpoint in ("intents", "receipts") and answered:
-            entry = {"endpoint": endpoint, "key": body["key"], "status": response.status}
+    def logged(self: Any, method: str, path: str, payload: bytes | None, timeout: float) -> Any:
+        answer = exchange(self, method, path, payload, timeout)
+        status, endpoint = answer[0], path.rsplit("/", 1)[-1]
+        answered = 200 <= status < 300 or status >= 500
+        if method == "POST" and endpoint in ("intents", "receipts") and answered and payload:
+            body = json.loads(payload)
+            entry = {"endpoint": endpoint, "key": body["key"], "status": status}
             if endpoint == "receipts":
                 entry["external_id"] = body["external_id"]
             ack_log.line(json.dumps(entry))
-        return response
+        return answer
 
-    tb_transport.Transport.request = logged  # type: ignore[method-assign]
+    tb_transport.Transport._exchange = logged  # type: ignore[method-assign]
 
 
 def main() -> int:

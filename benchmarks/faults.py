@@ -417,7 +417,7 @@ def tally(run: Run) -> dict[str, int]:
         "effects the ledger holds": len(states),
         "intents acknowledged": len(acked_intents),
         "receipts acknowledged": len(acked_receipts),
-        # Retried by the SDK; expected only while PostgreSQL is away.
+        # Each retried by the SDK; while PostgreSQL is away.
         "5xx answers to the agents": server_errors,
         "lost": len(set(performed) - succeeded),
         "duplicated": sum(1 for count in performed.values() if count > 1),

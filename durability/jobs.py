@@ -31,14 +31,15 @@ def enqueue(func: Callable[..., object], *args: Any, retry: Retry | None = None)
                 # Already after the commit: django-rq need not wait for one again.
                 queue = django_rq.get_queue("default", commit_mode="auto")
                 queue.enqueue(func, *args, retry=retry)
-            except RedisError:
+            except RedisError as error:
                 # Fail open: the write is committed, so its 2xx is the truth; raising here would
-                # answer 500 and the agent would take a recorded intent for a lost one.
+                # answer 500 and the agent would take a recorded intent for a lost one. One line
+                # per job, no traceback: while Redis is away there is one for every write.
                 logger.warning(
-                    "job %s%r not enqueued (Redis unavailable); the next scheduled pass does it",
+                    "job %s%r not enqueued (%s); the next scheduled pass does it",
                     func.__qualname__,
                     args,
-                    exc_info=True,
+                    error,
                 )
             return
         try:
