@@ -1,4 +1,4 @@
-"""The schedule for `python manage.py rqcron durability.cron` (needs REDIS_URL).
+"""The schedule for `python manage.py scheduler` (needs REDIS_URL).
 
 Without Redis, `python manage.py demoagents` runs the same schedule itself.
 """
@@ -18,6 +18,7 @@ SCHEDULE = [
     (ledger_jobs.sweep, 5),
     (reconciler_jobs.probe_scan, 60),
     (desk_jobs.alert, 60),
+    (desk_jobs.bulks_resume, 60),
     (trajectories_jobs.links_repair, 60),
 ]
 for job, interval in SCHEDULE:

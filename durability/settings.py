@@ -6,6 +6,7 @@ import os
 import warnings
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import dj_database_url
 from django.utils.csp import CSP
@@ -34,6 +35,20 @@ def env_list(name: str, default: list[str]) -> list[str]:
     if not value:
         return default
     return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def redis_url_bounded(url: str) -> str:
+    """`url` with bounded connect and command waits, unless it sets its own.
+
+    A web process enqueues after its commit: a Redis host that has gone away (packets
+    dropped, not refused) must not hold the request for the kernel's connect timeout. The
+    worker raises the command timeout above its blocking dequeue by itself.
+    """
+    parts = urlsplit(url)
+    query = dict(parse_qsl(parts.query))
+    query.setdefault("socket_connect_timeout", "2")
+    query.setdefault("socket_timeout", "5")
+    return urlunsplit(parts._replace(query=urlencode(query)))
 
 
 DEBUG = env_bool("DEBUG", False)
@@ -111,7 +126,12 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Without REDIS_URL background work runs inline, after the transaction commits.
 REDIS_URL = env_str("REDIS_URL")
-RQ_QUEUES = {"default": {"URL": REDIS_URL or "redis://127.0.0.1:6379/0", "DEFAULT_TIMEOUT": 300}}
+RQ_QUEUES = {
+    "default": {
+        "URL": redis_url_bounded(REDIS_URL or "redis://127.0.0.1:6379/0"),
+        "DEFAULT_TIMEOUT": 300,
+    }
+}
 
 # Reconciler plug-ins by kind: the dotted path of each class, imported when first used.
 TALLYBOOK_RECONCILERS = {

@@ -13,3 +13,11 @@ def alert() -> int:
 def cases_bulk(bulk_id: int) -> int:
     """Carry out a bulk action on cases; a second run resumes where the first stopped."""
     return services.bulk_run(bulk_id=bulk_id).done
+
+
+def bulks_resume() -> int:
+    """Carry on the bulk actions whose job was lost (scheduled); returns how many."""
+    stalled = services.bulks_stalled()
+    for bulk_id in stalled:
+        services.bulk_run(bulk_id=bulk_id)
+    return len(stalled)

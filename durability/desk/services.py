@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import timedelta
 from enum import StrEnum
 
 from django.contrib.auth.models import User
@@ -245,6 +246,9 @@ def case_comment(*, project: Project, case_id: int, actor: str, body: str) -> Co
 
 # Per bulk transaction: short enough that progress moves and locks stay brief.
 BULK_CHUNK = 50
+# An unfinished bulk action this old is carried on by the scheduled pass: long enough that a
+# job still at work rarely shares it (sharing is safe: its chunks take turns).
+BULK_STALLED = timedelta(minutes=2)
 
 
 def bulk_eligible(cases: QuerySet[Case], verb: BulkVerb) -> QuerySet[Case]:
@@ -322,6 +326,14 @@ def _bulk_one(bulk: BulkAction, case: Case) -> bool:
     except (CaseChanged, NotApplicable, machine.IllegalTransition):
         return False
     return True
+
+
+def bulks_stalled() -> list[int]:
+    """Unfinished bulk actions confirmed more than BULK_STALLED ago: their job was lost
+    (Redis went away, a worker was killed) or is still at work; `bulk_run` may take either."""
+    since = timezone.now() - BULK_STALLED
+    stalled = BulkAction.objects.filter(finished=None, created__lt=since).order_by("created")
+    return list(stalled.values_list("pk", flat=True))
 
 
 def bulk_run(*, bulk_id: int) -> BulkAction:

@@ -7,8 +7,10 @@ import re
 
 import django_rq
 import pytest
+from django.utils import timezone
 from rq import SimpleWorker
 
+from durability.desk import jobs as desk_jobs
 from durability.desk import services as cases
 from durability.models import AuditEntry, BulkAction, BulkVerb, Case, Effect, Reason, State
 from tests.desk.support import (
@@ -122,6 +124,27 @@ def test_a_large_bulk_action_runs_as_a_job_and_shows_its_progress(
     progress = desk.get(f"/queue/bulk/{bulk.pk}/").content.decode()
     assert '<progress max="2" value="2">' in progress and "hx-trigger" not in progress
     assert Case.objects.filter(reason=Reason.UNCERTAIN, closed=None).count() == 0
+
+
+def test_a_large_bulk_action_whose_job_was_lost_is_finished_by_the_scheduled_pass(
+    desk, three, settings, django_capture_on_commit_callbacks
+):
+    settings.TALLYBOOK_BULK_INLINE = 1
+    queue = django_rq.get_queue("default")
+    with django_capture_on_commit_callbacks(execute=True):
+        desk.post("/queue/bulk/", {"verb": "not_happened", "scope": "matching", "note": "x"})
+    queue.connection.flushdb()  # Redis is lost, and the bulk job with it
+    bulk = BulkAction.objects.get()
+    assert desk_jobs.bulks_resume() == 0, "a fresh action may still be at work"
+
+    # As if the clock had moved on.
+    BulkAction.objects.filter(pk=bulk.pk).update(created=timezone.now() - cases.BULK_STALLED)
+    assert desk_jobs.bulks_resume() == 1
+
+    bulk.refresh_from_db()
+    assert (bulk.done, bulk.finished is not None) == (2, True)
+    assert Case.objects.filter(reason=Reason.UNCERTAIN, closed=None).count() == 0
+    assert desk_jobs.bulks_resume() == 0
 
 
 def test_a_bulk_run_resumes_and_never_acts_twice(project, three):

@@ -1,6 +1,6 @@
 """Bring the demo project to life: the fake provider, and the three agents as processes,
 restarted when they crash. Without Redis it also runs the background schedule (deadline
-sweeps, reconciler probes, alerts) that rqworker and rqcron would run."""
+sweeps, reconciler probes, alerts) that `manage.py worker` and `scheduler` would run."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ class AgentProcess:
 
 @dataclass
 class Clock:
-    """rqcron's schedule (durability.cron), run here when there is no Redis; `pace` scales
+    """The scheduler's schedule (durability.cron), run here when there is no Redis; `pace` scales
     its intervals as it scales the agents' pauses."""
 
     pace: float

@@ -1,0 +1,494 @@
+"""The fault script: Tallybook's production processes under PostgreSQL stops, Redis kills
+and SIGKILLed workers, against a ground truth of what happened in the world.
+
+    .venv/bin/python benchmarks/faults.py [--seconds 120] [--agents 4] [--every 8]
+
+Run as root (initdb refuses root: the private cluster runs as the `postgres` user) on a
+machine with PostgreSQL 15+ binaries and redis-server. It starts, all on free ports and in a
+temporary folder it removes afterwards:
+
+- a private PostgreSQL cluster and a private Redis (no persistence, as production needs);
+- this checkout's production processes: gunicorn (2 workers), `manage.py worker` (2) and
+  `manage.py scheduler`, restarted when they die as systemd would (deploy/systemd/);
+- N agents (benchmarks/fault_agent.py, the SDK alone) refunding through a fake provider whose
+  log is the ground truth, crashing now and then and restarted to resume.
+
+Every --every seconds it does the next fault in turn: PostgreSQL stopped `-m fast` (then
+started), Redis SIGKILLed (then started, empty), an rq worker SIGKILLed, a gunicorn worker
+SIGKILLed, PostgreSQL stopped `-m immediate`, the scheduler SIGKILLed. Then the agents are
+told to stop, finish their key and deliver their spooled receipts, and it prints:
+
+- lost: refunds the world performed whose effect the ledger does not hold as succeeded;
+- duplicated: keys the world performed more than once;
+- unexpected: effects the ledger holds as succeeded that the world never performed;
+- acked but missing: intents and receipts answered 2xx that are not in the database;
+- unplanned exits: web, worker or scheduler processes that died without being killed;
+
+and exits 1 if any is not 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import json
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg
+
+ROOT = Path(__file__).resolve().parent.parent
+AGENT = Path(__file__).resolve().parent / "fault_agent.py"
+SDK_SRC = ROOT / "sdk" / "src"
+CRASHED = 70  # fault_agent.py's planned crash
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(predicate: Callable[[], bool], seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def pg_bin(name: str) -> str:
+    """A PostgreSQL server binary: the newest under /usr/lib/postgresql, else on PATH."""
+    found = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"))
+    if found:
+        return str(found[-1])
+    located = shutil.which(name)
+    if located is None:
+        raise SystemExit(f"no {name}: install PostgreSQL's server binaries")
+    return located
+
+
+class Postgres:
+    """A private cluster in `folder`, run by the `postgres` user, on a free port."""
+
+    def __init__(self, folder: Path) -> None:
+        self.data = folder / "pgdata"
+        self.port = free_port()
+        self.url = f"postgres://postgres@127.0.0.1:{self.port}/tallybook"
+        user = pwd.getpwnam("postgres")
+        folder.mkdir(parents=True, exist_ok=True)
+        os.chown(folder, user.pw_uid, user.pw_gid)
+        self._as_postgres(pg_bin("initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres")
+
+    def _as_postgres(self, *command: str) -> None:
+        subprocess.run(
+            ["runuser", "-u", "postgres", "--", *command], check=True, stdout=subprocess.DEVNULL
+        )
+
+    def start(self) -> None:
+        options = f"-p {self.port} -k {self.data} -c listen_addresses=127.0.0.1"
+        log = str(self.data / "server.log")
+        self._as_postgres(
+            pg_bin("pg_ctl"), "-D", str(self.data), "-o", options, "-l", log, "-w", "start"
+        )
+
+    def stop(self, mode: str) -> None:
+        self._as_postgres(pg_bin("pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop")
+
+    def create_database(self) -> None:
+        admin = f"postgres://postgres@127.0.0.1:{self.port}/postgres"
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute("CREATE DATABASE tallybook")
+
+
+@dataclass
+class Process:
+    """One supervised process: started again whenever it exits (as Restart=always)."""
+
+    name: str
+    command: list[str]
+    env: dict[str, str]
+    log: Path
+    popen: subprocess.Popen[bytes] | None = None
+    killed: bool = False
+    unplanned_exits: list[int] = field(default_factory=list)
+
+    def start(self) -> None:
+        with self.log.open("ab") as out:
+            self.popen = subprocess.Popen(
+                self.command, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT
+            )
+        self.killed = False
+
+    def kill(self) -> None:
+        assert self.popen is not None
+        self.killed = True
+        self.popen.send_signal(signal.SIGKILL)
+
+    def supervise(self) -> None:
+        assert self.popen is not None
+        code = self.popen.poll()
+        if code is None:
+            return
+        if not self.killed:
+            self.unplanned_exits.append(code)
+        self.start()
+
+    def stop(self) -> None:
+        if self.popen is not None and self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(60)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+
+
+class Redis:
+    def __init__(self, folder: Path) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.folder = folder
+        self.popen: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.popen = subprocess.Popen(
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--dir",
+                str(self.folder),
+            ],
+            stdout=subprocess.DEVNULL,
+        )
+        wait_until(self._answers, 30, "redis-server")
+
+    def kill(self) -> None:
+        assert self.popen is not None
+        self.popen.send_signal(signal.SIGKILL)
+        self.popen.wait()
+
+    def _answers(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+
+def children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(p) for p in text.split()]
+
+
+class Run:
+    def __init__(self, options: argparse.Namespace, folder: Path) -> None:
+        self.options = options
+        self.folder = folder
+        self.pg = Postgres(folder / "pg")
+        self.redis = Redis(folder)
+        self.web_port = free_port()
+        self.env = {
+            **os.environ,
+            "DATABASE_URL": self.pg.url,
+            "REDIS_URL": self.redis.url,
+            "DB_CONN_MAX_AGE": "0",
+            "LOG_LEVEL": "WARNING",
+            "ALLOWED_HOSTS": "127.0.0.1",
+            "SITE_URL": f"http://127.0.0.1:{self.web_port}",
+        }
+        self.env.pop("DEBUG", None)
+        python = sys.executable
+        logs = folder / "logs"
+        logs.mkdir()
+        self.web = Process(
+            "web",
+            [
+                python,
+                "-m",
+                "gunicorn",
+                "durability.wsgi",
+                "--bind",
+                f"127.0.0.1:{self.web_port}",
+                "--workers",
+                "2",
+                "--threads",
+                "4",
+                "--graceful-timeout",
+                "5",
+                "--log-level",
+                "warning",
+            ],
+            self.env,
+            logs / "web.log",
+        )
+        self.workers = [
+            Process(f"worker{i}", [python, "manage.py", "worker"], self.env, logs / f"w{i}.log")
+            for i in (1, 2)
+        ]
+        self.scheduler = Process(
+            "scheduler", [python, "manage.py", "scheduler"], self.env, logs / "scheduler.log"
+        )
+        self.world = folder / "world.log"
+        self.stop_file = folder / "stop"
+        self.agents: dict[str, subprocess.Popen[bytes]] = {}
+        self.agent_crashes = 0
+        self.faults: collections.Counter[str] = collections.Counter()
+
+    @property
+    def services(self) -> list[Process]:
+        return [self.web, *self.workers, self.scheduler]
+
+    def manage(self, *args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "manage.py", *args],
+            cwd=ROOT,
+            env=self.env,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        return done.stdout
+
+    def set_up(self) -> tuple[str, int]:
+        self.pg.start()
+        self.pg.create_database()
+        self.redis.start()
+        self.manage("migrate", "--verbosity", "0")
+        printed = self.manage(
+            "shell",
+            "-c",
+            "from durability.models import ApiKey, Grant, Project\n"
+            "p = Project.objects.create(name='faults')\n"
+            "g = Grant.objects.create(project=p, name='refunds', kinds=['payment'],"
+            " targets=['fakepay'], granted_by='faults')\n"
+            "print(g.pk, ApiKey.issue(p)[1])",
+        )
+        grant, key = printed.split()[-2:]
+        for service in self.services:
+            service.start()
+        wait_until(self._web_answers, 60, "gunicorn")
+        return key, int(grant)
+
+    def _web_answers(self) -> bool:
+        url = f"http://127.0.0.1:{self.web_port}/api/v1/openapi.json"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
+    def agent_start(self, name: str, key: str, grant: int) -> None:
+        home = self.folder / "agents" / name
+        home.mkdir(parents=True, exist_ok=True)
+        self.agents[name] = subprocess.Popen(
+            [
+                sys.executable,
+                "-S",
+                str(AGENT),
+                "--url",
+                f"http://127.0.0.1:{self.web_port}",
+                "--key",
+                key,
+                "--grant",
+                str(grant),
+                "--name",
+                name,
+                "--dir",
+                str(home),
+                "--world",
+                str(self.world),
+                "--stop",
+                str(self.stop_file),
+                "--crash",
+                str(self.options.crash),
+            ],
+            env={"PYTHONPATH": str(SDK_SRC), "PATH": os.environ.get("PATH", "")},
+            stdout=(home / "out.log").open("ab"),
+            stderr=subprocess.STDOUT,
+        )
+
+    def supervise(self, key: str, grant: int) -> list[str]:
+        """Start again what died; the agents that are done."""
+        for service in self.services:
+            service.supervise()
+        done = []
+        for name, agent in list(self.agents.items()):
+            code = agent.poll()
+            if code is None:
+                continue
+            if code == CRASHED:
+                self.agent_crashes += 1
+                self.agent_start(name, key, grant)
+            else:
+                done.append(name)
+                if code != 0:
+                    print(f"agent {name} exited {code}: see {self.folder}/agents/{name}")
+        return done
+
+    def fault(self, n: int) -> None:
+        faults: list[tuple[str, Callable[[], None]]] = [
+            ("postgres stopped (fast)", lambda: self._pg_down("fast")),
+            ("redis killed", self._redis_down),
+            ("rq worker killed", lambda: self.workers[n % 2].kill()),
+            ("gunicorn worker killed", self._web_worker_kill),
+            ("postgres stopped (immediate)", lambda: self._pg_down("immediate")),
+            ("scheduler killed", self.scheduler.kill),
+        ]
+        name, act = faults[n % len(faults)]
+        print(f"{time.strftime('%H:%M:%S')} {name}", flush=True)
+        act()
+        self.faults[name] += 1
+
+    def _pg_down(self, mode: str) -> None:
+        self.pg.stop(mode)
+        time.sleep(self.options.outage)
+        self.pg.start()
+
+    def _redis_down(self) -> None:
+        self.redis.kill()
+        time.sleep(self.options.outage)
+        self.redis.start()
+
+    def _web_worker_kill(self) -> None:
+        assert self.web.popen is not None
+        for pid in children(self.web.popen.pid)[:1]:
+            os.kill(pid, signal.SIGKILL)
+
+    def tear_down(self) -> None:
+        for agent in self.agents.values():
+            if agent.poll() is None:
+                agent.kill()
+        for service in self.services:
+            service.stop()
+        if self.redis.popen is not None and self.redis.popen.poll() is None:
+            self.redis.kill()
+        with contextlib.suppress(subprocess.CalledProcessError):
+            self.pg.stop("fast")
+
+
+def tally(run: Run) -> dict[str, int]:
+    performed = collections.Counter(
+        line.split(" ", 1)[0] for line in run.world.read_text().splitlines() if line
+    )
+    with psycopg.connect(run.pg.url) as conn:
+        states: dict[str, str] = dict(
+            conn.execute(
+                "SELECT e.key, e.state FROM durability_effect e"
+                " JOIN durability_project p ON p.id = e.project_id WHERE p.name = 'faults'"
+            ).fetchall()
+        )
+        receipts = set(conn.execute("SELECT key, external_id FROM durability_receipt").fetchall())
+    acked_intents, acked_receipts = set(), set()
+    server_errors = 0
+    for acks in (run.folder / "agents").glob("*/acks.jsonl"):
+        for line in acks.read_text().splitlines():
+            ack = json.loads(line)
+            if ack["status"] >= 500:
+                server_errors += 1
+            elif ack["endpoint"] == "intents":
+                acked_intents.add(ack["key"])
+            else:
+                acked_receipts.add((ack["key"], ack["external_id"]))
+    succeeded = {key for key, state in states.items() if state == "succeeded"}
+    figures = {
+        "effects performed in the world": len(performed),
+        "effects the ledger holds": len(states),
+        "intents acknowledged": len(acked_intents),
+        "receipts acknowledged": len(acked_receipts),
+        # Each retried by the SDK; while PostgreSQL is away.
+        "5xx answers to the agents": server_errors,
+        "lost": len(set(performed) - succeeded),
+        "duplicated": sum(1 for count in performed.values() if count > 1),
+        "unexpected": len(succeeded - set(performed)),
+        "acked but missing": len(acked_intents - set(states)) + len(acked_receipts - receipts),
+        "unplanned exits": sum(len(s.unplanned_exits) for s in run.services),
+    }
+    lost = sorted(set(performed) - succeeded)[:10]
+    if lost:
+        print("lost, first ten:", ", ".join(f"{k} ({states.get(k, 'absent')})" for k in lost))
+    return figures
+
+
+MUST_BE_ZERO = ("lost", "duplicated", "unexpected", "acked but missing", "unplanned exits")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=120, help="how long faults go on")
+    parser.add_argument("--agents", type=int, default=4, help="agent processes")
+    parser.add_argument("--every", type=float, default=8, help="seconds between faults")
+    parser.add_argument(
+        "--outage", type=float, default=3, help="seconds PostgreSQL and Redis stay down"
+    )
+    parser.add_argument(
+        "--crash",
+        type=float,
+        default=0.03,
+        help="each agent's chance to crash at each of its two crash points",
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    options = parser.parse_args()
+    folder = Path(tempfile.mkdtemp(prefix="tallybook-faults-"))
+    os.chmod(folder, 0o755)
+    run = Run(options, folder)
+    try:
+        key, grant = run.set_up()
+        for i in range(options.agents):
+            run.agent_start(f"agent{i}", key, grant)
+        started = time.monotonic()
+        next_fault, n = started + options.every, 0
+        while time.monotonic() - started < options.seconds:
+            run.supervise(key, grant)
+            if time.monotonic() >= next_fault:
+                run.fault(n)
+                n, next_fault = n + 1, time.monotonic() + options.every
+            time.sleep(0.2)
+        print(f"{time.strftime('%H:%M:%S')} faults over; the agents finish their keys", flush=True)
+        run.stop_file.touch()
+        done: set[str] = set()
+        deadline = time.monotonic() + 300
+        while len(done) < len(run.agents) and time.monotonic() < deadline:
+            done.update(run.supervise(key, grant))
+            time.sleep(0.2)
+        figures = tally(run)
+    finally:
+        run.tear_down()
+        if not options.keep:
+            shutil.rmtree(folder, ignore_errors=True)
+        else:
+            print(f"kept {folder}")
+    print(f"faults: {dict(run.faults)}; agent crashes: {run.agent_crashes}")
+    for name, value in figures.items():
+        print(f"{name:>32}: {value}")
+    failed = [name for name in MUST_BE_ZERO if figures[name]]
+    if failed:
+        print("FAILED:", ", ".join(failed))
+        return 1
+    print("OK: nothing lost, nothing performed twice, every acknowledged write stored")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
