@@ -15,11 +15,13 @@ from tallybook import (
     Tallybook,
 )
 from tallybook.testing import FakeTallybook
+from tallybook.transport import Retry, Transport
 
 from durability.api.schemas import ReceiptIn
 from durability.ledger import settling
 from durability.ledger.machine import Event
 from durability.models import Effect
+from tests.authority.support import grant
 from tests.sdk.support import FAST
 
 KEY = "refund:42"
@@ -90,10 +92,13 @@ class Backend:
     tb: Tallybook
     operator: Any
     state: Any
+    # Two grants' ids (the fake grants any), and the API itself, as the client speaks to it.
+    grants: tuple[int, int]
+    api: Any
 
 
 @pytest.fixture(params=["server", "fake"])
-def backend(request, spool_root, live_server, api_key):
+def backend(request, spool_root, live_server, project, api_key):
     if request.param == "fake":
         fake = FakeTallybook()
         verdicts = {
@@ -101,11 +106,18 @@ def backend(request, spool_root, live_server, api_key):
             "happened": lambda: fake.fake.settle(KEY, happened=True),
             "abandon": lambda: fake.fake.abandon(KEY),
         }
-        yield Backend(fake, lambda what: verdicts[what](), lambda: fake.fake.state(KEY))
+        yield Backend(
+            fake, lambda what: verdicts[what](), lambda: fake.fake.state(KEY), (1, 2), fake.fake
+        )
         fake.close()
         return
     tb = Tallybook(live_server.url, api_key, spool=spool_root, **FAST)
-    yield Backend(tb, _settle, lambda: Effect.objects.get(key=KEY).state)
+    grants = (grant(project, name="payments").pk, grant(project, name="others").pk)
+    api = Transport(
+        live_server.url, api_key, timeout=5.0, retry=Retry(retries=0), user_agent="tests"
+    )
+    yield Backend(tb, _settle, lambda: Effect.objects.get(key=KEY).state, grants, api)
+    api.close()
     tb.close()
 
 
@@ -162,6 +174,100 @@ def test_the_fake_and_the_server_decide_alike(backend, case):
         assert _act(backend, what, options, n) == decision, (case, n, what)
         assert backend.tb.flush()
         assert backend.state() == state, (case, n, what)
+
+
+# A later intent for the key claiming otherwise than the first (kind, target, grant, amount)
+# is a conflict even for the same request: what was checked and approved is the first claim.
+# (the change to the first intent's options, what the answer says differs; None: nothing)
+CLAIMS: dict[str, tuple[dict[str, Any], str | None]] = {
+    "the same claim": ({}, None),
+    "the same amount written otherwise": ({"amount": {"value": "50.00", "currency": "EUR"}}, None),
+    "another amount": ({"amount": {"value": "900", "currency": "EUR"}}, "amount"),
+    "no amount": ({"amount": None}, "amount"),
+    "another target": ({"target": "paypal"}, "target"),
+    "another kind": ({"kind": "transfer"}, "kind"),
+    "another grant": ({"grant": 1}, "authority"),
+    "no grant": ({"grant": None}, "authority"),
+}
+REQUEST = {"order": 42}
+
+
+def _claim(backend: Backend, change: dict[str, Any]) -> dict[str, Any]:
+    """The first intent's options (kind, target, authority, amount) with `change`; a grant
+    is the index of one of the backend's."""
+    change = dict(change)
+    which = change.pop("grant", 0)
+    return {
+        "kind": "payment",
+        "target": "fakepay",
+        "authority": None if which is None else {"grant": backend.grants[which]},
+        "amount": {"value": "50", "currency": "EUR"},
+    } | change
+
+
+@pytest.mark.parametrize("outcome", ["receipt", "fail"])
+@pytest.mark.parametrize("change", list(CLAIMS))
+def test_the_fake_and_the_server_decide_alike_on_another_claim(backend, change, outcome):
+    changed, differs = CLAIMS[change]
+    with backend.tb.effect(KEY, request=REQUEST, **_claim(backend, {})) as fx:
+        assert fx.decision == "proceed"
+        if outcome == "receipt":
+            fx.receipt(system="fakepay", external_id="re_1")
+        else:
+            fx.fail("declined", definitive=True)
+    assert backend.tb.flush()
+    state = backend.state()
+    block = backend.tb.effect(KEY, request=REQUEST, **_claim(backend, changed))
+
+    if differs is None:
+        with block as fx:
+            assert fx.decision == ("completed" if outcome == "receipt" else "proceed")
+            if not fx.completed:
+                fx.receipt(system="fakepay", external_id="re_2")
+        assert backend.tb.flush()
+        assert backend.state() == "succeeded"
+        return
+    with pytest.raises(EffectConflict) as raised, block:
+        pytest.fail("a conflict is not performed")
+    report = raised.value
+    assert report.case is not None and report.case.reason == "key_reuse_conflict"
+    assert f"a different {differs};" in report.reason
+    assert report.case.summary == f"Key {KEY!r} was reused with a different {differs}."
+    assert backend.state() == state
+
+
+def test_the_fake_answers_a_conflict_as_the_server_does(backend):
+    """The API's answer itself: status, shape and words, and one case for repeats."""
+    first = {"key": KEY, "request": REQUEST, **_claim(backend, {})}
+    assert backend.api.request("POST", "/api/v1/intents", first).status == 201
+
+    answers = [
+        backend.api.request("POST", "/api/v1/intents", first | change)
+        for change in (
+            {"amount": {"value": "900", "currency": "EUR"}, "target": "paypal"},
+            {"request": {"order": 43}},
+        )
+    ]
+
+    assert [a.status for a in answers] == [409, 409]
+    claimed, requested = (a.body for a in answers)
+    assert set(claimed) == {"decision", "reason", "effect", "receipt", "case"}
+    assert (claimed["decision"], claimed["receipt"]) == ("conflict", None)
+    assert claimed["reason"] == (
+        f"Key {KEY!r} was first recorded with a different target, amount; do not perform it: "
+        "what was checked and approved is the first intent's request and claim. Give a "
+        "different effect its own key."
+    )
+    case = claimed["case"]
+    assert set(case) == {"id", "reason", "severity", "summary", "opened", "closed", "url"}
+    assert (case["reason"], case["severity"]) == ("key_reuse_conflict", "high")
+    assert case["closed"] is None
+    assert case["summary"] == f"Key {KEY!r} was reused with a different target, amount."
+    assert (claimed["effect"]["state"], claimed["effect"]["attempt"]) == ("pending", 1)
+    assert requested["case"]["id"] == case["id"]
+    assert requested["reason"].startswith(
+        f"Key {KEY!r} was first recorded with a different request (fingerprint "
+    )
 
 
 def test_the_fake_answers_a_completed_tool_with_its_result():

@@ -97,7 +97,8 @@ class EffectDenied(EffectInterrupted):
 
 
 class EffectConflict(EffectInterrupted):
-    """`conflict`: the key was used before for a different request."""
+    """`conflict`: the key was used before for a different request or claim (kind, target,
+    authority, amount)."""
 
 
 INTERRUPTIONS: dict[str, type[EffectInterrupted]] = {

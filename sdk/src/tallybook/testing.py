@@ -11,9 +11,10 @@
 The client is the real one (spool, rules, tools); only the server is replaced, by
 `FakeServer`, which follows the decision table of the documentation: a new key
 proceeds, a receipt completes it, an outcome nobody knows is in doubt until an operator
-(`tb.fake.settle(...)`) says what happened, a key reused for another request is a
-conflict. Authority is granted unless `FakeServer(approval=..., denied=...)` names the
-kind; approvals are given with `tb.fake.approve(key)`. Tallybook's own tests run one
+(`tb.fake.settle(...)`) says what happened, a key reused for another request or another
+claim (kind, target, authority or amount: what was checked and approved) is a conflict.
+Authority is granted unless `FakeServer(approval=..., denied=...)` names the kind;
+approvals are given with `tb.fake.approve(key)`. Tallybook's own tests run one
 table of cases against this fake and the real server, so the two agree.
 """
 
@@ -25,6 +26,7 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
@@ -47,6 +49,7 @@ class FakeEffect:
     kind: str
     target: str
     fingerprint: str
+    claim: Json  # the first intent's kind, target, authority and amount (`_claim`)
     replay: str
     state: str
     attempt: int = 0
@@ -151,6 +154,7 @@ class FakeServer:
     def _intent(self, intent: Json) -> Response:
         key = intent["key"]
         fingerprint = intent.get("fingerprint") or _fingerprint(intent.get("request"))
+        claim = _claim(intent)
         effect = self.effects.get(key)
         if effect is None:
             effect = self.effects[key] = FakeEffect(
@@ -159,6 +163,7 @@ class FakeServer:
                 kind=intent["kind"],
                 target=intent["target"],
                 fingerprint=fingerprint,
+                claim=claim,
                 replay=intent.get("replay", "never"),
                 state="pending",
             )
@@ -171,8 +176,8 @@ class FakeServer:
                 return self._answer(201, "wait", effect, case)
             self._attempt(effect, intent)
             return self._answer(201, "proceed", effect)
-        if effect.fingerprint != fingerprint:
-            return self._answer(409, "conflict", effect, self._open(effect, "key_reuse_conflict"))
+        if effect.fingerprint != fingerprint or _fingerprint(effect.claim) != _fingerprint(claim):
+            return self._conflict(effect, fingerprint, claim)
         if effect.state == "pending":
             if effect.attempt == 0 or (intent.get("worker") and intent["worker"] == effect.worker):
                 if effect.attempt == 0:
@@ -190,6 +195,27 @@ class FakeServer:
             self._attempt(effect, intent)
             return self._answer(200, "proceed", effect)
         return self._answer(200, *self._decide(effect))
+
+    def _conflict(self, effect: FakeEffect, fingerprint: str, claim: Json) -> Response:
+        """What was checked and approved is the first intent's request and claim: a later
+        intent that differs in either is not performed (the server's words)."""
+        differs = [k for k, v in effect.claim.items() if v != claim[k]]
+        request = effect.fingerprint != fingerprint
+        # As on the server: claims alike as values but not as JSON differ in authority.
+        what = ", ".join(differs + ["request"] * request) or "authority"
+        summary = f"Key {effect.key!r} was reused with a different {what}."
+        case = self._open(effect, "key_reuse_conflict", summary=summary)
+        reason = (
+            f"Key {effect.key!r} was first recorded with a different {what}"
+            + (
+                f" (fingerprint {effect.fingerprint[:12]}…, this one {fingerprint[:12]}…)"
+                if request
+                else ""
+            )
+            + "; do not perform it: what was checked and approved is the first intent's "
+            "request and claim. Give a different effect its own key."
+        )
+        return self._answer(409, "conflict", effect, case, reason=reason)
 
     def _decide(self, effect: FakeEffect) -> tuple[str, FakeEffect, Json | None]:
         if effect.state == "succeeded":
@@ -265,14 +291,20 @@ class FakeServer:
     # -- bookkeeping -------------------------------------------------------------------------
 
     def _answer(
-        self, status: int, decision: str, effect: FakeEffect, case: Json | None = None
+        self,
+        status: int,
+        decision: str,
+        effect: FakeEffect,
+        case: Json | None = None,
+        *,
+        reason: str | None = None,
     ) -> Response:
         receipt = effect.receipts[0] if decision == "completed" and effect.receipts else None
         return Response(
             status,
             {
                 "decision": decision,
-                "reason": f"The fake's decision for a {effect.state} effect.",
+                "reason": reason or f"The fake's decision for a {effect.state} effect.",
                 "effect": effect.to_json(),
                 "receipt": receipt,
                 "case": case,
@@ -283,7 +315,9 @@ class FakeServer:
         effect.attempt += 1
         effect.worker, effect.run_id = intent.get("worker"), intent.get("run_id")
 
-    def _open(self, effect: FakeEffect, reason: str, *, severity: str = "high") -> Json:
+    def _open(
+        self, effect: FakeEffect, reason: str, *, severity: str = "high", summary: str = ""
+    ) -> Json:
         case = effect.case(reason)
         if case is None:
             case_id = self._next_id()
@@ -291,7 +325,9 @@ class FakeServer:
                 "id": case_id,
                 "reason": reason,
                 "severity": severity,
-                "summary": f"{reason.replace('_', ' ')}: {effect.key}",
+                "summary": summary or f"{reason.replace('_', ' ')}: {effect.key}",
+                "opened": datetime.now(timezone.utc).isoformat(),
+                "closed": None,
                 "url": f"{URL}/cases/{case_id}/",
             }
             effect.cases.append(case)
@@ -300,6 +336,7 @@ class FakeServer:
     def _close(self, effect: FakeEffect, reason: str) -> None:
         if (case := effect.case(reason)) is not None:
             effect.cases.remove(case)
+            case["closed"] = datetime.now(timezone.utc).isoformat()
             self.closed_cases.append(case)
 
     def _receipt(
@@ -328,6 +365,20 @@ class FakeServer:
     def _next_id(self) -> int:
         self._ids += 1
         return self._ids
+
+
+def _claim(intent: Json) -> Json:
+    """What an intent claims besides its request, as the server compares it: "50" and
+    "50.00" EUR are one amount."""
+    amount = intent.get("amount")
+    return {
+        "kind": intent["kind"],
+        "target": intent["target"],
+        "authority": intent.get("authority"),
+        "amount": f"{Decimal(amount['value']).normalize():f} {amount['currency']}"
+        if amount
+        else None,
+    }
 
 
 def _fingerprint(request: Any) -> str:
