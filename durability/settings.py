@@ -161,13 +161,13 @@ AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
-# Failed logins are counted in PostgreSQL (every web process sees the same counts; Redis
-# stays off the login path). A username is locked after LOGIN_FAILURE_LIMIT failures within
-# LOGIN_COOLOFF_MINUTES, counted per address and, so that guesses spread over many addresses
-# are stopped too, over all addresses; never per address alone, so that colleagues behind one
-# office address are not locked out by one another's typos. A lockout ends after the cool-off
-# since the last failure, or when an admin unlocks the user (settings page, admin, or
-# `manage.py axes_reset_username`).
+# Failed logins are counted in PostgreSQL: every web process sees the same counts, and Redis
+# stays off the login path. A username is locked after LOGIN_FAILURE_LIMIT failures within
+# the cool-off, whether they came from one address (username and address) or were spread
+# over many (username alone), so a distributed guess is stopped too; never by address
+# alone, so colleagues behind one office address do not lock one another out. A lockout ends
+# LOGIN_COOLOFF_MINUTES after the last counted failure, or when an admin unlocks the user
+# (settings page, admin, `manage.py axes_reset_username`).
 AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"], "username"]
 AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 10)
