@@ -178,6 +178,7 @@ AXES_RESET_ON_SUCCESS = True
 AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
 AXES_LOCKOUT_TEMPLATE = "durability/accounts/locked_out.html"
 AXES_CLIENT_IP_CALLABLE = "durability.accounts.lockouts.client_address"
+AXES_USERNAME_CALLABLE = "durability.accounts.lockouts.attempt_username"
 # Behind a proxy, the header in which it appends the address it saw (e.g. X-Forwarded-For);
 # unset, the address of the connection.
 LOGIN_CLIENT_ADDRESS_HEADER = env_str("LOGIN_CLIENT_ADDRESS_HEADER")

@@ -8,35 +8,61 @@ in the admin's Access attempts only.
 
 from __future__ import annotations
 
+import ipaddress
 from datetime import timedelta
 from typing import Any
 
 from axes.models import AccessAttempt
 from axes.utils import reset
 from django.conf import settings
+from django.contrib.auth.models import User
 from django.db.models import Sum
 from django.http import HttpRequest
 from django.utils import timezone
 
 from durability import audit
+from durability.inbound import storable_text
 from durability.models import AuditAction, Membership, Project
 
 ACTOR = "system:login"
 
 
-def client_address(request: HttpRequest) -> str:
+def client_address(request: HttpRequest) -> str | None:
     """The address failures are counted for: the connection's, or behind a proxy, the last
-    one it appended to LOGIN_CLIENT_ADDRESS_HEADER (earlier ones are the client's to forge)."""
+    one it appended to LOGIN_CLIENT_ADDRESS_HEADER (earlier ones are the client's to forge).
+    None when that is no IP address (a Unix socket, a misconfigured proxy)."""
+    candidate = str(request.META.get("REMOTE_ADDR", ""))
     header = settings.LOGIN_CLIENT_ADDRESS_HEADER
-    if header:
-        forwarded = request.headers.get(header, "").split(",")[-1].strip()
-        if forwarded:
-            return forwarded
-    return str(request.META.get("REMOTE_ADDR", ""))
+    if header and (forwarded := request.headers.get(header, "").split(",")[-1].strip()):
+        candidate = forwarded
+    try:
+        return str(ipaddress.ip_address(candidate))
+    except ValueError:
+        return None
+
+
+def attempt_username(request: HttpRequest, credentials: dict[str, Any] | None) -> str | None:
+    """The username failures are counted for, as PostgreSQL can store it: cut to the longest
+    a user's can be (Django's login form does not check the length before authenticating),
+    and a NUL or a lone surrogate escaped (no user's name has one)."""
+    raw = (credentials or {}).get("username", request.POST.get("username"))
+    if raw is None:
+        return None
+    longest = User.username.field.max_length or 150
+    name = str(raw)[:longest]
+    try:
+        return storable_text(name)
+    except ValueError:
+        return ascii(name)[1:-1][:longest]
 
 
 def on_user_locked_out(
-    sender: Any, *, request: HttpRequest, username: str | None, ip_address: str, **kwargs: Any
+    sender: Any,
+    *,
+    request: HttpRequest,
+    username: str | None,
+    ip_address: str | None,
+    **kwargs: Any,
 ) -> None:
     """Audit the failure that locked `username` out (axes' user_locked_out signal).
 

@@ -145,6 +145,31 @@ def test_behind_a_proxy_the_address_is_the_one_it_appended(alice, settings):
     assert entry.data["address"] == "203.0.113.5"
 
 
+@pytest.mark.parametrize(
+    ("fields", "meta"),
+    [
+        ({"username": "a" * 5000}, {}),
+        ({"username": "ali\x00ce"}, {}),
+        ({"username": "alice", "next": "\x00" * 10}, {"HTTP_USER_AGENT": "x" * 5000}),
+        ({"username": "alice"}, {"HTTP_X_FORWARDED_FOR": "not-an-address"}),
+        ({"username": "alice"}, {"REMOTE_ADDR": ""}),
+    ],
+    ids=["long-username", "nul", "long-agent", "forged-address", "no-address"],
+)
+def test_odd_logins_are_refused_as_logins_never_a_server_error(alice, settings, fields, meta):
+    settings.LOGIN_CLIENT_ADDRESS_HEADER = "X-Forwarded-For"
+    client = Client()
+    data = {"password": WRONG, **fields}
+    answers = {client.post("/login/", data, **meta).status_code for _ in range(LIMIT + 1)}
+    assert answers <= {200, 429}
+
+
+def test_the_audit_log_shows_the_lockout(alice, admin):
+    _fail("alice", LIMIT)
+    page = logged_in(admin).get("/audit/").content.decode()
+    assert "login_locked_out" in page and "system:login" in page
+
+
 def test_the_settings_page_shows_who_is_locked_and_an_admin_unlocks_them(
     alice, admin, project, beta
 ):
