@@ -51,3 +51,19 @@ def test_a_refused_inline_script_or_style_is_seen_by_the_browser_tests(
         assert violations == refused
     finally:
         page.context.close()
+
+
+@BROWSER[0]
+@BROWSER[1]
+@BROWSER[2]
+def test_the_admins_login_breaks_no_rule_of_the_policy(browser: Any, live_server: Any) -> None:
+    # Not crawled (the desk's pages are, tests/test_tour.py); Chromium's console also says
+    # that it asked for /favicon.ico, which the admin does not name.
+    page, violations, _ = watched_page(browser, live_server.url)
+    try:
+        page.goto("/admin/login/")
+        assert page.is_visible("input[name=password]")
+        assert csp_violations(page) == []
+    finally:
+        page.context.close()
+    assert violations == []
