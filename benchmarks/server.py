@@ -32,10 +32,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# A production process on plain HTTP on 127.0.0.1: no redirect to HTTPS, cookies over HTTP.
+PLAIN_HTTP = {"SECURE_SSL_REDIRECT": "0", "SESSION_COOKIE_SECURE": "0", "CSRF_COOKIE_SECURE": "0"}
+
+
 @contextmanager
 def gunicorn(env: dict[str, str], workers: int) -> Iterator[int]:
     """Tallybook under gunicorn on a free port, once it answers; stopped on the way out."""
     port = free_port()
+    env = {**env, **PLAIN_HTTP}
     server = subprocess.Popen(
         [
             sys.executable,

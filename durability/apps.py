@@ -9,6 +9,9 @@ class DurabilityConfig(AppConfig):
     verbose_name = "Effect ledger"
 
     def ready(self) -> None:
+        from axes.signals import user_locked_out
+
+        from durability.accounts.lockouts import on_user_locked_out
         from durability.accounts.roles import groups_sync
         from durability.audit import sqlite_triggers_ensure
 
@@ -16,3 +19,4 @@ class DurabilityConfig(AppConfig):
         post_migrate.connect(
             sqlite_triggers_ensure, sender=self, dispatch_uid="durability_sqlite_triggers"
         )
+        user_locked_out.connect(on_user_locked_out, dispatch_uid="durability_login_locked_out")

@@ -506,6 +506,9 @@ class AuditAction(models.TextChoices):
     APIKEY_REVOKED = "apikey_revoked", "Apikey revoked"
     AUTHORITY_POLICY_SET = "authority_policy_set", "Authority policy set"
     REDACTION_SET = "redaction_set", "Redaction set"
+    # Logins (durability.accounts.lockouts): in every project the user is a member of.
+    LOGIN_LOCKED_OUT = "login_locked_out", "Login locked out"
+    LOGIN_UNLOCKED = "login_unlocked", "Login unlocked"
 
 
 class AuditEntry(models.Model):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -52,7 +53,10 @@ def redis_url_bounded(url: str) -> str:
 
 
 DEBUG = env_bool("DEBUG", False)
-SECRET_KEY = env_str("SECRET_KEY", "insecure-tallybook-development-key-change-me-in-production")
+# Django's "insecure" prefix makes `check --deploy` refuse the default in production.
+SECRET_KEY = env_str(
+    "SECRET_KEY", "django-insecure-tallybook-development-key-change-me-in-production"
+)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
 # Where people reach the desk. Unset, links in API answers use the address each request
 # came to (durability/site.py), and background work (alerts) this default.
@@ -68,6 +72,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_htmx",
     "django_rq",
+    "axes",
     "durability",
     "trajectories",
 ]
@@ -85,6 +90,8 @@ MIDDLEWARE = [
     "django.middleware.csp.ContentSecurityPolicyMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "durability.accounts.access.NoProjectMiddleware",
+    # Last, as django-axes asks: it turns a refused login into the locked-out page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "durability.urls"
@@ -169,6 +176,35 @@ TALLYBOOK_BULK_INLINE = env_int("TALLYBOOK_BULK_INLINE", 200)
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
+# django-axes first: a locked-out login is refused before any password is checked.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+# Failed logins are counted in PostgreSQL: every web process sees the same counts, and Redis
+# stays off the login path. A username is locked after LOGIN_FAILURE_LIMIT failures within
+# the cool-off, whether they came from one address (username and address) or were spread
+# over many (username alone), so a distributed guess is stopped too; never by address
+# alone, so colleagues behind one office address do not lock one another out. A lockout ends
+# LOGIN_COOLOFF_MINUTES after the last counted failure, or when an admin unlocks the user
+# (settings page, admin, `manage.py axes_reset_username`).
+AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"], "username"]
+AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 10)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("LOGIN_COOLOFF_MINUTES", 30))
+AXES_RESET_ON_SUCCESS = True
+# Attempts refused during a lockout are not counted: the lockout ends on time however hard
+# it is hammered, and the attempt rows do not grow.
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_LOCKOUT_TEMPLATE = "durability/accounts/locked_out.html"
+AXES_CLIENT_IP_CALLABLE = "durability.accounts.lockouts.client_address"
+AXES_USERNAME_CALLABLE = "durability.accounts.lockouts.attempt_username"
+# Behind a proxy, the header in which it appends the address it saw (e.g. X-Forwarded-For);
+# unset, the address of the connection.
+LOGIN_CLIENT_ADDRESS_HEADER = env_str("LOGIN_CLIENT_ADDRESS_HEADER")
+# Failed attempts are kept (with the cool-off) but no per-login access log grows forever.
+AXES_DISABLE_ACCESS_LOG = True
+
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "index"
 LOGOUT_REDIRECT_URL = "login"
@@ -188,6 +224,21 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = 4 * 1024 * 1024
 
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SESSION_COOKIE_HTTPONLY = True
+# With DEBUG off, HTTPS only, as served behind a TLS-terminating proxy that sets
+# X-Forwarded-Proto (SECURE_PROXY_SSL_HEADER names another header, or none when Django
+# terminates TLS itself). Each can be turned off by its variable for a plain-HTTP start on
+# 127.0.0.1 (the tests do; `bin/demo` runs with DEBUG on).
+_proxy_ssl_header = env_str("SECURE_PROXY_SSL_HEADER", "" if DEBUG else "X-Forwarded-Proto")
+SECURE_PROXY_SSL_HEADER = (
+    ("HTTP_" + _proxy_ssl_header.upper().replace("-", "_"), "https") if _proxy_ssl_header else None
+)
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
+# A year, as the HSTS preload list asks; the preload directive is only consent to be listed.
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0 if DEBUG else 365 * 24 * 60 * 60)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", not DEBUG)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", not DEBUG)
 SECURE_CSP = {
     "default-src": [CSP.SELF],
     "script-src": [CSP.SELF],

@@ -45,18 +45,52 @@ def browser() -> Iterator[Any]:
         browser.close()
 
 
-@pytest.fixture
-def page(browser: Any, live_server: Any) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1440, "height": 900}, base_url=live_server.url)
+# Every page reports what its Content Security Policy refused (an inline script or style, an
+# eval, a resource from elsewhere): to the test at once, through a binding that outlives
+# navigations, and on the window, where csp_violations() reads the current page's.
+CSP_LISTENER = """
+window.__cspViolations = [];
+document.addEventListener("securitypolicyviolation", (event) => {
+  const what = `${event.effectiveDirective} refused ${event.blockedURI || "inline"}`
+    + ` (${event.sourceFile || location.href}:${event.lineNumber}) on ${location.pathname}`;
+  window.__cspViolations.push(what);
+  window.tallybookCspViolation(what);
+});
+"""
+
+
+def csp_violations(page: Any) -> list[str]:
+    """What the Content Security Policy refused on the page now shown."""
+    found: list[str] = page.evaluate("() => window.__cspViolations || []")
+    return found
+
+
+def watched_page(browser: Any, base_url: str) -> tuple[Any, list[str], list[str]]:
+    """A page in a new context of its own, and the lists that collect its CSP violations and
+    console errors; close its context after use."""
+    context = browser.new_context(viewport={"width": 1440, "height": 900}, base_url=base_url)
     # How long an action waits for its element or page: a bound, not an expected speed.
     context.set_default_timeout(30_000)
+    violations: list[str] = []
+    context.expose_function("tallybookCspViolation", lambda what: violations.append(what))
+    context.add_init_script(CSP_LISTENER)
     page = context.new_page()
     errors: list[str] = []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    return page, violations, errors
+
+
+@pytest.fixture
+def page(browser: Any, live_server: Any) -> Iterator[Any]:
+    page, violations, errors = watched_page(browser, live_server.url)
     yield page
-    context.close()
-    # No script was refused by the Content Security Policy, nor failed.
-    assert [e for e in errors if "oobErrorNoTarget" not in e] == []
+    if page.url.startswith(live_server.url):
+        violations.extend(v for v in csp_violations(page) if v not in violations)
+    page.context.close()
+    # No page broke the Content Security Policy, and no script failed (Chromium also logs
+    # each refusal as a console error).
+    assert violations == []
+    assert [e for e in errors if "oobErrorNoTarget" not in e] == [], errors
 
 
 def log_in(page: Any, next_url: str = "/queue/") -> None:

@@ -18,6 +18,14 @@ from durability.models import ApiKey, Membership, Project, Role
 from tests import isolation
 from tests.ledger import support as ledger
 
+# The tests serve plain HTTP on 127.0.0.1, with DEBUG off: the production settings' HTTPS
+# redirect and secure cookies are turned off as a local start turns them off, here (the
+# settings were read before this file) and for the servers the tests start.
+PLAIN_HTTP = ["SECURE_SSL_REDIRECT", "SESSION_COOKIE_SECURE", "CSRF_COOKIE_SECURE"]
+for _name in PLAIN_HTTP:
+    os.environ[_name] = "0"
+    setattr(settings, _name, False)
+
 
 @dataclass
 class Api:

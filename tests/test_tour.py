@@ -1,5 +1,6 @@
 """The README's three-minute tour, in Debian's Chromium against a live server with the demo
-seeded; and every page reachable from it loads nothing from elsewhere and logs no error.
+seeded; and every page reachable from it loads nothing from elsewhere, breaks no rule of the
+Content Security Policy and logs no error.
 
 The tour's screenshot of the overview is the README's when `bin/screenshots` runs it.
 """
@@ -21,7 +22,7 @@ from tallybook import Tallybook
 from durability.demo import agents, telemetry
 from durability.demo.provider import ProviderServer
 from durability.models import ApiKey, Effect, Grant, Project, State
-from tests.browser import BROWSER, browser, page
+from tests.browser import BROWSER, browser, csp_violations, page
 
 __all__ = ["browser", "page"]  # the browser fixtures, used by name
 
@@ -135,7 +136,9 @@ def _shape(url: str) -> str:
     return re.sub(r"\d+", "N", parts.path) + "?" + "&".join(names)
 
 
-def test_no_page_loads_anything_from_elsewhere_or_logs_an_error(page, demo, live_server):
+def test_no_page_loads_anything_from_elsewhere_breaks_the_csp_or_logs_an_error(
+    page, demo, live_server
+):
     here = urlsplit(live_server.url).netloc
     elsewhere: list[str] = []
     errors: list[str] = []
@@ -156,6 +159,7 @@ def test_no_page_loads_anything_from_elsewhere_or_logs_an_error(page, demo, live
         response = page.goto(path)
         # goto() returns once the page has loaded, its deferred scripts run.
         assert response is not None and response.status < 400, f"{path}: {response.status}"
+        assert csp_violations(page) == [], path
         visited.append(path)
         for href in page.eval_on_selector_all("a[href]", "links => links.map(a => a.href)"):
             url = urlsplit(urljoin(live_server.url + path, href))

@@ -20,6 +20,11 @@ urlpatterns = [
         views.member_remove,
         name="settings-member-remove",
     ),
+    path(
+        "settings/<int:project_id>/members/<int:membership_id>/unlock/",
+        views.member_unlock,
+        name="settings-member-unlock",
+    ),
     path("settings/<int:project_id>/keys/", views.apikey_create, name="settings-key-create"),
     path(
         "settings/<int:project_id>/keys/<int:key_id>/revoke/",

@@ -16,12 +16,13 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.forms import Form
 from django.http import Http404, HttpResponse, HttpResponseBase
-from django.shortcuts import redirect, render
+from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.cache import add_never_cache_headers
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
+from durability.accounts import lockouts
 from durability.accounts import services as members
 from durability.accounts.access import SESSION_PROJECT, AuthedRequest, actor_of, project_access
 from durability.accounts.forms import (
@@ -45,11 +46,13 @@ def _page(
     **bound: Form,
 ) -> HttpResponse:
     project = access.project
+    memberships = list(
+        Membership.objects.filter(project=project).select_related("user").order_by("user__username")
+    )
     context: dict[str, Any] = {
         "access": access,
-        "members": Membership.objects.filter(project=project)
-        .select_related("user")
-        .order_by("user__username"),
+        "members": memberships,
+        "locked": lockouts.locked_usernames([m.user.username for m in memberships]),
         "keys": ApiKey.objects.filter(project=project).order_by("-created", "-id"),
         "roles": Role.choices,
         "problem": problem,
@@ -142,6 +145,20 @@ def member_remove(request: AuthedRequest, project_id: int, membership_id: int) -
     messages.success(request, f"{removed.user} is no longer a member of {access.project}.")
     # Who removed themselves can no longer see this page.
     return redirect("index" if removed.user_id == request.user.pk else "settings")
+
+
+@login_required
+@require_POST
+def member_unlock(request: AuthedRequest, project_id: int, membership_id: int) -> HttpResponse:
+    """Let a member who locked themselves out (too many failed logins) log in again."""
+    access = project_access(request, Perm.MANAGE, project_id=project_id)
+    membership = get_object_or_404(
+        Membership.objects.select_related("user"), project=access.project, pk=membership_id
+    )
+    username = membership.user.get_username()
+    if lockouts.login_unlock(project=access.project, actor=actor_of(request), username=username):
+        messages.success(request, f"{username} can log in again.")
+    return redirect("settings")
 
 
 @login_required

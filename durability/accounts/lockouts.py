@@ -1,0 +1,112 @@
+"""Login lockouts (django-axes counts the failures): their audit entries, and unlocking.
+
+A lockout is about a user, not a project, but the audit log is kept per project: it is
+recorded in each project the user is a member of, whose admins are the people who can
+unlock them there. A locked username that is no member of any project (a guessed name) is
+in the admin's Access attempts only.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from datetime import timedelta
+from typing import Any
+
+from axes.models import AccessAttempt
+from axes.utils import reset
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.db.models import Sum
+from django.http import HttpRequest
+from django.utils import timezone
+
+from durability import audit
+from durability.inbound import storable_text
+from durability.models import AuditAction, Membership, Project
+
+ACTOR = "system:login"
+
+
+def client_address(request: HttpRequest) -> str | None:
+    """The address failures are counted for: the connection's, or behind a proxy, the last
+    one it appended to LOGIN_CLIENT_ADDRESS_HEADER (earlier ones are the client's to forge).
+    None when that is no IP address (a Unix socket, a misconfigured proxy)."""
+    candidate = str(request.META.get("REMOTE_ADDR", ""))
+    header = settings.LOGIN_CLIENT_ADDRESS_HEADER
+    if header and (forwarded := request.headers.get(header, "").split(",")[-1].strip()):
+        candidate = forwarded
+    try:
+        return str(ipaddress.ip_address(candidate))
+    except ValueError:
+        return None
+
+
+def attempt_username(request: HttpRequest, credentials: dict[str, Any] | None) -> str | None:
+    """The username failures are counted for, as PostgreSQL can store it: cut to the longest
+    a user's can be (Django's login form does not check the length before authenticating),
+    and a NUL or a lone surrogate escaped (no user's name has one)."""
+    raw = (credentials or {}).get("username", request.POST.get("username"))
+    if raw is None:
+        return None
+    longest = User.username.field.max_length or 150
+    name = str(raw)[:longest]
+    try:
+        return storable_text(name)
+    except ValueError:
+        return ascii(name)[1:-1][:longest]
+
+
+def on_user_locked_out(
+    sender: Any,
+    *,
+    request: HttpRequest,
+    username: str | None,
+    ip_address: str | None,
+    **kwargs: Any,
+) -> None:
+    """Audit the failure that locked `username` out (axes' user_locked_out signal).
+
+    Axes also sends the signal for each attempt refused during the lockout; those were not
+    counted (AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT is off), so carry no failures.
+    """
+    failures = getattr(request, "axes_failures_since_start", None)
+    if failures is None or not username:
+        return
+    memberships = Membership.objects.filter(user__username=username).values_list(
+        "project_id", flat=True
+    )
+    for project_id in memberships:
+        with audit.trail(project_id, ACTOR) as trail:
+            trail.add(
+                AuditAction.LOGIN_LOCKED_OUT,
+                username=username,
+                address=ip_address,
+                failures=failures,
+            )
+
+
+def locked_usernames(usernames: list[str]) -> set[str]:
+    """Which of `usernames` are locked out now (their failures over every address)."""
+    since = timezone.now() - _cool_off()
+    counted = (
+        AccessAttempt.objects.filter(username__in=usernames, attempt_time__gte=since)
+        .values("username")
+        .annotate(failures=Sum("failures_since_start"))
+        .filter(failures__gte=settings.AXES_FAILURE_LIMIT)
+    )
+    return {row["username"] for row in counted}
+
+
+def login_unlock(*, project: Project, actor: str, username: str) -> int:
+    """Forget the failed logins of `username` (a member of `project`), from every address;
+    the number of attempt records removed. Audited in `project`."""
+    with audit.trail(project.pk, actor) as trail:
+        removed = reset(username=username)
+        if removed:
+            trail.add(AuditAction.LOGIN_UNLOCKED, username=username)
+    return int(removed)
+
+
+def _cool_off() -> timedelta:
+    cool_off: timedelta = settings.AXES_COOLOFF_TIME
+    return cool_off

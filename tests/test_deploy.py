@@ -1,0 +1,115 @@
+"""The production settings: with DEBUG off Tallybook is HTTPS-only behind a TLS-terminating
+proxy and `manage.py check --deploy` finds nothing; each part can be turned off by the
+environment for a plain-HTTP start on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PLAIN_HTTP
+
+ROOT = Path(__file__).resolve().parent.parent
+SECURE = [
+    *PLAIN_HTTP,
+    "DEBUG",
+    "SECRET_KEY",
+    "SECURE_PROXY_SSL_HEADER",
+    "SECURE_HSTS_SECONDS",
+    "SECURE_HSTS_INCLUDE_SUBDOMAINS",
+    "SECURE_HSTS_PRELOAD",
+]
+# A request to the login page through Django's test client, in the process those settings
+# configure; prints what the browser would be told.
+ASK = """
+import json
+from django.test import Client
+headers = json.loads({headers!r})
+r = Client().get("/login/", headers=headers)
+print(json.dumps({{
+    "status": r.status_code,
+    "location": r.get("Location", ""),
+    "hsts": r.get("Strict-Transport-Security", ""),
+    "csrf_secure": bool(r.cookies["csrftoken"]["secure"]) if "csrftoken" in r.cookies else None,
+}}))
+"""
+
+
+def _production(**env: str) -> dict[str, str]:
+    """This environment as a production start has it: none of the tests' plain-HTTP
+    overrides, DEBUG unset, a real secret key; then `env`."""
+    clean = {k: v for k, v in os.environ.items() if k not in SECURE}
+    return {**clean, "SECRET_KEY": secrets.token_urlsafe(50), **env}
+
+
+def _manage(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _ask(env: dict[str, str], **headers: str) -> dict[str, object]:
+    done = _manage(env, "shell", "-c", ASK.format(headers=json.dumps(headers)))
+    assert done.returncode == 0, done.stderr
+    answer: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    return answer
+
+
+def test_check_deploy_finds_nothing_in_the_production_settings():
+    done = _manage(_production(), "check", "--deploy", "--fail-level", "WARNING")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "System check identified no issues" in done.stdout
+
+
+def test_check_deploy_refuses_the_development_secret_key():
+    env = _production()
+    del env["SECRET_KEY"]
+    done = _manage(env, "check", "--deploy", "--fail-level", "WARNING")
+    assert done.returncode != 0
+    assert "security.W009" in done.stdout + done.stderr
+
+
+def test_plain_http_is_redirected_to_https():
+    answer = _ask(_production())
+    assert answer["status"] == 301
+    assert answer["location"] == "https://testserver/login/"
+
+
+def test_https_through_the_proxy_gets_hsts_and_secure_cookies():
+    answer = _ask(_production(), **{"X-Forwarded-Proto": "https"})
+    assert answer["status"] == 200
+    assert answer["hsts"] == "max-age=31536000; includeSubDomains; preload"
+    assert answer["csrf_secure"] is True
+
+
+def test_another_proxy_header_can_be_named():
+    env = _production(SECURE_PROXY_SSL_HEADER="X-Scheme")
+    assert _ask(env, **{"X-Forwarded-Proto": "https"})["status"] == 301
+    assert _ask(env, **{"X-Scheme": "https"})["status"] == 200
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"SECURE_SSL_REDIRECT": "0", "CSRF_COOKIE_SECURE": "0", "SECURE_HSTS_SECONDS": "0"},
+        {"DEBUG": "1"},
+    ],
+    ids=["each-turned-off", "debug"],
+)
+def test_a_plain_http_start_turns_each_off(env):
+    answer = _ask(_production(**env), **{"X-Forwarded-Proto": "https"})
+    assert answer["status"] == 200
+    assert answer["hsts"] == ""
+    assert answer["csrf_secure"] is False
+    assert _ask(_production(**env))["status"] == 200
