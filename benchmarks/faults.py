@@ -217,6 +217,10 @@ class Run:
             "LOG_LEVEL": "WARNING",
             "ALLOWED_HOSTS": "127.0.0.1",
             "SITE_URL": f"http://127.0.0.1:{self.web_port}",
+            # Production settings, but on plain HTTP on 127.0.0.1 with no TLS proxy in front.
+            "SECURE_SSL_REDIRECT": "0",
+            "SESSION_COOKIE_SECURE": "0",
+            "CSRF_COOKIE_SECURE": "0",
         }
         self.env.pop("DEBUG", None)
         python = sys.executable
