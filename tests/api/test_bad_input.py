@@ -208,6 +208,20 @@ def test_deeply_nested_json_is_a_400(api, counted):
     assert row_counts() == counted
 
 
+@pytest.mark.parametrize("path", [*VALID, "events"])
+@pytest.mark.parametrize(
+    "raw",
+    [b'{"key": "k1", "key": "k2"}', b'{"key": "k1", "request": {"amount": 1, "amount": 900}}'],
+    ids=["top-level", "nested"],
+)
+def test_a_duplicate_key_in_a_json_object_is_a_400_not_the_last_one_winning(
+    api, counted, path, raw
+):
+    body = assert_refused(api.post(path, raw), 400, "body")
+    assert "duplicate key" in body["fields"]["body"]
+    assert row_counts() == counted
+
+
 @pytest.mark.parametrize("path", list(VALID))
 @pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded"])
 def test_a_body_that_is_not_declared_json_is_a_415(api, counted, path, content_type):
