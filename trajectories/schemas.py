@@ -6,10 +6,20 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SkipValidation, Strict, StringConstraints
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SkipValidation,
+    Strict,
+    StringConstraints,
+)
 
 from durability.api.schemas import SpanId, Text, TraceId
 from durability.api.schemas import Strict as StrictModel
+from durability.inbound import instant
 
 MAX_EVENTS = 1000
 EventId = Annotated[
@@ -17,8 +27,20 @@ EventId = Annotated[
     StringConstraints(min_length=1, max_length=255),
     Field(description="The client's id for this event; an id seen before changes nothing."),
 ]
-# JSON has no datetime type: timestamps arrive as ISO 8601 strings.
-Timestamp = Annotated[datetime, Strict(False)]
+
+
+def _iso_string(value: Any) -> Any:
+    if not isinstance(value, str):
+        raise ValueError("expected an ISO 8601 time as a string")
+    return value
+
+
+# JSON has no datetime type: timestamps arrive as ISO 8601 strings, parsed (events are
+# validated from Python objects, where a strict datetime would refuse every string) and
+# then held to inbound's range in UTC, as every time from outside is.
+Timestamp = Annotated[
+    datetime, Strict(False), BeforeValidator(_iso_string), AfterValidator(instant)
+]
 Count = Annotated[int, Field(ge=0, le=2**53)]
 Id = Annotated[str, StringConstraints(min_length=1, max_length=255)]
 
