@@ -393,3 +393,28 @@ def test_random_values_over_the_schema_fields_never_cause_a_5xx(api, counted):
             # state that does not allow the report (a conflict opens a case).
             assert r.status_code in (200, 201, 404, 409), r.content
             stored = row_counts()
+
+
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        ({"lineage": ""}, "lineage"),
+        ({"lineage": "not-a-uuid"}, "lineage"),
+        ({"lineage": "{12345678-1234-5678-1234-567812345678}"}, "lineage"),
+        ({"lineage": "urn:uuid:12345678-1234-5678-1234-567812345678"}, "lineage"),
+        ({"lineage": "12345678123456781234567812345678"}, "lineage"),
+        ({"status": ""}, "status"),
+        ({"before": ""}, "before"),
+        ({"before": "²"}, "before"),
+        ({"before": "1" * 5000}, "before"),
+        ({"before": "-1"}, "before"),
+    ],
+    ids=str,
+)
+def test_a_bad_grant_query_is_a_400_naming_the_parameter(api, params, field):
+    assert_refused(api.get("grants", **params), 400, field)
+
+
+def test_a_grant_query_by_a_well_formed_lineage_is_answered(api):
+    r = api.get("grants", lineage="12345678-1234-5678-1234-567812345678", before="99")
+    assert r.status_code == 200 and r.json()["grants"] == []
