@@ -285,7 +285,11 @@ def openapi_document() -> dict[str, Any]:
                 [
                     _query("status", {"enum": ["live", "expired", "revoked", "superseded"]}),
                     _query("lineage", {"type": "string", "format": "uuid"}),
-                    _query("before", {"type": "integer"}, "Grant id to continue before."),
+                    _query(
+                        "before",
+                        {"type": "integer", "minimum": 0, "maximum": 10**18 - 1},
+                        "Grant id to continue before.",
+                    ),
                 ],
             ),
             "/api/v1/grants/{grant_id}": _grants_get(

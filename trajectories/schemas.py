@@ -17,7 +17,7 @@ from pydantic import (
     StringConstraints,
 )
 
-from durability.api.schemas import SpanId, Text, TraceId
+from durability.api.schemas import NOT_ALL_ZERO, WHOLE, SpanId, Text, TraceId
 from durability.api.schemas import Strict as StrictModel
 from durability.inbound import instant
 
@@ -41,7 +41,7 @@ def _iso_string(value: Any) -> Any:
 Timestamp = Annotated[
     datetime, Strict(False), BeforeValidator(_iso_string), AfterValidator(instant)
 ]
-Count = Annotated[int, Field(ge=0, le=2**53)]
+Count = Annotated[int, Field(ge=0, le=2**53), WHOLE]
 Id = Annotated[str, StringConstraints(min_length=1, max_length=255)]
 
 
@@ -193,10 +193,10 @@ class OtlpSpan(BaseModel):
     """A span; one that breaks these rules is rejected alone, in `partialSuccess`."""
 
     traceId: Annotated[str, StringConstraints(pattern=r"^[0-9a-fA-F]{32}$")] = Field(
-        description="32 hex digits, not all zero."
+        description="32 hex digits, not all zero.", json_schema_extra=NOT_ALL_ZERO
     )
     spanId: Annotated[str, StringConstraints(pattern=r"^[0-9a-fA-F]{16}$")] = Field(
-        description="16 hex digits, not all zero."
+        description="16 hex digits, not all zero.", json_schema_extra=NOT_ALL_ZERO
     )
     parentSpanId: Annotated[str, StringConstraints(pattern=r"^([0-9a-fA-F]{16})?$")] = Field(
         default="", description="16 hex digits; empty for a root span."

@@ -418,3 +418,11 @@ def test_a_bad_grant_query_is_a_400_naming_the_parameter(api, params, field):
 def test_a_grant_query_by_a_well_formed_lineage_is_answered(api):
     r = api.get("grants", lineage="12345678-1234-5678-1234-567812345678", before="99")
     assert r.status_code == 200 and r.json()["grants"] == []
+
+
+def test_a_whole_number_written_with_a_fraction_is_the_integer_json_schema_says_it_is(api):
+    # JSON Schema's `integer`, which the document states, includes 30.0.
+    r = api.intent("k1", timeout_s=30.0)
+    assert r.status_code == 201, r.content
+    receipt = api.receipt("k1", "re_1", attempt=1.0)
+    assert receipt.status_code == 201 and receipt.json()["receipt"]["attempt"] == 1

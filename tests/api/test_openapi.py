@@ -380,3 +380,25 @@ def test_the_document_needs_no_key(client, db):
     ApiKey.objects.all().delete()
     assert client.get("/api/v1/openapi.json").status_code == 200
     assert json.loads(client.get("/api/v1/openapi.json").content)["paths"]
+
+
+def test_the_all_zero_trace_and_span_ids_are_refused_in_the_document_too(document):
+    components = document["components"]["schemas"]
+    rule = {"not": {"pattern": "^0+$"}}
+
+    def field(model: str, name: str) -> dict[str, Any]:
+        schema: dict[str, Any] = components[model]["properties"][name]
+        return next((s for s in schema.get("anyOf", []) if s.get("type") == "string"), schema)
+
+    for model, name in [
+        ("IntentIn", "trace_id"),
+        ("IntentIn", "span_id"),
+        ("ReceiptIn", "trace_id"),
+        ("ReceiptIn", "span_id"),
+        ("SpanEventIn", "trace_id"),
+        ("SpanEventIn", "span_id"),
+        ("OtlpSpan", "traceId"),
+        ("OtlpSpan", "spanId"),
+    ]:
+        assert rule.items() <= field(model, name).items(), (model, name)
+    assert rule.items() <= components["RunEventIn"]["properties"]["trace_ids"]["items"].items()
