@@ -73,5 +73,13 @@ def test_the_api_keeps_its_documented_contract(live_server, contract_key):
 @pytest.mark.xfail(strict=True, reason="fixed on the otlp branch")
 @pytest.mark.timeout(300)
 def test_otlp_traces_keep_their_documented_contract(live_server, contract_key):
-    run = _schemathesis(live_server.url, contract_key, "--include-path", "/v1/traces")
+    # No links lead to or from it: the stateful phase has nothing to run.
+    run = _schemathesis(
+        live_server.url,
+        contract_key,
+        "--include-path",
+        "/v1/traces",
+        "--phases",
+        "examples,coverage,fuzzing",
+    )
     assert run.returncode == 0, _failures(run)
