@@ -34,8 +34,54 @@ def _errors(*statuses: int) -> dict[str, Any]:
         409: "The effect's state does not allow this.",
         413: "Body over 1 MiB.",
         415: "Content-Type is not application/json.",
+        500: UNEXPECTED,
     }
-    return {str(s): _json(schemas.ErrorOut, texts[s]) for s in statuses}
+    return {str(s): _json(schemas.ErrorOut, texts[s]) for s in (*statuses, 500)}
+
+
+# Every operation can fail this way; none should (the contract test sends thousands of
+# requests to make sure), but a client must be able to read the answer when one does.
+UNEXPECTED = (
+    "An unexpected error. Each write is one transaction and idempotent on its key: sending "
+    "the same request again is safe."
+)
+
+
+def _operation(path: str, method: str) -> str:
+    """A link's `operationRef` to the operation at `path` and `method`."""
+    return "#/paths/" + path.replace("~", "~0").replace("/", "~1") + "/" + method
+
+
+def _links(*names: str) -> dict[str, Any]:
+    """Links from an answer to the operations that read or report on what it names (an
+    effect by its id or key, the first grant of a page): a client, or a stateful test,
+    follows them."""
+    by_key = {"requestBody": {"key": "$request.body#/key"}}
+    links = {
+        "effect": {
+            "operationRef": _operation("/api/v1/effects/{effect_id}", "get"),
+            "parameters": {"effect_id": "$response.body#/effect/id"},
+        },
+        "effect_by_key": {
+            "operationRef": _operation("/api/v1/effects", "get"),
+            "parameters": {"key": "$request.body#/key"},
+        },
+        "receipt": {"operationRef": _operation("/api/v1/receipts", "post"), **by_key},
+        "failure": {"operationRef": _operation("/api/v1/failures", "post"), **by_key},
+        "timeout": {"operationRef": _operation("/api/v1/timeouts", "post"), **by_key},
+        "grant": {
+            "operationRef": _operation("/api/v1/grants/{grant_id}", "get"),
+            "parameters": {"grant_id": "$response.body#/grants/0/id"},
+        },
+    }
+    return {name: links[name] for name in names}
+
+
+EFFECT_LINKS = ("effect", "effect_by_key", "receipt", "failure", "timeout")
+
+
+def _linked(response: dict[str, Any], *names: str) -> dict[str, Any]:
+    return {**response, "links": _links(*names)} if names else response
 
 
 def _post(
@@ -74,7 +120,7 @@ def _query(name: str, schema: dict[str, Any], description: str = "") -> dict[str
 
 
 def _grants_get(
-    summary: str, answer: type[BaseModel], parameters: list[dict[str, Any]]
+    summary: str, answer: type[BaseModel], parameters: list[dict[str, Any]], *links: str
 ) -> dict[str, Any]:
     return {
         "get": {
@@ -82,7 +128,7 @@ def _grants_get(
             "security": [{"bearer": []}],
             "parameters": parameters,
             "responses": {
-                "200": _json(answer, summary),
+                "200": _linked(_json(answer, summary), *links),
                 **_errors(400, 401),
                 "404": _json(schemas.ErrorOut, "No such grant in this project."),
             },
@@ -114,6 +160,7 @@ def _events() -> dict[str, Any]:
         "401": _json(schemas.ErrorOut, "Missing, wrong or revoked API key."),
         "413": _json(schemas.ErrorOut, f"Body over {trajectories_api.EVENTS_MAX_BODY:,} bytes."),
         "415": _json(schemas.ErrorOut, "Content-Type is not application/json."),
+        "500": _json(schemas.ErrorOut, UNEXPECTED),
     }
     for status, text in OVERLOAD.items():
         answers[str(status)] = {
@@ -166,6 +213,7 @@ def _traces() -> dict[str, Any]:
         "401": _json(schemas.ErrorOut, "Missing, wrong or revoked API key."),
         "413": _json(schemas.ErrorOut, f"Body over {trajectories_api.OTLP_MAX_BODY:,} bytes."),
         "415": _rpc_status(f"Content-Type is neither {otlp.PROTOBUF} nor {otlp.JSON}.", otlp.JSON),
+        "500": _json(schemas.ErrorOut, UNEXPECTED),
     }
     for code, text in OVERLOAD.items():
         answers[str(code)] = {**_rpc_status(f"{text} Nothing stored."), "headers": RETRY_AFTER}
@@ -217,7 +265,12 @@ def openapi_document() -> dict[str, Any]:
             "version": "1",
             "description": "Record intents before external effects and receipts after them; "
             "ask whether an effect already happened; send the trajectories (runs, model "
-            "requests, tool calls) that the effects link to.",
+            "requests, tool calls) that the effects link to.\n\n"
+            "Every answer is JSON (OTLP's may be protobuf). An error is an `ErrorOut`: "
+            "`error` says what is wrong and `fields` names each bad field, parameter or "
+            "header. An unknown URL is a 404 and a method a path does not take a 405 with "
+            "`Allow`, both `ErrorOut`. Strings may not hold NUL characters, and times must "
+            "lie between 2000-01-01 and one day from now once converted to UTC.",
         },
         "servers": [{"url": "/"}],
         "components": {
@@ -241,8 +294,10 @@ def openapi_document() -> dict[str, Any]:
                 "Record an intent and get a decision",
                 schemas.IntentIn,
                 {
-                    "201": _json(schemas.DecisionOut, "The intent created the effect."),
-                    "200": decision,
+                    "201": _linked(
+                        _json(schemas.DecisionOut, "The intent created the effect."), *EFFECT_LINKS
+                    ),
+                    "200": _linked(decision, *EFFECT_LINKS),
                     "409": _json(schemas.DecisionOut, "`conflict`: same key, another request."),
                 },
             ),
@@ -250,21 +305,35 @@ def openapi_document() -> dict[str, Any]:
                 "Record a receipt: evidence that an effect happened",
                 schemas.ReceiptIn,
                 {
-                    "201": _json(schemas.ReceiptResultOut, "A new receipt."),
+                    "201": _linked(
+                        _json(schemas.ReceiptResultOut, "A new receipt."), "effect_by_key"
+                    ),
                     "200": _json(schemas.ReceiptResultOut, "The same receipt again: no change."),
                 },
             ),
             "/api/v1/failures": _post(
                 "Record a failed attempt",
                 schemas.FailureIn,
-                {"200": _json(schemas.EffectResultOut, "The effect after the failure.")},
+                {
+                    "200": _linked(
+                        _json(schemas.EffectResultOut, "The effect after the failure."),
+                        "effect",
+                        "effect_by_key",
+                    )
+                },
                 404,
                 409,
             ),
             "/api/v1/timeouts": _post(
                 "Make an attempt's timeout authoritative",
                 schemas.TimeoutIn,
-                {"200": _json(schemas.EffectResultOut, "The effect, now timed out.")},
+                {
+                    "200": _linked(
+                        _json(schemas.EffectResultOut, "The effect, now timed out."),
+                        "effect",
+                        "effect_by_key",
+                    )
+                },
                 404,
                 409,
             ),
@@ -285,8 +354,13 @@ def openapi_document() -> dict[str, Any]:
                 [
                     _query("status", {"enum": ["live", "expired", "revoked", "superseded"]}),
                     _query("lineage", {"type": "string", "format": "uuid"}),
-                    _query("before", {"type": "integer"}, "Grant id to continue before."),
+                    _query(
+                        "before",
+                        {"type": "integer", "minimum": 0, "maximum": 10**18 - 1},
+                        "Grant id to continue before.",
+                    ),
                 ],
+                "grant",
             ),
             "/api/v1/grants/{grant_id}": _grants_get(
                 "One grant version",

@@ -20,6 +20,7 @@ from django.utils import timezone
 from pydantic import ValidationError
 
 from durability.api.decorators import field_errors
+from durability.inbound import storable_text
 from durability.models import Project
 from durability.redaction import (
     ATTRIBUTE_CAP,
@@ -553,21 +554,25 @@ class EventsOutcome:
         return batch.model_dump(mode="json", exclude_unset=True)
 
 
-def _nul_at(value: Any, where: str = "") -> str | None:
-    """The dotted path of the first string holding a NUL character, which PostgreSQL refuses."""
+def _unstorable_at(value: Any, where: str = "") -> tuple[str, str] | None:
+    """The dotted path of the first key or string PostgreSQL cannot store, and why."""
     if isinstance(value, str):
-        return where if "\x00" in value else None
+        try:
+            storable_text(value)
+        except ValueError as exc:
+            return where, str(exc)
+        return None
+    items: Iterable[tuple[Any, Any]]
     if isinstance(value, dict):
-        items: Iterable[tuple[Any, Any]] = value.items()
+        items = value.items()
     elif isinstance(value, list):
         items = enumerate(value)
     else:
         return None
     for key, item in items:
         path = f"{where}.{key}" if where else str(key)
-        if "\x00" in str(key):
-            return path
-        if (found := _nul_at(item, path)) is not None:
+        found = _unstorable_at(key, path) if isinstance(key, str) else None
+        if (found := found or _unstorable_at(item, path)) is not None:
             return found
     return None
 
@@ -579,11 +584,10 @@ def _event_validate(index: int, raw: Any) -> RunEventIn | SpanEventIn | EventRes
         return _result(
             index, None, "rejected", "An event must be an object", {"": "Expected an object"}
         )
-    if (where := _nul_at(raw)) is not None:
-        return _result(
-            index, event_id, "rejected", "Invalid event", {where: "NUL characters cannot be stored"}
-        )
-    schema = EVENT_SCHEMAS.get(raw.get("type"))  # type: ignore[arg-type]
+    if (found := _unstorable_at(raw)) is not None:
+        return _result(index, event_id, "rejected", "Invalid event", {found[0]: found[1]})
+    event_type = raw.get("type")
+    schema = EVENT_SCHEMAS.get(event_type) if isinstance(event_type, str) else None
     if schema is None:
         return _result(
             index, event_id, "rejected", "Unknown event type", {"type": "Expected 'run' or 'span'"}

@@ -6,10 +6,20 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SkipValidation, Strict, StringConstraints
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SkipValidation,
+    Strict,
+    StringConstraints,
+)
 
-from durability.api.schemas import SpanId, Text, TraceId
+from durability.api.schemas import NOT_ALL_ZERO, WHOLE, SpanId, Text, TraceId
 from durability.api.schemas import Strict as StrictModel
+from durability.inbound import instant
 
 MAX_EVENTS = 1000
 EventId = Annotated[
@@ -17,9 +27,21 @@ EventId = Annotated[
     StringConstraints(min_length=1, max_length=255),
     Field(description="The client's id for this event; an id seen before changes nothing."),
 ]
-# JSON has no datetime type: timestamps arrive as ISO 8601 strings.
-Timestamp = Annotated[datetime, Strict(False)]
-Count = Annotated[int, Field(ge=0, le=2**53)]
+
+
+def _iso_string(value: Any) -> Any:
+    if not isinstance(value, str):
+        raise ValueError("expected an ISO 8601 time as a string")
+    return value
+
+
+# JSON has no datetime type: timestamps arrive as ISO 8601 strings, parsed (events are
+# validated from Python objects, where a strict datetime would refuse every string) and
+# then held to inbound's range in UTC, as every time from outside is.
+Timestamp = Annotated[
+    datetime, Strict(False), BeforeValidator(_iso_string), AfterValidator(instant)
+]
+Count = Annotated[int, Field(ge=0, le=2**53), WHOLE]
 Id = Annotated[str, StringConstraints(min_length=1, max_length=255)]
 
 
@@ -171,10 +193,10 @@ class OtlpSpan(BaseModel):
     """A span; one that breaks these rules is rejected alone, in `partialSuccess`."""
 
     traceId: Annotated[str, StringConstraints(pattern=r"^[0-9a-fA-F]{32}$")] = Field(
-        description="32 hex digits, not all zero."
+        description="32 hex digits, not all zero.", json_schema_extra=NOT_ALL_ZERO
     )
     spanId: Annotated[str, StringConstraints(pattern=r"^[0-9a-fA-F]{16}$")] = Field(
-        description="16 hex digits, not all zero."
+        description="16 hex digits, not all zero.", json_schema_extra=NOT_ALL_ZERO
     )
     parentSpanId: Annotated[str, StringConstraints(pattern=r"^([0-9a-fA-F]{16})?$")] = Field(
         default="", description="16 hex digits; empty for a root span."

@@ -12,6 +12,7 @@ from django.views.decorators.csrf import csrf_exempt
 from pydantic import BaseModel, ValidationError
 
 from durability.api.schemas import ErrorOut
+from durability.inbound import json_loads
 from durability.models import ApiKey, Project
 
 MiB = 1024 * 1024
@@ -99,8 +100,15 @@ def _parse[M: BaseModel](request: HttpRequest, body: bytes, schema: type[M]) -> 
                 {"Content-Type": f"Expected application/json, not {request.content_type}"},
             )
         )
+    # inbound's parse refuses what pydantic's would let through (a duplicate key keeps its
+    # last value, nesting has no bound); pydantic then validates the same bytes in JSON mode,
+    # whose strict rules (an ISO 8601 string for a datetime) the schemas are written for.
     try:
-        return schema.model_validate_json(body or b"")
+        json_loads(body)
+    except ValueError as exc:
+        raise Refused(error("Malformed JSON", 400, {"body": str(exc)})) from None
+    try:
+        return schema.model_validate_json(body)
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
         for e in errors:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Self, cast
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StringConstraints,
@@ -60,14 +61,35 @@ def _not_all_zero(value: str) -> str:
     return value
 
 
-TraceId = Annotated[HexTraceId, AfterValidator(_not_all_zero)]
-SpanId = Annotated[HexSpanId, AfterValidator(_not_all_zero)]
+# The document shows the rule too: a client's generator (or a fuzzer) reads it there.
+NOT_ALL_ZERO: dict[str, Any] = {"not": {"pattern": "^0+$"}}
+TraceId = Annotated[
+    HexTraceId,
+    AfterValidator(_not_all_zero),
+    Field(description="32 lowercase hex digits, not all zero", json_schema_extra=NOT_ALL_ZERO),
+]
+SpanId = Annotated[
+    HexSpanId,
+    AfterValidator(_not_all_zero),
+    Field(description="16 lowercase hex digits, not all zero", json_schema_extra=NOT_ALL_ZERO),
+]
 
 
 # A time the world reported, in UTC and in range (durability/inbound.py says which range).
 Timestamp = Annotated[datetime, AfterValidator(instant)]
+
+
+def _whole(value: Any) -> Any:
+    """A whole float (30.0) as the int it is: JSON Schema's `integer`, which the document
+    promises, includes it; pydantic's strict int would refuse it."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# For an integer from JSON, after its bounds: refuses strings, booleans and fractions as
+# strict mode does, and takes 30.0 as 30.
+WHOLE = BeforeValidator(_whole)
 # The widest attempt number the database column holds.
-AttemptNumber = Annotated[int, Field(gt=0, le=2**31 - 1)]
+AttemptNumber = Annotated[int, Field(gt=0, le=2**31 - 1), WHOLE]
 
 
 def _storable(value: Any) -> None:
@@ -147,7 +169,7 @@ class IntentIn(Strict):
         default=None, description="The client's own request fingerprint; else SHA-256 of request."
     )
     replay: ReplayPolicy = "never"
-    timeout_s: Annotated[int, Field(gt=0, le=7 * 24 * 3600)] | None = Field(
+    timeout_s: Annotated[int, Field(gt=0, le=7 * 24 * 3600), WHOLE] | None = Field(
         default=None, description="Seconds before a pending attempt is given up as timed out."
     )
     run_id: Text | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -13,6 +14,7 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from durability import audit
+from durability.inbound import decimal_digits
 from durability.models import (
     AuditAction,
     Grant,
@@ -22,6 +24,8 @@ from durability.models import (
 # -- reading grants ---------------------------------------------------------------------------
 
 GRANT_STATUSES = ("live", "expired", "revoked", "superseded")
+# A UUID as the API writes it; uuid.UUID() would also take braces, "urn:uuid:" and no dashes.
+LINEAGE = re.compile(r"[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}")
 
 
 @dataclass(frozen=True)
@@ -34,23 +38,27 @@ class GrantQuery:
 
     @classmethod
     def parse(cls, params: Mapping[str, str]) -> GrantQuery | dict[str, str]:
-        """The query, or {parameter: message} for each bad parameter."""
+        """The query, or {parameter: message} for each bad parameter; a parameter that is
+        given is checked even when empty (`?lineage=` is no lineage, not every grant)."""
         problems: dict[str, str] = {}
-        status = params.get("status", "")
-        if status and status not in GRANT_STATUSES:
+        status = params.get("status")
+        if status is not None and status not in GRANT_STATUSES:
             problems["status"] = f"One of {', '.join(GRANT_STATUSES)}"
         lineage = None
-        if params.get("lineage"):
-            try:
+        if "lineage" in params:
+            if LINEAGE.fullmatch(params["lineage"]):
                 lineage = uuid.UUID(params["lineage"])
+            else:
+                problems["lineage"] = "A grant lineage: a UUID, 8-4-4-4-12 hex digits"
+        before = None
+        if "before" in params:
+            try:
+                before = decimal_digits(params["before"], max_digits=18)
             except ValueError:
-                problems["lineage"] = "A grant lineage, as a UUID"
-        before = params.get("before", "")
-        if before and not before.isdigit():
-            problems["before"] = "A grant id"
+                problems["before"] = "A grant id"
         if problems:
             return problems
-        return cls(status, lineage, int(before) if before else None)
+        return cls(status or "", lineage, before)
 
     def apply(self, grants: QuerySet[Grant], now: datetime | None = None) -> QuerySet[Grant]:
         now = now or timezone.now()

@@ -208,6 +208,20 @@ def test_deeply_nested_json_is_a_400(api, counted):
     assert row_counts() == counted
 
 
+@pytest.mark.parametrize("path", [*VALID, "events"])
+@pytest.mark.parametrize(
+    "raw",
+    [b'{"key": "k1", "key": "k2"}', b'{"key": "k1", "request": {"amount": 1, "amount": 900}}'],
+    ids=["top-level", "nested"],
+)
+def test_a_duplicate_key_in_a_json_object_is_a_400_not_the_last_one_winning(
+    api, counted, path, raw
+):
+    body = assert_refused(api.post(path, raw), 400, "body")
+    assert "duplicate key" in body["fields"]["body"]
+    assert row_counts() == counted
+
+
 @pytest.mark.parametrize("path", list(VALID))
 @pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded"])
 def test_a_body_that_is_not_declared_json_is_a_415(api, counted, path, content_type):
@@ -379,3 +393,36 @@ def test_random_values_over_the_schema_fields_never_cause_a_5xx(api, counted):
             # state that does not allow the report (a conflict opens a case).
             assert r.status_code in (200, 201, 404, 409), r.content
             stored = row_counts()
+
+
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        ({"lineage": ""}, "lineage"),
+        ({"lineage": "not-a-uuid"}, "lineage"),
+        ({"lineage": "{12345678-1234-5678-1234-567812345678}"}, "lineage"),
+        ({"lineage": "urn:uuid:12345678-1234-5678-1234-567812345678"}, "lineage"),
+        ({"lineage": "12345678123456781234567812345678"}, "lineage"),
+        ({"status": ""}, "status"),
+        ({"before": ""}, "before"),
+        ({"before": "²"}, "before"),
+        ({"before": "1" * 5000}, "before"),
+        ({"before": "-1"}, "before"),
+    ],
+    ids=str,
+)
+def test_a_bad_grant_query_is_a_400_naming_the_parameter(api, params, field):
+    assert_refused(api.get("grants", **params), 400, field)
+
+
+def test_a_grant_query_by_a_well_formed_lineage_is_answered(api):
+    r = api.get("grants", lineage="12345678-1234-5678-1234-567812345678", before="99")
+    assert r.status_code == 200 and r.json()["grants"] == []
+
+
+def test_a_whole_number_written_with_a_fraction_is_the_integer_json_schema_says_it_is(api):
+    # JSON Schema's `integer`, which the document states, includes 30.0.
+    r = api.intent("k1", timeout_s=30.0)
+    assert r.status_code == 201, r.content
+    receipt = api.receipt("k1", "re_1", attempt=1.0)
+    assert receipt.status_code == 201 and receipt.json()["receipt"]["attempt"] == 1

@@ -184,3 +184,66 @@ def test_an_event_holding_nul_characters_fails_alone(api):
     assert (rejected["result"], list(rejected["fields"])) == ("rejected", ["name"])
     assert stored["result"] == "stored"
     assert list(Span.objects.values_list("span_id", flat=True)) == ["1" * 16]
+
+
+@pytest.mark.parametrize("event_type", [{"run": 1}, ["span"], 1, None], ids=str)
+def test_an_event_whose_type_is_not_a_string_fails_alone(api, event_type):
+    odd = {"id": "odd", "type": event_type, "run_id": "run-1"}
+    r = api.post("events", {"events": [odd, span_event("ok")]})
+    assert r.status_code == 207
+    rejected, stored = r.json()["results"]
+    assert (rejected["result"], rejected["fields"]) == (
+        "rejected",
+        {"type": "Expected 'run' or 'span'"},
+    )
+    assert stored["result"] == "stored"
+    assert list(SeenEvent.objects.values_list("event_id", flat=True)) == ["ok"]
+
+
+def test_a_time_with_an_offset_is_stored_as_the_same_instant_in_utc(api):
+    # +22:00 is a valid ISO 8601 offset that PostgreSQL's timestamptz input refuses.
+    event = span_event("far-east", start="2026-11-30T08:00:00+22:00", end=None)
+    run = {"id": "r", "type": "run", "run_id": "run-1", "started": "2026-11-28T20:00:00-13:30"}
+    r = api.post("events", {"events": [run, event]})
+    assert [x["result"] for x in r.json()["results"]] == ["stored", "stored"]
+    start = Span.objects.get().start
+    assert start.isoformat() == "2026-11-29T10:00:00+00:00"
+    assert Run.objects.get().started.isoformat() == "2026-11-29T09:30:00+00:00"
+
+
+OUT_OF_RANGE = [
+    "0001-01-01T00:00:00+01:00",
+    "9999-12-31T23:59:59-14:00",
+    "1999-12-31T23:59:59Z",
+    "2999-01-01T00:00:00Z",
+]
+
+
+@pytest.mark.parametrize("when", OUT_OF_RANGE)
+@pytest.mark.parametrize("field", ["start", "end"])
+def test_a_span_time_out_of_range_fails_alone(api, field, when):
+    r = api.post(
+        "events", {"events": [span_event("odd", **{field: when}), span_event("ok", "1" * 16)]}
+    )
+    rejected, stored = r.json()["results"]
+    assert rejected["result"] == "rejected" and field in rejected["fields"], rejected
+    assert stored["result"] == "stored"
+    assert list(Span.objects.values_list("span_id", flat=True)) == ["1" * 16]
+
+
+@pytest.mark.parametrize("when", OUT_OF_RANGE)
+@pytest.mark.parametrize("field", ["started", "ended"])
+def test_a_run_time_out_of_range_fails_alone_and_stores_no_run(api, field, when):
+    odd = {"id": "odd", "type": "run", "run_id": "run-odd", field: when}
+    r = api.post("events", {"events": [odd]})
+    (rejected,) = r.json()["results"]
+    assert rejected["result"] == "rejected" and field in rejected["fields"], rejected
+    assert not Run.objects.exists() and not SeenEvent.objects.exists()
+
+
+@pytest.mark.parametrize("when", [1764410400, 1.5e9, True, ["2026-11-29T10:00:00Z"]], ids=str)
+def test_a_time_that_is_not_an_iso_8601_string_fails_alone(api, when):
+    r = api.post("events", {"events": [span_event("odd", start=when)]})
+    (rejected,) = r.json()["results"]
+    assert rejected["result"] == "rejected" and "start" in rejected["fields"], rejected
+    assert not Span.objects.exists()
