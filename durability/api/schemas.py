@@ -17,7 +17,7 @@ from pydantic import (
     field_validator,
 )
 
-from durability.inbound import instant
+from durability.inbound import instant, storable_text
 from durability.site import site_url
 
 if TYPE_CHECKING:
@@ -93,10 +93,10 @@ AttemptNumber = Annotated[int, Field(gt=0, le=2**31 - 1), WHOLE]
 
 
 def _storable(value: Any) -> None:
-    """Refuse what PostgreSQL cannot store: NUL characters and non-finite numbers."""
+    """Refuse what PostgreSQL cannot store: NUL characters, lone surrogates and non-finite
+    numbers."""
     if isinstance(value, str):
-        if "\x00" in value:
-            raise ValueError("NUL characters (\\u0000) cannot be stored")
+        storable_text(value)
     elif isinstance(value, float):
         if not math.isfinite(value):
             raise ValueError("numbers must be finite")
