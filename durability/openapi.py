@@ -36,7 +36,16 @@ def _errors(*statuses: int) -> dict[str, Any]:
         415: "Content-Type is not application/json.",
         500: UNEXPECTED,
     }
-    return {str(s): _json(schemas.ErrorOut, texts[s]) for s in (*statuses, 500)}
+    answers = {str(s): _json(schemas.ErrorOut, texts[s]) for s in (*statuses, 500)}
+    answers["503"] = {
+        **_json(
+            schemas.ErrorOut,
+            "The database is unavailable; nothing was changed or the "
+            "write is idempotent on its key: retry after Retry-After.",
+        ),
+        "headers": RETRY_AFTER,
+    }
+    return answers
 
 
 # Every operation can fail this way; none should (the contract test sends thousands of

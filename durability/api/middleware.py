@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from http import HTTPStatus
 
+from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse
 
 from durability.api.decorators import error
@@ -13,6 +14,8 @@ from durability.api.decorators import error
 PREFIXES = ("/api/", "/v1/", "/hooks/")
 # Answers already in a machine's format: ours (JSON), and OTLP's protobuf.
 MACHINE_TYPES = ("application/json", "application/x-protobuf")
+# Seconds a client is asked to wait when PostgreSQL cannot be reached (a restart, a failover).
+DATABASE_AWAY_RETRY_AFTER = 2
 
 
 class JsonErrors:
@@ -27,6 +30,19 @@ class JsonErrors:
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        """PostgreSQL away (stopped, restarting, failing over, connections exhausted): a 503
+        with Retry-After, which the SDK and OTLP exporters retry, instead of a 500 that says
+        the request itself was wrong. Retrying is safe: every write of the API is idempotent
+        by its key, even when the connection was lost during the commit."""
+        if not request.path_info.startswith(PREFIXES):
+            return None
+        if isinstance(exception, OperationalError | InterfaceError):
+            answer = error("The database is unavailable; retry shortly", 503)
+            answer["Retry-After"] = str(DATABASE_AWAY_RETRY_AFTER)
+            return answer
+        return None
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         response = self.get_response(request)

@@ -1,0 +1,67 @@
+"""PostgreSQL away: the API answers 503 with Retry-After, in JSON, never a 500."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Runs in a process of its own whose DATABASE_URL names a port nobody listens on: every
+# connection attempt fails as it does while PostgreSQL restarts.
+PROBE = """
+import json, django
+django.setup()
+from django.test import Client
+client = Client(raise_request_exception=False)
+answers = {}
+for method, path, body in [
+    ("post", "/api/v1/intents", {"key": "refund:1", "kind": "refund", "target": "stripe"}),
+    ("post", "/api/v1/receipts", {"key": "refund:1", "system": "stripe", "external_id": "re_1"}),
+    ("get", "/api/v1/effects?key=refund:1", None),
+]:
+    kwargs = {"data": json.dumps(body), "content_type": "application/json"} if body else {}
+    response = getattr(client, method)(path, HTTP_AUTHORIZATION="Bearer tb_" + "x" * 40, **kwargs)
+    answers[path] = {
+        "status": response.status_code,
+        "type": response["Content-Type"],
+        "retry_after": response.get("Retry-After"),
+        "body": response.content.decode(),
+    }
+print(json.dumps(answers))
+"""
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_the_api_answers_503_with_retry_after_while_postgresql_is_away():
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "durability.settings",
+        "DATABASE_URL": f"postgres://root@127.0.0.1:{_closed_port()}/tallybook",
+        "DB_CONN_MAX_AGE": "0",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    answers = json.loads(done.stdout.strip().splitlines()[-1])
+
+    for path, answer in answers.items():
+        assert answer["status"] == 503, (path, answer)
+        assert answer["type"] == "application/json", path
+        assert answer["retry_after"] == "2", path
+        assert json.loads(answer["body"])["error"] == "The database is unavailable; retry shortly"
