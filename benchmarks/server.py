@@ -33,7 +33,7 @@ def free_port() -> int:
 
 
 @contextmanager
-def gunicorn(env: dict[str, str], workers: int) -> Iterator[int]:
+def gunicorn(env: dict[str, str], workers: int, threads: int = 1) -> Iterator[int]:
     """Tallybook under gunicorn on a free port, once it answers; stopped on the way out."""
     port = free_port()
     server = subprocess.Popen(
@@ -46,6 +46,8 @@ def gunicorn(env: dict[str, str], workers: int) -> Iterator[int]:
             f"127.0.0.1:{port}",
             "--workers",
             str(workers),
+            "--threads",
+            str(threads),
             "--log-level",
             "warning",
         ],

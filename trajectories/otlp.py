@@ -73,8 +73,8 @@ class Decoded:
     rejected: int = 0
     reasons: list[str] = field(default_factory=list)
 
-    def reject(self, where: str, reason: str, count: int = 1) -> None:
-        self.rejected += count
+    def reject(self, where: str, reason: str) -> None:
+        self.rejected += 1
         if len(self.reasons) < MAX_REASONS:
             self.reasons.append(f"{where}: {reason}")
 
@@ -110,7 +110,9 @@ def _time(nanos: int, name: str) -> datetime:
     try:
         return instant_from_unix_nanos(nanos)
     except ValueError as exc:
-        raise BadSpan(f"{name} {exc}") from None
+        message = str(exc)
+        joined = f"{name} {message}" if message.startswith("must") else f"{name}: {message}"
+        raise BadSpan(joined) from None
 
 
 def _unstorable_at(value: Any, path: str) -> str | None:
@@ -125,7 +127,9 @@ def _unstorable_at(value: Any, path: str) -> str | None:
     if isinstance(value, dict):
         for key, item in value.items():
             inner = f"{path}.{key}" if path else str(key)
-            if (found := _unstorable_at(key, f"{inner} (the key)")) is not None:
+            # A key that cannot be stored cannot be shown as it is either.
+            shown = f"{path}.{ascii(key)}" if path else ascii(key)
+            if (found := _unstorable_at(key, f"{shown} (the key)")) is not None:
                 return found
             if (found := _unstorable_at(item, inner)) is not None:
                 return found
