@@ -106,23 +106,30 @@ def _depth_within(document: Any) -> None:
         stack.extend((child, depth + 1) for child in children)
 
 
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+# One decoder for every call: json.loads given hooks builds a new one each time, and OTLP
+# parses two JSON texts of every span (its messages).
+_DECODER = json.JSONDecoder(object_pairs_hook=_refuse_duplicates, parse_constant=_refuse_constant)
+
+
 def json_loads(body: bytes | str) -> Any:
     """Parse JSON from outside: ValueError for malformed JSON, a duplicate key in an object
     (which would otherwise keep the last value and hide the first), nesting deeper than
     MAX_DEPTH, or the non-standard NaN and Infinity."""
-
-    def refuse_constant(name: str) -> Any:
-        raise ValueError(f"{name} is not JSON")
-
     try:
-        document = json.loads(
-            body, object_pairs_hook=_refuse_duplicates, parse_constant=refuse_constant
-        )
+        # Bytes are decoded as json.loads decodes them.
+        text = body if isinstance(body, str) else body.decode(json.detect_encoding(body))
+        document = _DECODER.decode(text)
     except RecursionError:
         raise ValueError(f"JSON nested deeper than {MAX_DEPTH} levels") from None
     except UnicodeDecodeError:
         raise ValueError("JSON must be UTF-8") from None
-    _depth_within(document)
+    # A document cannot nest deeper than it has brackets: most are not walked at all.
+    if text.count("[") + text.count("{") > MAX_DEPTH:
+        _depth_within(document)
     return document
 
 
