@@ -37,7 +37,7 @@ PLAIN_HTTP = {"SECURE_SSL_REDIRECT": "0", "SESSION_COOKIE_SECURE": "0", "CSRF_CO
 
 
 @contextmanager
-def gunicorn(env: dict[str, str], workers: int) -> Iterator[int]:
+def gunicorn(env: dict[str, str], workers: int, threads: int = 1) -> Iterator[int]:
     """Tallybook under gunicorn on a free port, once it answers; stopped on the way out."""
     port = free_port()
     env = {**env, **PLAIN_HTTP}
@@ -51,6 +51,8 @@ def gunicorn(env: dict[str, str], workers: int) -> Iterator[int]:
             f"127.0.0.1:{port}",
             "--workers",
             str(workers),
+            "--threads",
+            str(threads),
             "--log-level",
             "warning",
         ],

@@ -106,35 +106,40 @@ def _depth_within(document: Any) -> None:
         stack.extend((child, depth + 1) for child in children)
 
 
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):
+        raise ValueError(f"{text[:20]} is out of range for a number")
+    return number
+
+
+# One decoder for every call: json.loads given hooks builds a new one each time, and OTLP
+# parses two JSON texts of every span (its messages).
+_DECODER = json.JSONDecoder(
+    object_pairs_hook=_refuse_duplicates, parse_constant=_refuse_constant, parse_float=_finite
+)
+
+
 def json_loads(body: bytes | str) -> Any:
     """Parse JSON from outside: ValueError for malformed JSON, a duplicate key in an object
     (which would otherwise keep the last value and hide the first), nesting deeper than
     MAX_DEPTH, a number too large for a float (1e400), text that is not UTF-8, or the
     non-standard NaN and Infinity."""
-
-    def refuse_constant(name: str) -> Any:
-        raise ValueError(f"{name} is not JSON")
-
-    def finite(text: str) -> float:
-        number = float(text)
-        if not math.isfinite(number):
-            raise ValueError(f"{text[:20]} is out of range for a number")
-        return number
-
     try:
         # json.loads would also take UTF-16 and UTF-32; RFC 8259 says UTF-8.
         text = body.decode("utf-8") if isinstance(body, bytes) else body
-        document = json.loads(
-            text,
-            object_pairs_hook=_refuse_duplicates,
-            parse_constant=refuse_constant,
-            parse_float=finite,
-        )
+        document = _DECODER.decode(text)
     except RecursionError:
         raise ValueError(f"JSON nested deeper than {MAX_DEPTH} levels") from None
     except UnicodeDecodeError:
         raise ValueError("JSON must be UTF-8") from None
-    _depth_within(document)
+    # A document cannot nest deeper than it has brackets: most are not walked at all.
+    if text.count("[") + text.count("{") > MAX_DEPTH:
+        _depth_within(document)
     return document
 
 

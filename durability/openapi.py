@@ -209,7 +209,7 @@ def _rpc_status(description: str, *content_types: str) -> dict[str, Any]:
 
 
 def _traces() -> dict[str, Any]:
-    """POST /v1/traces, as OTLP/HTTP wants it; the key and size checks answer JSON errors."""
+    """POST /v1/traces, as OTLP/HTTP wants it: every error a google.rpc.Status."""
     answers = {
         "200": {
             "description": "Stored; `partialSuccess` counts the spans rejected and says why.",
@@ -219,8 +219,11 @@ def _traces() -> dict[str, Any]:
             ),
         },
         "400": _rpc_status("Not an OTLP export request, or a body that does not inflate."),
-        "401": _json(schemas.ErrorOut, "Missing, wrong or revoked API key."),
-        "413": _json(schemas.ErrorOut, f"Body over {trajectories_api.OTLP_MAX_BODY:,} bytes."),
+        "401": _rpc_status("Missing, wrong or revoked API key."),
+        "413": _rpc_status(
+            f"Body over {trajectories_api.OTLP_MAX_BODY:,} bytes, inflating to over "
+            f"{otlp.MAX_INFLATED:,}, or over {otlp.MAX_SPANS:,} spans. Nothing stored."
+        ),
         "415": _rpc_status(f"Content-Type is neither {otlp.PROTOBUF} nor {otlp.JSON}.", otlp.JSON),
         "500": _json(schemas.ErrorOut, UNEXPECTED),
     }

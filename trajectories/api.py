@@ -18,7 +18,8 @@ OTLP_MAX_BODY = 4 * 1024 * 1024
 @authorize(schema=EventBatchIn, max_body=EVENTS_MAX_BODY)
 def events(request: PayloadRequest[EventBatchIn]) -> JsonResponse:
     try:
-        outcome = ingest.events_ingest(project=request.project, events=request.payload.events)
+        with ingest.slot(request.project):
+            outcome = ingest.events_ingest(project=request.project, events=request.payload.events)
     except ingest.Overloaded as exc:
         response = error(str(exc), exc.status)
         response["Retry-After"] = str(exc.retry_after)
@@ -28,6 +29,7 @@ def events(request: PayloadRequest[EventBatchIn]) -> JsonResponse:
 
 
 @require_POST
+@otlp.in_request_encoding
 @authorize(max_body=OTLP_MAX_BODY)
 def traces(request: ApiRequest) -> HttpResponse:
     content_type = request.content_type
@@ -36,12 +38,16 @@ def traces(request: ApiRequest) -> HttpResponse:
             otlp.JSON, 415, f"Content-Type must be {otlp.PROTOBUF} or {otlp.JSON}"
         )
     try:
-        body = otlp.inflate(request.body, request.headers.get("Content-Encoding", ""))
-        decoded = otlp.decode(body, content_type)
-    except otlp.Undecodable as exc:
-        return otlp.status_response(content_type, 400, str(exc))
-    try:
-        touched = ingest.spans_ingest(project=request.project, spans=decoded.spans)
+        # The slot first: a flood is turned away before its bodies cost anything.
+        with ingest.slot(request.project):
+            try:
+                body = otlp.inflate(request.body, request.headers.get("Content-Encoding", ""))
+                decoded = otlp.decode(body, content_type)
+            except otlp.Undecodable as exc:
+                return otlp.status_response(content_type, 400, str(exc))
+            except otlp.TooLarge as exc:
+                return otlp.status_response(content_type, 413, str(exc))
+            touched = ingest.spans_ingest(project=request.project, spans=decoded.spans)
     except ingest.Overloaded as exc:
         return otlp.status_response(content_type, exc.status, str(exc), exc.retry_after)
     links.links_refresh(project_id=request.project.pk, touched=touched)

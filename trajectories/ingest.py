@@ -1,8 +1,9 @@
 """Storing runs and spans: one transaction per batch, bulk writes, redaction before storage.
 
-Every batch takes one of a few ingest slots of its project (a PostgreSQL advisory lock
-held until commit), so that one project cannot take every database connection; a batch
-that finds none free, or a database too slow to answer, is told to come back later.
+Every ingest request takes one of a few ingest slots of its project (`slot`, a PostgreSQL
+advisory lock held until the answer), so that one project cannot take every web thread or
+database connection; a request that finds none free, or a database too slow to answer, is
+told to come back later.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db import OperationalError, connection, transaction
+from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 from pydantic import ValidationError
 
@@ -55,8 +56,10 @@ from trajectories.schemas import (
 )
 from trajectories.semconv import SpanData, requested_tool_calls
 
-# Concurrent ingest transactions per project; more are answered 429.
-SLOTS_PER_PROJECT = 8
+# Concurrent ingest requests per project, over every web process; more are answered 429.
+# A quarter of one machine's request threads (README: 4 workers x 4 threads): however hard
+# one project sends, the threads it cannot have are left to the others.
+SLOTS_PER_PROJECT = 4
 # An ingest statement or lock wait longer than this means overload: answered 503.
 STATEMENT_TIMEOUT = "20s"
 LOCK_TIMEOUT = "10s"
@@ -84,44 +87,74 @@ class Touched:
         return bool(self.trace_ids or self.tool_call_ids or self.run_keys)
 
 
+def _slot_key(project: Project, slot: int) -> int:
+    return (project.pk * SLOTS_PER_PROJECT + slot) % 2147483647
+
+
 @contextmanager
-def _ingest_transaction(project: Project) -> Iterator[None]:
-    """A transaction holding one of the project's ingest slots, with bounded waits."""
+def slot(project: Project) -> Iterator[None]:
+    """One of the project's ingest slots, held from before a request's body is inflated and
+    decoded until its answer: a flood is turned away at the door, not served by a thread.
+
+    A PostgreSQL session advisory lock: shared by every web process, let go by a process
+    that dies with its connection, and no Redis on the write path (it needs a session of
+    its own: no transaction-pooling proxy in between). Raises Overloaded: 429 when every
+    slot is taken, 503 when the database does not answer.
+    """
+    if connection.vendor != "postgresql":
+        yield
+        return
+    taken = None
     try:
-        with transaction.atomic():
-            if connection.vendor == "postgresql":
-                _slot_take(project)
-            yield
+        with connection.cursor() as cursor:
+            for n in range(SLOTS_PER_PROJECT):
+                cursor.execute(
+                    "SELECT pg_try_advisory_lock(%s, %s)", [SLOT_LOCK_CLASS, _slot_key(project, n)]
+                )
+                row = cursor.fetchone()
+                if row is not None and row[0]:
+                    taken = n
+                    break
     except OperationalError as exc:
         raise Overloaded(
             "The database is unavailable or overloaded; retry later", status=503, retry_after=5
         ) from exc
-
-
-def _slot_take(project: Project) -> None:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT set_config('statement_timeout', %s, true),"
-            " set_config('lock_timeout', %s, true),"
-            " (SELECT slot FROM generate_series(0, %s - 1) AS slot"
-            "  WHERE pg_try_advisory_xact_lock(%s, ((%s::bigint * %s + slot) %% 2147483647)::int)"
-            "  LIMIT 1)",
-            [
-                STATEMENT_TIMEOUT,
-                LOCK_TIMEOUT,
-                SLOTS_PER_PROJECT,
-                SLOT_LOCK_CLASS,
-                project.pk,
-                SLOTS_PER_PROJECT,
-            ],
-        )
-        row = cursor.fetchone()
-    if row is None or row[2] is None:
+    if taken is None:
         raise Overloaded(
             f"{SLOTS_PER_PROJECT} batches of this project are being stored; retry shortly",
             status=429,
             retry_after=1,
         )
+    try:
+        yield
+    finally:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT pg_advisory_unlock(%s, %s)",
+                    [SLOT_LOCK_CLASS, _slot_key(project, taken)],
+                )
+        except (OperationalError, InterfaceError):
+            pass  # the connection is gone, and its locks with it
+
+
+@contextmanager
+def _ingest_transaction() -> Iterator[None]:
+    """A transaction with bounded waits; Overloaded (503) when the database is too slow."""
+    try:
+        with transaction.atomic():
+            if connection.vendor == "postgresql":
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        "SELECT set_config('statement_timeout', %s, true),"
+                        " set_config('lock_timeout', %s, true)",
+                        [STATEMENT_TIMEOUT, LOCK_TIMEOUT],
+                    )
+            yield
+    except OperationalError as exc:
+        raise Overloaded(
+            "The database is unavailable or overloaded; retry later", status=503, retry_after=5
+        ) from exc
 
 
 # -- spans -------------------------------------------------------------------------------
@@ -503,10 +536,10 @@ def _spans_store(project: Project, spans: list[SpanData], touched: Touched) -> N
 def spans_ingest(*, project: Project, spans: list[SpanData]) -> Touched:
     """Store spans (new or re-sent) and the runs they belong to, in one transaction.
 
-    Raises Overloaded when the project's ingest slots are taken or the database is slow.
+    Raises Overloaded when the database is slow; the caller holds one of the project's slots.
     """
     touched = Touched()
-    with _ingest_transaction(project):
+    with _ingest_transaction():
         _spans_store(project, spans, touched)
     return touched
 
@@ -702,7 +735,7 @@ def events_ingest(*, project: Project, events: list[Any]) -> EventsOutcome:
         else:
             valid[checked.id] = (index, checked)
     touched = Touched()
-    with _ingest_transaction(project):
+    with _ingest_transaction():
         new = _events_claim(project, list(valid))
         fresh = [event for event_id, (_, event) in valid.items() if event_id in new]
         _run_events_store(project, [e for e in fresh if isinstance(e, RunEventIn)], touched)

@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from django.db import models
 from django.db.models import Q
 from django.urls import reverse
 from django.utils import timezone
 
+from durability.inbound import EARLIEST
 from durability.models import Effect, Project
+
+# What the database holds of the times agents report (runs' and spans' starts and ends).
+# The entrances take only times from 2000 to one day from now (durability.inbound); these
+# constraints keep every other write out too, since a value Python cannot load (year 10000,
+# or year 1 turned into 1 BC by its offset) would make every page that lists it fail.
+# The latest is no real time, only one that Python loads in any zone with room to spare.
+LATEST_STORED = datetime(3000, 1, 1, tzinfo=UTC)
+
+
+def _in_range(name: str, *, null: bool = False) -> Q:
+    within = Q(**{f"{name}__gte": EARLIEST, f"{name}__lt": LATEST_STORED})
+    return within | Q(**{f"{name}__isnull": True}) if null else within
 
 
 class RunStatus(models.TextChoices):
@@ -45,6 +60,10 @@ class Run(models.Model):
             models.UniqueConstraint(fields=["project", "run_id"], name="run_project_run_id_uniq"),
             models.CheckConstraint(
                 condition=Q(status__in=RunStatus.values), name="run_status_valid"
+            ),
+            models.CheckConstraint(condition=_in_range("started"), name="run_started_in_range"),
+            models.CheckConstraint(
+                condition=_in_range("ended", null=True), name="run_ended_in_range"
             ),
         ]
         indexes = [
@@ -139,6 +158,8 @@ class Span(models.Model):
             models.CheckConstraint(
                 condition=Q(status__in=SpanStatus.values), name="span_status_valid"
             ),
+            models.CheckConstraint(condition=_in_range("start"), name="span_start_in_range"),
+            models.CheckConstraint(condition=_in_range("end", null=True), name="span_end_in_range"),
         ]
         indexes = [
             # The run page: all spans of one run in one query, in time order.

@@ -3,12 +3,12 @@ aliases of OpenInference and Traceloop (OpenLLMetry). Attributes not mapped are 
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from durability.inbound import decimal_digits, json_loads
 from trajectories.models import SpanKind
 
 MODEL_OPERATIONS = frozenset({"chat", "text_completion", "generate_content", "embeddings"})
@@ -137,18 +137,28 @@ def _text(value: Any, limit: int = 255) -> str:
     return "" if value is None else str(value)[:limit]
 
 
-def _count(value: Any) -> int | None:
-    if isinstance(value, bool):
+# The most tokens one span may count: beyond any real request, and exact in a double.
+MAX_TOKENS = 2**53
+
+
+def _count(value: Any, key: str | None) -> int | None:
+    """A token count: an integer (a whole float or a decimal string too), or ValueError
+    naming the attribute; None when the span gives none."""
+    if value is None:
         return None
-    if isinstance(value, int):
-        return value if 0 <= value <= 2**53 else None
-    if isinstance(value, (float, str)):
+    number: int | None = None
+    if isinstance(value, str):
         try:
-            number = int(value)
+            number = decimal_digits(value)
         except ValueError:
-            return None
-        return number if 0 <= number <= 2**53 else None
-    return None
+            number = None
+    elif isinstance(value, float):
+        number = int(value) if value.is_integer() else None
+    elif isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    if number is None or not 0 <= number <= MAX_TOKENS:
+        raise ValueError(f"{key} must be a whole number of tokens from 0 to {MAX_TOKENS}")
+    return number
 
 
 def _json(value: Any) -> tuple[Any, str | None]:
@@ -158,8 +168,8 @@ def _json(value: Any) -> tuple[Any, str | None]:
     """
     if isinstance(value, str) and value[:1] in ("{", "["):
         try:
-            return json.loads(value), value
-        except ValueError:
+            return json_loads(value), value
+        except ValueError:  # not JSON, or JSON we refuse (too deep, duplicate keys): text
             return value, None
     return value, None
 
@@ -278,8 +288,8 @@ def span_from_otel(
         provider=_text(fields.get("provider"), 100),
         request_model=_text(fields.get("request_model")),
         response_model=_text(fields.get("response_model")),
-        input_tokens=_count(fields.get("input_tokens")),
-        output_tokens=_count(fields.get("output_tokens")),
+        input_tokens=_count(fields.get("input_tokens"), keys.get("input_tokens")),
+        output_tokens=_count(fields.get("output_tokens"), keys.get("output_tokens")),
         tool_call_id=_text(fields.get("tool_call_id")),
         tool_name=_text(tool_name),
         attributes=rest,

@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from durability.accounts.access import AuthedRequest, object_access, project_access
 from durability.accounts.roles import Perm
+from durability.inbound import decimal_digits
 from trajectories.models import EffectLink, Run, RunStatus, Span
 
 PAGE_SIZE = 50
@@ -64,9 +65,11 @@ def _when(value: str, default: datetime | None) -> tuple[datetime | None, str | 
 def _cursor(value: str) -> tuple[datetime, int] | None:
     """The keyset position `<started, µs since epoch>-<id>` of the last run shown."""
     micros, _, pk = value.partition("-")
-    if not (micros.isdigit() and pk.isdigit()):
+    try:
+        started = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=decimal_digits(micros))
+        return started, decimal_digits(pk)
+    except (ValueError, OverflowError):  # edited by hand, or past year 9999
         return None
-    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=int(micros)), int(pk)
 
 
 def _cursor_of(run: Run) -> str:
@@ -247,7 +250,10 @@ def _tree(run: Run) -> Tree:
 
 
 def _int(value: str) -> int | None:
-    return int(value) if value.isdigit() else None
+    try:
+        return decimal_digits(value)
+    except ValueError:
+        return None
 
 
 @login_required

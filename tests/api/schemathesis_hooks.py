@@ -2,8 +2,8 @@
 
 What the document states but a JSON Schema cannot: a time from outside lies between
 2000-01-01 and one day from now (durability/inbound.py); and a batch of events answers
-each event alone (207), so a batch holding an invalid event is refused in that event's
-result, not with a 4xx.
+each event alone (207), and an OTLP export request each span alone (partialSuccess), so a
+batch holding an invalid item is refused in that item's result, not with a 4xx.
 """
 
 from __future__ import annotations
@@ -42,4 +42,18 @@ def events_refused_alone(ctx: Any, response: Any, case: Any) -> bool | None:
     body = response.json()
     if body["rejected"] == 0:
         raise AssertionError("An invalid batch of events had every event accepted")
+    return None
+
+
+@schemathesis.check
+def spans_refused_alone(ctx: Any, response: Any, case: Any) -> bool | None:
+    """An invalid export request is a 4xx, or a 200 whose partialSuccess rejects a span."""
+    meta = case.meta
+    if case.path != "/v1/traces" or meta is None or not meta.generation.mode.is_negative:
+        return None
+    if response.status_code != 200 or "json" not in response.headers.get("Content-Type", ""):
+        return None
+    rejected = (response.json().get("partialSuccess") or {}).get("rejectedSpans", "0")
+    if int(rejected) == 0:
+        raise AssertionError("An invalid export request had every span accepted")
     return None

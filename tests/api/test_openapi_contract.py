@@ -83,9 +83,6 @@ def test_the_api_keeps_its_documented_contract(served, contract_key):
     assert scenarios and int(scenarios[1]) > 0, run.stdout[-3000:]
 
 
-# lead: remove at merge, fixed by otlp (`{"resourceSpans": {}}` answers 200; an attribute
-# whose value is null is refused although the document allows it).
-@pytest.mark.xfail(strict=True, reason="fixed on the otlp branch")
 @pytest.mark.timeout(300)
 def test_otlp_traces_keep_their_documented_contract(served, contract_key):
     # No links lead to or from it: the stateful phase has nothing to run.
