@@ -1,4 +1,5 @@
-"""The OpenAPI 3.1 document of /api/v1/ and /v1/traces, generated from the validation schemas."""
+"""The OpenAPI 3.1 document of /api/v1/, /v1/traces and the signed webhook intake
+/hooks/<name>/, generated from the validation and answer schemas."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from django.views.decorators.http import require_GET
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from durability.api import schemas
+from durability.api import schemas, webhooks
+from durability.api.decorators import MiB
+from durability.models import WebhookKind
 from trajectories import api as trajectories_api
 from trajectories import otlp
 from trajectories import schemas as trajectories_schemas
@@ -245,6 +248,161 @@ def _traces() -> dict[str, Any]:
     }
 
 
+# The signature schemes of the webhook intake: HMAC-SHA256 with the source's secret, in
+# headers named by durability/api/webhooks.py (not the agents' bearer key).
+HOOK_SECURITY_SCHEMES = {
+    "tallybook_signature": {
+        "type": "apiKey",
+        "in": "header",
+        "name": webhooks.SIGNATURE[WebhookKind.GENERIC],
+        "description": "A generic source's signature: `sha256=<hex>`, the HMAC-SHA256 with "
+        f"the source's secret of the {webhooks.TIMESTAMP} value, a `.`, then the raw body. "
+        "Compared in constant time.",
+    },
+    "tallybook_timestamp": {
+        "type": "apiKey",
+        "in": "header",
+        "name": webhooks.TIMESTAMP,
+        "description": "The Unix time (at most 20 ASCII digits) a generic delivery was signed "
+        "at; signed with the body, it must lie within the source's replay window (default "
+        "300 s) either way.",
+    },
+    "github_signature": {
+        "type": "apiKey",
+        "in": "header",
+        "name": webhooks.SIGNATURE[WebhookKind.GITHUB],
+        "description": "A GitHub source's signature: `sha256=<hex>`, the HMAC-SHA256 of the "
+        "raw body with the source's secret (GitHub signs no timestamp).",
+    },
+}
+
+
+def _header(name: str, description: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "header",
+        "required": False,
+        "description": description,
+        "schema": {"type": "string", "maxLength": 255},
+    }
+
+
+HOOK_BODY = {
+    "description": "What the source's kind reads. Not checked against its Content-Type: any "
+    "body is parsed as JSON (UTF-8, no duplicate keys, NaN or Infinity, at most 64 levels "
+    "deep).",
+    "anyOf": [
+        {
+            "title": "Generic delivery",
+            "type": "object",
+            "description": "Any JSON object: the source's mapping names, by dotted paths (list "
+            "items by index), the values read: `key` and `external_id`, and optionally "
+            "`observed_at` (ISO 8601 or Unix seconds), `amount` and `currency`, `target`.",
+        },
+        {
+            "title": "GitHub push",
+            "type": "object",
+            "description": "A `push` event: each commit whose message carries the source's "
+            "trailer (default `Tallybook-Key: <key>`) becomes a receipt; other events are "
+            "acknowledged without receipts.",
+            "properties": {
+                "ref": {"type": "string"},
+                "repository": {
+                    "type": "object",
+                    "properties": {"full_name": {"type": "string"}},
+                },
+                "commits": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "id": {"type": "string"},
+                            "message": {"type": "string"},
+                            "timestamp": {"type": "string", "format": "date-time"},
+                            "url": {"type": "string"},
+                        },
+                    },
+                },
+            },
+        },
+    ],
+}
+
+
+def _hook() -> dict[str, Any]:
+    """POST /hooks/<name>/: a provider's signed delivery, verified before it is read."""
+    answers = {
+        "201": _json(
+            schemas.HookDeliveryOut,
+            "Verified and stored, with every receipt it maps to (all or nothing): one for a "
+            "generic delivery; for a GitHub push one per commit carrying the trailer, "
+            "`ignored` counting the others; none for other GitHub events.",
+        ),
+        "200": _json(
+            schemas.HookDeliveryOut,
+            "Received before (the same delivery id, or the same signed bytes under another): "
+            "`duplicate` is true, `receipts` empty, and nothing changed.",
+        ),
+        "400": _json(
+            schemas.ErrorOut,
+            "Malformed JSON (`fields.body` says why), a delivery id that cannot be stored "
+            "(`fields` names its header), or an invalid Content-Length. Nothing stored.",
+        ),
+        "401": _json(
+            schemas.ErrorOut,
+            "Not verified: a missing or wrong signature; for a generic source a missing or "
+            "malformed timestamp, or one outside the replay window. Nothing stored.",
+        ),
+        "404": _json(schemas.ErrorOut, "No such webhook source, or it is disabled."),
+        "413": _json(schemas.ErrorOut, f"Body over {MiB:,} bytes."),
+        "422": _json(
+            schemas.ErrorOut,
+            "The payload does not map to storable receipts: `fields` names each bad value by "
+            "its path in the payload. Nothing stored, so the provider's retry can succeed.",
+        ),
+    }
+    # Documented for every operation, driven by tests/api/test_json_answers.py and
+    # test_database_away.py.
+    unexpected = _errors()
+    return {
+        "post": {
+            "summary": "Receive a provider's signed delivery as provider-confirmed receipts",
+            "description": "The webhook intake of a source configured per project (Authority "
+            "→ Webhook sources), signed with the source's secret: a generic source by "
+            f"{webhooks.SIGNATURE[WebhookKind.GENERIC]} and {webhooks.TIMESTAMP}, a GitHub "
+            f"source by {webhooks.SIGNATURE[WebhookKind.GITHUB]}. See docs/webhooks.md.",
+            "security": [
+                {"tallybook_signature": [], "tallybook_timestamp": []},
+                {"github_signature": []},
+            ],
+            "parameters": [
+                {
+                    "name": "name",
+                    "in": "path",
+                    "required": True,
+                    "description": "The webhook source's name.",
+                    "schema": {"type": "string", "pattern": "^[-a-zA-Z0-9_]+$"},
+                },
+                _header(
+                    webhooks.DELIVERY[WebhookKind.GENERIC],
+                    "A generic delivery's id: received once. Without one, identical bodies "
+                    "are one delivery.",
+                ),
+                _header(webhooks.DELIVERY[WebhookKind.GITHUB], "A GitHub delivery's id."),
+                _header(
+                    webhooks.GITHUB_EVENT,
+                    "A GitHub delivery's event: only `push` maps to receipts.",
+                ),
+            ],
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": HOOK_BODY}},
+            },
+            "responses": {**answers, **unexpected},
+        }
+    }
+
+
 @cache
 def openapi_document() -> dict[str, Any]:
     models: list[type[BaseModel]] = [
@@ -259,6 +417,7 @@ def openapi_document() -> dict[str, Any]:
         schemas.GrantOut,
         schemas.GrantListOut,
         schemas.ErrorOut,
+        schemas.HookDeliveryOut,
         trajectories_schemas.EventBatchIn,
         trajectories_schemas.EventBatchOut,
         trajectories_schemas.OtlpExportIn,
@@ -277,7 +436,9 @@ def openapi_document() -> dict[str, Any]:
             "version": "1",
             "description": "Record intents before external effects and receipts after them; "
             "ask whether an effect already happened; send the trajectories (runs, model "
-            "requests, tool calls) that the effects link to.\n\n"
+            "requests, tool calls) that the effects link to; and, for providers, deliver "
+            "signed webhooks (`/hooks/{name}/`, signed with the webhook source's secret, not "
+            "an API key) that become provider-confirmed receipts.\n\n"
             "Every answer is JSON (OTLP's may be protobuf). An error is an `ErrorOut`: "
             "`error` says what is wrong and `fields` names each bad field, parameter or "
             "header. An unknown URL is a 404 and a method a path does not take a 405 with "
@@ -287,7 +448,10 @@ def openapi_document() -> dict[str, Any]:
         "servers": [{"url": "/"}],
         "components": {
             "schemas": defs["$defs"],
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                **HOOK_SECURITY_SCHEMES,
+            },
         },
         "paths": {
             "/api/v1/openapi.json": {
@@ -388,6 +552,7 @@ def openapi_document() -> dict[str, Any]:
             ),
             "/api/v1/events": _events(),
             "/v1/traces": _traces(),
+            "/hooks/{name}/": _hook(),
             "/api/v1/effects": _get(
                 "The effect with this key",
                 [

@@ -465,16 +465,21 @@ class GrantListOut(BaseModel):
 class HookReceiptOut(BaseModel):
     key: str
     external_id: str
-    created: bool
-    effect: EffectOut | None
-    case: CaseOut | None
+    created: bool = Field(
+        description="False when the same receipt (key, system, external id) was recorded "
+        "before, by the agent say: it is now provider_confirmed."
+    )
+    effect: EffectOut | None = Field(description="The effect of the key; null for an orphan.")
+    case: CaseOut | None = Field(description="The case the evidence opened, if any.")
 
 
 class HookDeliveryOut(BaseModel):
-    """The webhook intake's answer (/hooks/<source>/): the provider's, so it is not in the
-    OpenAPI document of the agents' API."""
+    """The webhook intake's answer to a verified delivery (/hooks/<name>/): 201 stored,
+    200 received before (`duplicate`)."""
 
-    delivery: str
-    duplicate: bool
+    delivery: str = Field(
+        description="The delivery id its header gave, else the SHA-256 of the body (hex)."
+    )
+    duplicate: bool = Field(description="Received before: nothing changed.")
     receipts: list[HookReceiptOut]
-    ignored: int
+    ignored: int = Field(description="Commits of a GitHub push without the key's trailer.")

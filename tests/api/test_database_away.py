@@ -23,6 +23,7 @@ for method, path, body in [
     ("post", "/api/v1/intents", {"key": "refund:1", "kind": "refund", "target": "stripe"}),
     ("post", "/api/v1/receipts", {"key": "refund:1", "system": "stripe", "external_id": "re_1"}),
     ("get", "/api/v1/effects?key=refund:1", None),
+    ("post", "/hooks/alpha-stripe/", {"id": "evt_1"}),
 ]:
     kwargs = {"data": json.dumps(body), "content_type": "application/json"} if body else {}
     response = getattr(client, method)(path, HTTP_AUTHORIZATION="Bearer tb_" + "x" * 40, **kwargs)

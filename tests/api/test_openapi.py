@@ -1,5 +1,6 @@
 """GET /api/v1/openapi.json describes the API truthfully: paths, methods, bodies and answers,
-the ledger's and the trajectories' (/api/v1/events, OTLP's /v1/traces) alike."""
+the ledger's, the trajectories' (/api/v1/events, OTLP's /v1/traces) and the signed webhook
+intake's (/hooks/<name>/) alike."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from pydantic import BaseModel, TypeAdapter
 
-from durability.api import schemas
+from durability.api import schemas, webhooks
 from durability.api.decorators import MiB
-from durability.models import ApiKey
+from durability.models import ApiKey, WebhookKind, WebhookSource
 from durability.openapi import REF
+from tests.api.support import deliver
+from tests.ledger import support as ledger
 from tests.trajectories.support import (
     PROTOBUF,
     ingest_stalled,
@@ -43,6 +46,8 @@ LEDGER_PATHS = {
 }
 # The trajectories' endpoints (issue 4).
 TRAJECTORY_PATHS = {"/api/v1/events", "/v1/traces"}
+# The signed webhook intake (issue 12).
+HOOK_PATH = "/hooks/{name}/"
 METHODS = {"get", "post", "put", "patch", "delete"}
 # The protobuf message of each OTLP answer: the export response, or a google.rpc.Status.
 PROTOBUF_ANSWERS = {"200": ExportTraceServiceResponse}
@@ -76,7 +81,7 @@ def test_it_is_an_openapi_3_1_document(document):
         "scheme": "bearer",
     }
     for path, item in document["paths"].items():
-        assert path.startswith("/api/v1/") or path == "/v1/traces"
+        assert path.startswith("/api/v1/") or path in {"/v1/traces", HOOK_PATH}
         for method, operation in item.items():
             assert method in METHODS, (path, method)
             assert operation["summary"]
@@ -125,16 +130,20 @@ def test_every_api_path_in_the_urls_is_documented_and_nothing_else(document):
     routed = {
         _openapi_path(route)
         for route in _routes(get_resolver().url_patterns)
-        if route.startswith(("api/", "v1/"))
+        if route.startswith(("api/", "v1/", "hooks/"))
     }
     assert routed == set(document["paths"])
-    assert set(document["paths"]) >= LEDGER_PATHS | TRAJECTORY_PATHS
+    assert set(document["paths"]) >= LEDGER_PATHS | TRAJECTORY_PATHS | {HOOK_PATH}
 
 
 def test_the_documented_methods_are_the_ones_the_endpoints_accept(api, document):
     effect_id = api.intent("k1").json()["effect"]["id"]
     for path, item in document["paths"].items():
-        url = path.replace("{effect_id}", str(effect_id)).replace("{grant_id}", "1")
+        url = (
+            path.replace("{effect_id}", str(effect_id))
+            .replace("{grant_id}", "1")
+            .replace("{name}", "ghost")
+        )
         for method in METHODS:
             r = getattr(api.client, method)(url, headers={"Authorization": f"Bearer {api.key}"})
             if method in item:
@@ -145,11 +154,12 @@ def test_the_documented_methods_are_the_ones_the_endpoints_accept(api, document)
 
 def test_the_request_bodies_are_the_validation_schemas(document):
     components = document["components"]["schemas"]
+    # Every body but the webhook intake's, which is the provider's JSON (below).
     bodies = [
         operation["requestBody"]["content"]["application/json"]["schema"]["$ref"]
-        for item in document["paths"].values()
+        for path, item in document["paths"].items()
         for operation in item.values()
-        if "requestBody" in operation
+        if "requestBody" in operation and path != HOOK_PATH
     ]
     assert {_model(ref).__name__ for ref in bodies} >= {
         "IntentIn",
@@ -182,6 +192,47 @@ def test_the_overloaded_answers_document_retry_after(document):
         responses = document["paths"][path]["post"]["responses"]
         for status in ("429", "503"):
             assert responses[status]["headers"]["Retry-After"]["schema"] == {"type": "integer"}
+    for path, item in document["paths"].items():
+        for method, operation in item.items():
+            if path != "/api/v1/openapi.json":
+                retry_after = operation["responses"]["503"]["headers"]["Retry-After"]
+                assert retry_after["schema"] == {"type": "integer"}, (method, path)
+
+
+def test_the_webhook_intake_is_signed_by_the_sources_headers_not_the_api_key(document):
+    schemes = document["components"]["securitySchemes"]
+    hook = document["paths"][HOOK_PATH]["post"]
+    # A generic source signs with both its headers, a GitHub one with its own.
+    assert hook["security"] == [
+        {"tallybook_signature": [], "tallybook_timestamp": []},
+        {"github_signature": []},
+    ]
+    headers = {
+        name: (scheme["type"], scheme["in"], scheme["name"])
+        for name, scheme in schemes.items()
+        if name != "bearer"
+    }
+    assert headers == {
+        "tallybook_signature": ("apiKey", "header", webhooks.SIGNATURE[WebhookKind.GENERIC]),
+        "tallybook_timestamp": ("apiKey", "header", webhooks.TIMESTAMP),
+        "github_signature": ("apiKey", "header", webhooks.SIGNATURE[WebhookKind.GITHUB]),
+    }
+    assert all("HMAC-SHA256" in schemes[name]["description"] for name in schemes if "sig" in name)
+    # Every other operation takes the bearer key, or (this document) nothing.
+    for path, item in document["paths"].items():
+        for operation in item.values():
+            if path not in (HOOK_PATH, "/api/v1/openapi.json"):
+                assert operation["security"] == [{"bearer": []}], path
+    parameters = {(p["in"], p["name"]) for p in hook["parameters"]}
+    assert parameters == {
+        ("path", "name"),
+        ("header", webhooks.DELIVERY[WebhookKind.GENERIC]),
+        ("header", webhooks.DELIVERY[WebhookKind.GITHUB]),
+        ("header", webhooks.GITHUB_EVENT),
+    }
+    body = hook["requestBody"]["content"]["application/json"]["schema"]
+    assert [kind["title"] for kind in body["anyOf"]] == ["Generic delivery", "GitHub push"]
+    assert all(kind["type"] == "object" for kind in body["anyOf"])
 
 
 # -- real answers against the documented ones --------------------------------------------
@@ -382,6 +433,77 @@ def test_the_trajectory_endpoints_real_answers_validate_against_the_documented_s
     for item in (RUN_EVENT, EVENT):
         event.validate_python(item)
     trajectories_schemas.OtlpExportIn.model_validate(to_json(good))
+
+
+REFUND = {
+    "created": 1_760_000_000,
+    "data": {
+        "object": {
+            "id": "re_1",
+            "amount": 1250,
+            "currency": "eur",
+            "metadata": {"tallybook_key": "refund:1"},
+        }
+    },
+}
+
+
+def _pushed(*commits: dict[str, Any]) -> bytes:
+    payload = {"ref": "refs/heads/main", "repository": {"full_name": "acme/shop"}}
+    return json.dumps({**payload, "commits": list(commits)}).encode()
+
+
+def _commit(sha: str, message: str, timestamp: Any = "2025-10-09T10:00:00+02:00") -> Any:
+    url = f"https://github.com/acme/shop/commit/{sha}"
+    return {"id": sha, "message": message, "timestamp": timestamp, "url": url}
+
+
+def test_the_webhook_intakes_real_answers_validate_against_the_documented_schemas(
+    client, document, project, stripe, github
+):
+    """Drive every documented status of POST /hooks/<name>/, both kinds of source, each
+    signed with its source's secret; check each answer's shape."""
+    ledger.intent(project, "refund:1")
+    ledger.intent(project, "fix:42", kind="git.push", target="acme/shop")
+    refund = json.dumps(REFUND).encode()
+    unmapped = json.dumps({**REFUND, "data": {"object": {"id": "re_2"}}}).encode()
+    push = _pushed(_commit("a" * 40, "Fix\n\nTallybook-Key: fix:42\n"), _commit("b" * 40, "x"))
+    bad_commit = _pushed(_commit("c" * 40, "Fix\n\nTallybook-Key: fix:43\n", timestamp=1e20))
+    ping = json.dumps({"zen": "Keep it logically awesome.", "hook_id": 1}).encode()
+    ghost = WebhookSource(name="ghost", secret="s", kind=WebhookKind.GENERIC)
+    answers = [
+        deliver(client, stripe, refund),
+        deliver(client, stripe, refund, delivery="d-2"),  # the same signed bytes: a replay
+        deliver(client, stripe, b"{", delivery="d-3"),
+        deliver(client, stripe, refund, delivery="d-" + "x" * 300),
+        deliver(client, stripe, refund, delivery="d-4", secret="not-the-secret"),
+        deliver(client, stripe, refund, delivery="d-5", **{webhooks.TIMESTAMP: "1"}),
+        deliver(client, stripe, b"x" * (MiB + 1), delivery="d-6"),
+        deliver(client, stripe, unmapped, delivery="d-7"),
+        deliver(client, ghost, refund),
+        deliver(client, github, push, delivery="gh-1"),
+        deliver(client, github, push, delivery="gh-1"),
+        deliver(client, github, push, delivery="gh-2", secret="not-the-secret"),
+        deliver(client, github, bad_commit, delivery="gh-3"),
+        deliver(client, github, ping, delivery="gh-4", **{webhooks.GITHUB_EVENT: "ping"}),
+    ]
+    WebhookSource.objects.filter(pk=github.pk).update(enabled=False)
+    answers.append(deliver(client, github, push, delivery="gh-5"))
+    statuses = [r.status_code for r in answers]
+    assert statuses == [201, 200, 400, 400, 401, 401, 413, 422, 404, 201, 200, 401, 422, 201, 404]
+    seen = _checked(document, [("post", HOOK_PATH, r) for r in answers])
+    # 500 and 503: tests/api/test_json_answers.py and test_database_away.py drive them.
+    assert seen == _documented(document, {HOOK_PATH}) - _unexpected(document, {HOOK_PATH})
+    stored, replayed = answers[0].json(), answers[1].json()
+    assert stored["receipts"][0]["effect"]["state"] == "succeeded" and not stored["duplicate"]
+    assert replayed == {"delivery": "d-2", "duplicate": True, "receipts": [], "ignored": 0}
+    assert answers[9].json()["ignored"] == 1 and answers[13].json()["receipts"] == []
+    # A method the intake does not take: the document's 405 for every path, an ErrorOut.
+    wrong = client.get(f"/hooks/{stripe.name}/")
+    assert wrong.status_code == 405 and wrong["Allow"] == "POST"
+    assert schemas.ErrorOut.model_validate(wrong.json()).model_dump(exclude_none=True) == (
+        wrong.json()
+    )
 
 
 def test_the_document_needs_no_key(client, db):

@@ -75,7 +75,16 @@ def _failures(run: subprocess.CompletedProcess[str]) -> str:
 
 @pytest.mark.timeout(300)
 def test_the_api_keeps_its_documented_contract(served, contract_key):
-    run = _schemathesis(served, contract_key, "--exclude-path", "/v1/traces")
+    # The webhook intake answers only what is signed with a source's secret, which
+    # Schemathesis cannot make: tests/api/test_webhooks_fuzz.py fuzzes it signed.
+    run = _schemathesis(
+        served,
+        contract_key,
+        "--exclude-path",
+        "/v1/traces",
+        "--exclude-path",
+        "/hooks/{name}/",
+    )
     assert run.returncode == 0, _failures(run)
     generated = re.search(r"(\d+) generated, \1 passed", run.stdout)
     assert generated and int(generated[1]) > 1000, run.stdout[-3000:]
