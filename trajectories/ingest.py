@@ -20,7 +20,7 @@ from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 from pydantic import ValidationError
 
-from durability.api.decorators import field_errors
+from durability.api.decorators import DATABASE_AWAY, DATABASE_RETRY_AFTER, field_errors
 from durability.inbound import storable_text
 from durability.models import Project
 from durability.redaction import (
@@ -116,9 +116,7 @@ def slot(project: Project) -> Iterator[None]:
                     taken = n
                     break
     except OperationalError as exc:
-        raise Overloaded(
-            "The database is unavailable or overloaded; retry later", status=503, retry_after=5
-        ) from exc
+        raise Overloaded(DATABASE_AWAY, status=503, retry_after=DATABASE_RETRY_AFTER) from exc
     if taken is None:
         raise Overloaded(
             f"{SLOTS_PER_PROJECT} batches of this project are being stored; retry shortly",
@@ -152,9 +150,7 @@ def _ingest_transaction() -> Iterator[None]:
                     )
             yield
     except OperationalError as exc:
-        raise Overloaded(
-            "The database is unavailable or overloaded; retry later", status=503, retry_after=5
-        ) from exc
+        raise Overloaded(DATABASE_AWAY, status=503, retry_after=DATABASE_RETRY_AFTER) from exc
 
 
 # -- spans -------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from datetime import datetime
 from functools import wraps
 from typing import Any, Concatenate
 
+from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from google.protobuf.message import DecodeError
 from google.rpc import code_pb2, status_pb2
@@ -30,6 +31,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 
+from durability.api.decorators import DATABASE_AWAY, DATABASE_RETRY_AFTER
 from durability.inbound import (
     MAX_DEPTH,
     decimal_digits,
@@ -556,11 +558,16 @@ def in_request_encoding[**P](view: _View[P]) -> _View[P]:
 
     @wraps(view)
     def wrapper(request: HttpRequest, /, *args: P.args, **kwargs: P.kwargs) -> HttpResponse:
-        response = view(request, *args, **kwargs)
+        content_type = PROTOBUF if request.content_type == PROTOBUF else JSON
+        try:
+            response = view(request, *args, **kwargs)
+        except (OperationalError, InterfaceError):
+            # PostgreSQL away while the key is looked up: what the API's middleware answers
+            # in JSON (durability/api/middleware.py), in the request's encoding.
+            return status_response(content_type, 503, DATABASE_AWAY, DATABASE_RETRY_AFTER)
         if response.status_code < 400 or not isinstance(response, JsonResponse):
             return response
         message = json.loads(response.content).get("error") or response.reason_phrase
-        content_type = PROTOBUF if request.content_type == PROTOBUF else JSON
         encoded = status_response(content_type, response.status_code, message)
         for header in ("WWW-Authenticate", "Retry-After"):
             if header in response:

@@ -35,6 +35,19 @@ class PayloadRequest[M: BaseModel](ApiRequest):
 type View[R: HttpRequest, **P] = Callable[Concatenate[R, P], HttpResponse]
 
 
+# PostgreSQL away or too slow (a restart, a failover, a statement timeout): a 503 that asks
+# the client to send the same request again after this many seconds; every write of the
+# API is idempotent on its key, so retrying is always safe.
+DATABASE_AWAY = "The database is unavailable; retry shortly"
+DATABASE_RETRY_AFTER = 2
+
+
+def database_away() -> JsonResponse:
+    answer = error(DATABASE_AWAY, 503)
+    answer["Retry-After"] = str(DATABASE_RETRY_AFTER)
+    return answer
+
+
 def error(message: str, status: int, fields: dict[str, str] | None = None) -> JsonResponse:
     return answer(ErrorOut(error=message, fields=fields or None), status, exclude_none=True)
 

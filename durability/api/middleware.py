@@ -8,14 +8,12 @@ from http import HTTPStatus
 from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse
 
-from durability.api.decorators import error
+from durability.api.decorators import database_away, error
 
 # The paths agents, tracers and providers call: /api/v1/, OTLP's /v1/traces, /hooks/<source>/.
 PREFIXES = ("/api/", "/v1/", "/hooks/")
 # Answers already in a machine's format: ours (JSON), and OTLP's protobuf.
 MACHINE_TYPES = ("application/json", "application/x-protobuf")
-# Seconds a client is asked to wait when PostgreSQL cannot be reached (a restart, a failover).
-DATABASE_AWAY_RETRY_AFTER = 2
 
 
 class JsonErrors:
@@ -34,14 +32,11 @@ class JsonErrors:
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
         """PostgreSQL away (stopped, restarting, failing over, connections exhausted): a 503
         with Retry-After, which the SDK and OTLP exporters retry, instead of a 500 that says
-        the request itself was wrong. Retrying is safe: every write of the API is idempotent
-        by its key, even when the connection was lost during the commit."""
+        the request itself was wrong (OTLP's view answers its own, in the request's encoding)."""
         if not request.path_info.startswith(PREFIXES):
             return None
         if isinstance(exception, OperationalError | InterfaceError):
-            answer = error("The database is unavailable; retry shortly", 503)
-            answer["Retry-After"] = str(DATABASE_AWAY_RETRY_AFTER)
-            return answer
+            return database_away()
         return None
 
     def __call__(self, request: HttpRequest) -> HttpResponse:

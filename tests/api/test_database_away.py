@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from google.rpc import code_pb2, status_pb2
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # Runs in a process of its own whose DATABASE_URL names a port nobody listens on: every
@@ -33,7 +35,18 @@ for method, path, body in [
         "retry_after": response.get("Retry-After"),
         "body": response.content.decode(),
     }
-print(json.dumps(answers))
+exported = client.post(
+    # One empty resourceSpans entry: the test client sends no Content-Type with no body.
+    "/v1/traces", data=b"\x0a\x00", content_type="application/x-protobuf",
+    HTTP_AUTHORIZATION="Bearer tb_" + "x" * 40,
+)
+otlp = {
+    "status": exported.status_code,
+    "type": exported["Content-Type"],
+    "retry_after": exported.get("Retry-After"),
+    "body": exported.content.hex(),
+}
+print(json.dumps({"json": answers, "otlp": otlp}))
 """
 
 
@@ -43,7 +56,7 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_the_api_answers_503_with_retry_after_while_postgresql_is_away():
+def test_the_api_answers_503_with_retry_after_while_postgresql_is_away_otlp_in_its_encoding():
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "durability.settings",
@@ -61,8 +74,19 @@ def test_the_api_answers_503_with_retry_after_while_postgresql_is_away():
     )
     answers = json.loads(done.stdout.strip().splitlines()[-1])
 
-    for path, answer in answers.items():
+    for path, answer in answers["json"].items():
         assert answer["status"] == 503, (path, answer)
         assert answer["type"] == "application/json", path
         assert answer["retry_after"] == "2", path
         assert json.loads(answer["body"])["error"] == "The database is unavailable; retry shortly"
+
+    # An OTLP exporter reads a google.rpc.Status in its request's encoding, and retries.
+    otlp = answers["otlp"]
+    assert (otlp["status"], otlp["type"], otlp["retry_after"]) == (
+        503,
+        "application/x-protobuf",
+        "2",
+    )
+    status = status_pb2.Status.FromString(bytes.fromhex(otlp["body"]))
+    assert status.code == code_pb2.UNAVAILABLE
+    assert status.message == "The database is unavailable; retry shortly"

@@ -10,6 +10,7 @@ from django.db import connection, transaction
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
+from durability.api.decorators import DATABASE_RETRY_AFTER
 from tests.trajectories.support import (
     PROTOBUF,
     TRACE,
@@ -366,6 +367,6 @@ def test_it_answers_503_with_retry_after_when_the_database_cannot_keep_up(api, m
         holder.join(timeout=60)
     assert not holder.is_alive()
     assert r.status_code == 503
-    assert r["Retry-After"] == "5"
+    assert r["Retry-After"] == str(DATABASE_RETRY_AFTER)
     assert r.json()["code"] == 14  # UNAVAILABLE
     assert Span.objects.count() == 1
