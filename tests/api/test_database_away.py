@@ -37,7 +37,7 @@ for method, path, body in [
     }
 exported = client.post(
     # One empty resourceSpans entry: the test client sends no Content-Type with no body.
-    "/v1/traces", data=b"\x0a\x00", content_type="application/x-protobuf",
+    "/v1/traces", data=b"\\x0a\\x00", content_type="application/x-protobuf",
     HTTP_AUTHORIZATION="Bearer tb_" + "x" * 40,
 )
 otlp = {
