@@ -1,7 +1,7 @@
 """The fault script: Tallybook's production processes under PostgreSQL stops, Redis kills
 and SIGKILLed workers, against a ground truth of what happened in the world.
 
-    .venv/bin/python benchmarks/faults.py [--seconds 120] [--agents 4] [--every 8]
+    .venv/bin/python benchmarks/faults.py [--seconds 120] [--agents 4] [--every 8] [--no-flood]
 
 Run as root (initdb refuses root: the private cluster runs as the `postgres` user) on a
 machine with PostgreSQL 15+ binaries and redis-server. It starts, all on free ports and in a
@@ -15,14 +15,26 @@ temporary folder it removes afterwards:
 
 Every --every seconds it does the next fault in turn: PostgreSQL stopped `-m fast` (then
 started), Redis SIGKILLed (then started, empty), an rq worker SIGKILLed, a gunicorn worker
-SIGKILLed, PostgreSQL stopped `-m immediate`, the scheduler SIGKILLed. Then the agents are
-told to stop, finish their key and deliver their spooled receipts, and it prints:
+SIGKILLed, PostgreSQL stopped `-m immediate`, the scheduler SIGKILLed.
+
+Then, the agents still running and no fault injected, the flood phase (unless --no-flood):
+the agents' project (the victim) sends one-span OTLP requests to /v1/traces every --pace
+seconds, alone for --alone seconds, then for --flood seconds while a second project, with its
+own API key, floods /v1/traces from --flooders threads with maximum-size requests
+(benchmarks/otlp_flood.py's bomb: 10,000 spans, gzip, inflating to just under 16 MiB), each
+sent again as soon as it is answered (a second after a 429). It prints the flooding project's
+answers by status and the victim's latency alone and under the flood (for people: no timing
+decides the outcome), and counts the victim's requests refused (any non-2xx) or unanswered.
+
+Then the agents are told to stop, finish their key and deliver their spooled receipts, and it
+prints:
 
 - lost: refunds the world performed whose effect the ledger does not hold as succeeded;
 - duplicated: keys the world performed more than once;
 - unexpected: effects the ledger holds as succeeded that the world never performed;
 - acked but missing: intents and receipts answered 2xx that are not in the database;
 - unplanned exits: web, worker or scheduler processes that died without being killed;
+- victim refused or failed: the victim's OTLP requests not answered 2xx during the flood phase;
 
 and exits 1 if any is not 0.
 """
@@ -32,6 +44,8 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import gzip
+import importlib
 import json
 import os
 import pwd
@@ -41,13 +55,19 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psycopg
+
+# The flood's requests and senders, from the benchmark beside this script (the script's
+# folder is first on sys.path).
+otlp_flood = importlib.import_module("otlp_flood")
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENT = Path(__file__).resolve().parent / "fault_agent.py"
@@ -276,6 +296,7 @@ class Run:
         return done.stdout
 
     def set_up(self) -> tuple[str, int]:
+        """The agents' key and grant; the flooding project's key in self.flood_key."""
         self.pg.start()
         self.pg.create_database()
         self.redis.start()
@@ -287,9 +308,10 @@ class Run:
             "p = Project.objects.create(name='faults')\n"
             "g = Grant.objects.create(project=p, name='refunds', kinds=['payment'],"
             " targets=['fakepay'], granted_by='faults')\n"
-            "print(g.pk, ApiKey.issue(p)[1])",
+            "f = Project.objects.create(name='flood')\n"
+            "print(g.pk, ApiKey.issue(p)[1], ApiKey.issue(f)[1])",
         )
-        grant, key = printed.split()[-2:]
+        grant, key, self.flood_key = printed.split()[-3:]
         for service in self.services:
             service.start()
         wait_until(self._web_answers, 60, "gunicorn")
@@ -392,6 +414,80 @@ class Run:
             self.pg.stop("fast")
 
 
+@dataclass
+class Victim:
+    """One-span OTLP requests sent every `pace` seconds until stopped; the time each took,
+    alone or under the flood, and the answers that were not 2xx (or no answer at all)."""
+
+    port: int
+    key: str
+    pace: float
+    alone: list[float] = field(default_factory=list)
+    flooded: list[float] = field(default_factory=list)
+    refused: collections.Counter[str] = field(default_factory=collections.Counter)
+    flooding: threading.Event = field(default_factory=threading.Event)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        n = 0
+        while not self.stop.is_set():
+            started = time.monotonic()
+            under_flood = self.flooding.is_set()
+            body = otlp_flood.request(1, 20_000 + n)
+            n += 1
+            try:
+                status, took = otlp_flood.post(self.port, self.key, body, False, timeout=120)
+            except OSError as exc:
+                self.refused[type(exc).__name__] += 1
+                print(f"victim request: {exc!r}", flush=True)
+            else:
+                if 200 <= status < 300:
+                    (self.flooded if under_flood else self.alone).append(took)
+                else:
+                    self.refused[str(status)] += 1
+                    print(f"victim request answered {status}", flush=True)
+            self.stop.wait(max(0.0, self.pace - (time.monotonic() - started)))
+
+
+def flood_phase(run: Run, key: str, grant: int) -> dict[str, Any]:
+    """The victim alone, then under the flood; the agents supervised all along."""
+    options = run.options
+    wait_until(run._web_answers, 60, "gunicorn")
+    bombs = [otlp_flood.bomb(n) for n in range(options.flooders)]
+    victim = Victim(run.web_port, key, options.pace)
+    sender = threading.Thread(target=victim.run)
+
+    def supervised(seconds: float) -> None:
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            run.supervise(key, grant)
+            time.sleep(0.2)
+
+    print(f"{time.strftime('%H:%M:%S')} flood phase: the victim alone", flush=True)
+    sender.start()
+    try:
+        supervised(options.alone)
+        print(
+            f"{time.strftime('%H:%M:%S')} flood phase: {options.flooders} senders flood",
+            flush=True,
+        )
+        with otlp_flood.Flood(run.web_port, run.flood_key, bombs) as flood:
+            victim.flooding.set()
+            supervised(options.flood)
+            victim.stop.set()
+            sender.join()
+    finally:
+        victim.stop.set()
+        sender.join()
+    return {
+        "bomb": f"{len(bombs[0]):,} bytes gzip, {len(gzip.decompress(bombs[0])):,} inflated",
+        "answers": dict(sorted(flood.answers.items(), key=str)),
+        "alone": victim.alone,
+        "flooded": victim.flooded,
+        "refused": dict(victim.refused),
+    }
+
+
 def tally(run: Run) -> dict[str, int]:
     performed = collections.Counter(
         line.split(" ", 1)[0] for line in run.world.read_text().splitlines() if line
@@ -453,6 +549,15 @@ def main() -> int:
         help="each agent's chance to crash at each of its two crash points",
     )
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    parser.add_argument("--no-flood", action="store_true", help="no flood phase")
+    parser.add_argument(
+        "--alone", type=float, default=10, help="seconds the victim sends before the flood"
+    )
+    parser.add_argument("--flood", type=float, default=30, help="seconds the flood lasts")
+    parser.add_argument("--flooders", type=int, default=20, help="concurrent flood senders")
+    parser.add_argument(
+        "--pace", type=float, default=0.5, help="seconds between the victim's requests"
+    )
     options = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="tallybook-faults-"))
     os.chmod(folder, 0o755)
@@ -469,7 +574,9 @@ def main() -> int:
                 run.fault(n)
                 n, next_fault = n + 1, time.monotonic() + options.every
             time.sleep(0.2)
-        print(f"{time.strftime('%H:%M:%S')} faults over; the agents finish their keys", flush=True)
+        print(f"{time.strftime('%H:%M:%S')} faults over", flush=True)
+        flooded = None if options.no_flood else flood_phase(run, key, grant)
+        print(f"{time.strftime('%H:%M:%S')} the agents finish their keys", flush=True)
         run.stop_file.touch()
         done: set[str] = set()
         deadline = time.monotonic() + 300
@@ -477,6 +584,8 @@ def main() -> int:
             done.update(run.supervise(key, grant))
             time.sleep(0.2)
         figures = tally(run)
+        if flooded is not None:
+            figures["victim refused or failed"] = sum(flooded["refused"].values())
     finally:
         run.tear_down()
         if not options.keep:
@@ -484,13 +593,31 @@ def main() -> int:
         else:
             print(f"kept {folder}")
     print(f"faults: {dict(run.faults)}; agent crashes: {run.agent_crashes}")
+    if flooded is not None:
+        print(
+            f"flood: {options.flooders} senders from project 'flood', {options.flood:.0f} s,"
+            f" each request {otlp_flood.MAX_SPANS:,} spans, {flooded['bomb']}"
+        )
+        print(f"  the flooding project's answers: {flooded['answers']}")
+        print(
+            f"  victim alone ({len(flooded['alone'])} requests): "
+            + otlp_flood.summary(flooded["alone"])
+        )
+        print(
+            f"  victim under the flood ({len(flooded['flooded'])} requests): "
+            + otlp_flood.summary(flooded["flooded"])
+        )
+        print(f"  victim refused or failed, by answer: {flooded['refused']}")
     for name, value in figures.items():
         print(f"{name:>32}: {value}")
-    failed = [name for name in MUST_BE_ZERO if figures[name]]
+    failed = [name for name in (*MUST_BE_ZERO, "victim refused or failed") if figures.get(name)]
     if failed:
         print("FAILED:", ", ".join(failed))
         return 1
-    print("OK: nothing lost, nothing performed twice, every acknowledged write stored")
+    print(
+        "OK: nothing lost, nothing performed twice, every acknowledged write stored"
+        + ("" if flooded is None else ", the victim served through the flood")
+    )
     return 0
 
 
