@@ -172,6 +172,10 @@ TALLYBOOK_ALERT_AFTER = {
     }.items()
 }
 
+# Large OTLP batches (trajectories.otlp.LARGE_BODY) one web process works on at once; one more
+# is answered 429 with Retry-After. 0: no such limit.
+TALLYBOOK_INGEST_LARGE_PER_PROCESS = env_int("TALLYBOOK_INGEST_LARGE_PER_PROCESS", 1)
+
 # Bulk actions on more cases than this run as a background job with a progress bar.
 TALLYBOOK_BULK_INLINE = env_int("TALLYBOOK_BULK_INLINE", 200)
 

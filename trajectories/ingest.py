@@ -3,12 +3,15 @@
 Every ingest request takes one of a few ingest slots of its project (`slot`, a PostgreSQL
 advisory lock held until the answer), so that one project cannot take every web thread or
 database connection; a request that finds none free, or a database too slow to answer, is
-told to come back later.
+told to come back later. A large batch also takes the web process's large-batch gate
+(`large_batch`): one process works on one at a time, so that another request it accepts is
+not left to share its interpreter with several batches of seconds of CPU each.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -16,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 from pydantic import ValidationError
@@ -65,6 +69,14 @@ STATEMENT_TIMEOUT = "20s"
 LOCK_TIMEOUT = "10s"
 # Advisory lock namespace of the ingest slots ("traj").
 SLOT_LOCK_CLASS = 0x7472616A
+
+
+# This process's large-batch gate (None: no gate): TALLYBOOK_INGEST_LARGE_PER_PROCESS places.
+LARGE_BATCHES = (
+    threading.BoundedSemaphore(settings.TALLYBOOK_INGEST_LARGE_PER_PROCESS)
+    if settings.TALLYBOOK_INGEST_LARGE_PER_PROCESS > 0
+    else None
+)
 
 
 class Overloaded(Exception):
@@ -134,6 +146,33 @@ def slot(project: Project) -> Iterator[None]:
                 )
         except (OperationalError, InterfaceError):
             pass  # the connection is gone, and its locks with it
+
+
+@contextmanager
+def large_batch(large: bool) -> Iterator[None]:
+    """A place at this process's large-batch gate for a large batch (small ones pass), held
+    until its answer; Overloaded (429) at once, never a wait, when every place is taken.
+
+    Per process, not per project: what a heavy batch takes from the others is this process's
+    interpreter (inflating, parsing and building rows hold the GIL), and gunicorn may give
+    one worker every heavy request there is. Refused, the batch goes back to the client's
+    retry and likely to another, idle, process; the project's slots (`slot`) stay the bound
+    over every process.
+    """
+    gate = LARGE_BATCHES
+    if not large or gate is None:
+        yield
+        return
+    if not gate.acquire(blocking=False):
+        raise Overloaded(
+            "This server process is storing another large batch; retry shortly",
+            status=429,
+            retry_after=1,
+        )
+    try:
+        yield
+    finally:
+        gate.release()
 
 
 @contextmanager

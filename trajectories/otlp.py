@@ -50,6 +50,11 @@ JSON = "application/json"
 # 10,000 spans of 1.6 KB; spans with long messages come in smaller batches anyway.
 MAX_SPANS = 10_000
 MAX_INFLATED = 16 * 1024 * 1024
+# A request over this many bytes once inflated is a large batch: one web process works on at
+# most TALLYBOOK_INGEST_LARGE_PER_PROCESS of them at once (ingest.large_batch). Under it a
+# request costs the process tens of milliseconds at most, and the OpenTelemetry SDK's batches
+# (512 spans of a few hundred bytes) stay under it; a maximum request costs seconds.
+LARGE_BODY = 256 * 1024
 STATUS_CODES = {0: "unset", 1: "ok", 2: "error"}
 STATUS_NAMES = {"STATUS_CODE_UNSET": 0, "STATUS_CODE_OK": 1, "STATUS_CODE_ERROR": 2}
 _HEX = re.compile(r"^[0-9a-fA-F]*$")
@@ -79,6 +84,21 @@ class Decoded:
         self.rejected += 1
         if len(self.reasons) < MAX_REASONS:
             self.reasons.append(f"{where}: {reason}")
+
+
+def is_large(body: bytes, encoding: str) -> bool:
+    """Whether the body is over LARGE_BODY once inflated, found out by inflating no more than
+    LARGE_BODY + 1 bytes of it (a millisecond): what a gzip body weighs says nothing of what it
+    costs (the flood's maximum requests are 66 KB of gzip inflating to 16 MiB). A body that
+    does not inflate is not large: inflate() refuses it."""
+    encoding = encoding.strip().lower()
+    if encoding not in ("gzip", "deflate"):
+        return len(body) > LARGE_BODY
+    inflater = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
+    try:
+        return len(inflater.decompress(body, LARGE_BODY + 1)) > LARGE_BODY
+    except zlib.error:
+        return False
 
 
 def inflate(body: bytes, encoding: str) -> bytes:
