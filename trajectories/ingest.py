@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import InterfaceError, OperationalError, connection, transaction
+from django.db.models import CharField
 from django.utils import timezone
 from pydantic import ValidationError
 
@@ -191,6 +192,19 @@ JSON_COLUMNS = frozenset({"attributes", "resource", "input", "output", "capped"}
 # Identity columns are not updated when a span is re-sent.
 SPAN_UPDATED = [c for c in SPAN_COLUMNS if c not in ("project_id", "trace_id", "span_id")]
 RUN_HINTS = ["agent", "workflow", "workflow_version", "conversation_id"]
+# The columns of a span's names and ids that `distinct` keeps within, in `_span_values` order.
+_ID_LIMITS = [
+    column.max_length
+    for name in (
+        "operation",
+        "provider",
+        "request_model",
+        "response_model",
+        "tool_call_id",
+        "tool_name",
+    )
+    if isinstance(column := Span._meta.get_field(name), CharField)
+]
 
 
 def _span_values(
@@ -231,7 +245,7 @@ def _span_values(
         texts = [
             scrub_text(texts[0], extras),
             scrub_text(texts[1], extras),
-            *(distinct(t, extras) for t in texts[2:]),
+            *(distinct(t, extras, limit) for t, limit in zip(texts[2:], _ID_LIMITS, strict=True)),
         ]
     capped: dict[str, Any] = {}
     attributes, cut = attributes_text(
