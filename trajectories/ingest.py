@@ -758,4 +758,10 @@ def events_ingest(*, project: Project, events: list[Any]) -> EventsOutcome:
         )
     for event_id, (index, _) in valid.items():
         results[index] = _result(index, event_id, "stored" if event_id in new else "duplicate")
-    return EventsOutcome([r for r in results if r is not None], touched)
+    # Each event is answered by its id as stored: no answer shows a secret it was sent.
+    extras = extras_of(project)
+    answered = [r for r in results if r is not None]
+    for result in answered:
+        if result.id is not None:
+            result.id = distinct(result.id, extras)
+    return EventsOutcome(answered, touched)
