@@ -17,10 +17,11 @@ import re._parser as sre_parse  # type: ignore[import-not-found]  # no stub; rea
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 from django.utils.crypto import salted_hmac
 from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 
 if TYPE_CHECKING:
     from durability.models import Project
@@ -201,12 +202,25 @@ def _mark_plain(secret: str) -> str:
     return REDACTED
 
 
+# The digest of a secret in an identity: 16 hex digits (64 bits), never cut, so that
+# identities that differ only in a short secret stay apart.
+DIGEST_SIZE = 16
+# An identity whose marks would not fit its column becomes one mark for the whole text.
+WHOLE_DIGEST_SIZE = 32
+# The longest identity column (keys, external ids, run ids, event and delivery ids).
+IDENTITY_MAX = 255
+# A mark as written, whether of one secret or of a whole identity: never searched again.
+_MARK = re.compile(r"\[REDACTED(?::[0-9a-f]+)?\]")
+
+
+def _digest(salt: str, text: str, size: int) -> str:
+    # Keyed by SECRET_KEY, so that the digest of a short or guessable secret cannot be
+    # looked up, and every process of one deployment writes the same mark.
+    return salted_hmac(salt, text, algorithm="sha256").hexdigest()[:size]
+
+
 def _mark_distinct(secret: str) -> str:
-    # Keyed, so that the digest of a short or guessable secret cannot be looked up; no
-    # longer than the secret where it can be (4 to 12 hex digits).
-    size = min(12, max(4, len(secret) - 11))
-    digest = salted_hmac("tallybook.redaction", secret, algorithm="sha256").hexdigest()
-    return f"[REDACTED:{digest[:size]}]"
+    return f"[REDACTED:{_digest('tallybook.redaction', secret, DIGEST_SIZE)}]"
 
 
 def _assignments(text: str, mark: Callable[[str], str]) -> str:
@@ -265,16 +279,25 @@ def scrub_text(text: str, extras: Extras = NONE) -> str:
     return _scrub(text, extras, _mark_plain)
 
 
-def distinct(text: str, extras: Extras = NONE) -> str:
+def distinct(text: str, extras: Extras = NONE, limit: int | None = IDENTITY_MAX) -> str:
     """An identity (key, external id, run id…) with each secret in it replaced by its keyed
-    digest: the same identity always gives the same text, different ones stay different.
+    digest: the same identity always gives the same text, different ones stay different,
+    and the text it gives is its own result (marks already in it are left as they are).
 
-    Never longer than it was, so that it still fits its column: what a mark for a very
-    short secret adds is cut from the end.
+    When the marks make it longer than `limit` (its column's size; None for no limit), the
+    whole identity is replaced by one mark, the keyed digest of the whole text.
     """
     if not suspect(text, extras):
         return text
-    return _scrub(text, extras, _mark_distinct)[: len(text)]
+    parts = _MARK.split(text)
+    marks = _MARK.findall(text)
+    scrubbed = "".join(
+        _scrub(part, extras, _mark_distinct) + (marks[i] if i < len(marks) else "")
+        for i, part in enumerate(parts)
+    )
+    if scrubbed == text or limit is None or len(scrubbed) <= limit:
+        return scrubbed
+    return f"[REDACTED:{_digest('tallybook.redaction.whole', text, WHOLE_DIGEST_SIZE)}]"
 
 
 def _is_scalar(value: Any) -> bool:
@@ -306,23 +329,45 @@ def redact_input[M: BaseModel](model: M, extras: Extras = NONE) -> M:
     """A copy of a validated input with no secret left in any field.
 
     Its own text fields are identities or short reports (a key, an external id, an error)
-    and get `distinct`; JSON values (a request, a receipt's data) get `redact`; nested
-    inputs the same, recursively, and the names of their free extra fields too. Not
-    validated again: redaction only shortens texts, or replaces values with text where
-    any JSON was allowed.
+    and get `distinct`, within the field's declared length (its column's); JSON values (a
+    request, a receipt's data) get `redact`; nested inputs the same, recursively, and the
+    names of their free extra fields too. Not validated again: redaction keeps texts within
+    their declared length, or replaces values with text where any JSON was allowed.
     """
+    fields = type(model).model_fields
 
     def redacted(name: str, value: Any) -> Any:
         if isinstance(value, BaseModel):
             return redact_input(value, extras)
         if isinstance(value, str):
-            return REDACTED if is_secret_key(name, extras) else distinct(value, extras)
+            if is_secret_key(name, extras):
+                return REDACTED
+            return distinct(value, extras, _max_length(fields.get(name)))
         return redact({name: value}, extras)[name]
 
     values = {name: redacted(name, value) for name, value in model.__dict__.items()}
     for name, value in (model.model_extra or {}).items():
         values[scrub_text(name, extras)] = redacted(name, value)
     return model.model_construct(_fields_set=model.model_fields_set, **values)
+
+
+def _max_length(field: FieldInfo | None) -> int | None:
+    """The longest text a field allows (`max_length` of its constraints), if any."""
+    if field is None:
+        return None
+    found: list[int] = []
+
+    def walk(items: Iterable[Any]) -> None:
+        for item in items:
+            length = getattr(item, "max_length", None)  # StringConstraints, MaxLen
+            if isinstance(length, int):
+                found.append(length)
+            if isinstance(item, FieldInfo):
+                walk(item.metadata)
+            walk(get_args(item))
+
+    walk([*field.metadata, field.annotation])
+    return min(found, default=None)
 
 
 def suspect(text: str, extras: Extras = NONE) -> bool:

@@ -21,6 +21,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection, transaction
+from django.db.models import CharField
 from django.utils import timezone
 from pydantic import ValidationError
 
@@ -226,6 +227,19 @@ JSON_COLUMNS = frozenset({"attributes", "resource", "input", "output", "capped"}
 # Identity columns are not updated when a span is re-sent.
 SPAN_UPDATED = [c for c in SPAN_COLUMNS if c not in ("project_id", "trace_id", "span_id")]
 RUN_HINTS = ["agent", "workflow", "workflow_version", "conversation_id"]
+# The columns of a span's names and ids that `distinct` keeps within, in `_span_values` order.
+_ID_LIMITS = [
+    column.max_length
+    for name in (
+        "operation",
+        "provider",
+        "request_model",
+        "response_model",
+        "tool_call_id",
+        "tool_name",
+    )
+    if isinstance(column := Span._meta.get_field(name), CharField)
+]
 
 
 def _span_values(
@@ -266,7 +280,7 @@ def _span_values(
         texts = [
             scrub_text(texts[0], extras),
             scrub_text(texts[1], extras),
-            *(distinct(t, extras) for t in texts[2:]),
+            *(distinct(t, extras, limit) for t, limit in zip(texts[2:], _ID_LIMITS, strict=True)),
         ]
     capped: dict[str, Any] = {}
     attributes, cut = attributes_text(
@@ -779,4 +793,10 @@ def events_ingest(*, project: Project, events: list[Any]) -> EventsOutcome:
         )
     for event_id, (index, _) in valid.items():
         results[index] = _result(index, event_id, "stored" if event_id in new else "duplicate")
-    return EventsOutcome([r for r in results if r is not None], touched)
+    # Each event is answered by its id as stored: no answer shows a secret it was sent.
+    extras = extras_of(project)
+    answered = [r for r in results if r is not None]
+    for result in answered:
+        if result.id is not None:
+            result.id = distinct(result.id, extras)
+    return EventsOutcome(answered, touched)

@@ -127,7 +127,9 @@ EventResultName = Literal["stored", "duplicate", "rejected"]
 
 class EventResultOut(BaseModel):
     index: int
-    id: str | None
+    id: str | None = Field(
+        description="The event's id as stored: a secret in it replaced by its digest."
+    )
     status: EventStatus = Field(
         description="201 stored, 200 an id seen before (nothing changed), 400 rejected."
     )

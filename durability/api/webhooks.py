@@ -27,7 +27,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 from pydantic import ValidationError
 
-from durability import inbound
+from durability import inbound, redaction
 from durability.api.decorators import MiB, Refused, answer, body_within, error, field_errors
 from durability.api.schemas import CaseOut, EffectOut, HookDeliveryOut, HookReceiptOut, ReceiptIn
 from durability.ledger import evidence
@@ -58,8 +58,8 @@ class Rejected(Exception):
 
 @dataclass(frozen=True)
 class Verified:
-    """A verified delivery: the id its headers give it, and the digest of its signed bytes,
-    which no header can change."""
+    """A verified delivery: the id its headers give it (any secret in it replaced by its
+    digest), and the digest of its signed bytes, which no header can change."""
 
     delivery: str
     digest: str
@@ -104,7 +104,10 @@ def verify(source: WebhookSource, headers: Mapping[str, str], body: bytes, now: 
     except ValueError as exc:
         raise Rejected(400, "Delivery id cannot be stored", {header: str(exc)}) from None
     digest = hashlib.sha256(_signed_bytes(body, timestamp)).hexdigest()
-    # Without a delivery id, identical bodies are one delivery.
+    # Without a delivery id, identical bodies are one delivery. With one, a secret in it is
+    # replaced by its digest before it is looked up, stored or answered, as in any identity.
+    if delivery:
+        delivery = redaction.distinct(delivery, redaction.extras_of(source.project))
     return Verified(delivery or hashlib.sha256(body).hexdigest(), digest)
 
 

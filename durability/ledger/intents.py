@@ -84,7 +84,11 @@ def _intent_store(*, project: Project, actor: str, intent: IntentIn) -> Outcome:
     # differing only in a secret are still two requests (a conflict); from here on only the
     # redacted intent is seen, so nothing stored or hashed into the audit chain holds a secret.
     extras = extras_of(project)
-    fingerprint = distinct(intent.fingerprint or fingerprint_of(intent.request), extras)
+    fingerprint = distinct(
+        intent.fingerprint or fingerprint_of(intent.request),
+        extras,
+        Effect._meta.get_field("fingerprint").max_length,
+    )
     # Separate from the fingerprint, which is the client's to choose: what was approved and
     # checked is the request and this claim together, whoever computes the fingerprint.
     claim = fingerprint_of(grants.claim_of(intent))

@@ -21,7 +21,15 @@ from durability.accounts.roles import Access, Perm
 from durability.api.schemas import ReceiptIn
 from durability.ledger import settling
 from durability.ledger.machine import Event
-from durability.models import AuditAction, Effect, Probe, ReconcilerConfig, State, Strength
+from durability.models import (
+    AuditAction,
+    Effect,
+    Probe,
+    Receipt,
+    ReconcilerConfig,
+    State,
+    Strength,
+)
 from durability.reconcilers.base import Answer, Found, NotFound, Unknown
 
 logger = logging.getLogger(__name__)
@@ -82,7 +90,9 @@ def _ask(config: ReconcilerConfig, effect: Effect) -> Answer:
     if isinstance(answer, Found):
         return replace(
             answer,
-            system=redaction.distinct(answer.system, extras),
+            system=redaction.distinct(
+                answer.system, extras, Receipt._meta.get_field("system").max_length
+            ),
             external_id=redaction.distinct(answer.external_id, extras),
             data=redaction.redact(answer.data, extras),
         )

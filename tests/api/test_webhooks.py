@@ -212,6 +212,39 @@ def test_a_delivery_id_seen_before_is_a_no_op(client, project, stripe):
     assert ledger.row_counts() == before
 
 
+def test_a_secret_in_a_delivery_id_is_stored_and_answered_as_its_digest(client, project, stripe):
+    ledger.intent(project, "refund:1")
+    ledger.intent(project, "refund:2")
+    first = _post(client, stripe, _refund(), delivery="d:token=abc123")
+    assert first.status_code == 201
+    shown = first.json()["delivery"]
+    assert "abc123" not in shown and shown.startswith("d:token=[REDACTED:")
+    assert list(WebhookDelivery.objects.values_list("delivery_id", flat=True)) == [shown]
+    # The provider's own retry is found by its stored id; another short secret is another
+    # delivery.
+    again = _post(client, stripe, _refund(charge="re_other"), delivery="d:token=abc123")
+    assert again.status_code == 200 and again.json()["delivery"] == shown
+    other = _post(client, stripe, _refund("refund:2", "re_2"), delivery="d:token=xyz789")
+    assert other.status_code == 201 and other.json()["delivery"] != shown
+    stored = json.dumps(list(WebhookDelivery.objects.values()), default=str)
+    stored += json.dumps(list(Receipt.objects.values()), default=str)
+    assert "abc123" not in stored and "xyz789" not in stored
+    assert WebhookDelivery.objects.count() == 2
+
+
+def test_a_secret_in_a_github_delivery_id_is_stored_and_answered_as_its_digest(
+    client, project, github
+):
+    ledger.intent(project, "fix:42")
+    secret = "ghp_" + "Q" * 36
+    response = _push(client, github, [_commit("a" * 40, "fix:42")], **{"X-GitHub-Delivery": secret})
+    assert response.status_code == 201
+    assert secret not in response.content.decode()
+    (delivery,) = WebhookDelivery.objects.values_list("delivery_id", flat=True)
+    assert delivery == response.json()["delivery"] and secret not in delivery
+    assert secret not in json.dumps(list(Receipt.objects.values()), default=str)
+
+
 def test_an_unknown_or_disabled_source_is_a_404(client, project, stripe):
     ghost = WebhookSource(name="ghost", secret="s", kind=WebhookKind.GENERIC)
     assert _post(client, ghost, _refund()).status_code == 404

@@ -88,6 +88,33 @@ def test_a_secret_in_a_key_is_stored_as_its_digest_and_keys_stay_distinct(api, p
     assert OPENAI not in _stored(project) and GITHUB not in _stored(project)
 
 
+def test_two_intents_whose_keys_differ_only_in_a_short_secret_stay_two_effects(api, project):
+    one = api.intent("refund:token=abc123").json()
+    other = api.intent("refund:token=xyz789").json()
+    assert one["decision"] == other["decision"] == "proceed"
+    assert one["effect"]["id"] != other["effect"]["id"]
+    assert one["effect"]["key"] != other["effect"]["key"]
+    assert Effect.objects.filter(project=project).count() == 2
+    # Each agent finds its own effect again by the key it sent.
+    again = api.intent("refund:token=xyz789").json()
+    assert again["effect"]["id"] == other["effect"]["id"]
+    assert "abc123" not in _stored(project) and "xyz789" not in _stored(project)
+
+
+def test_two_receipts_whose_external_ids_differ_only_in_a_short_secret_stay_two(api, project):
+    api.intent("pay:1")
+    first = api.receipt("pay:1", "re:password=a1")
+    second = api.receipt("pay:1", "re:password=b2")
+    assert first.status_code == second.status_code == 201
+    receipts = Receipt.objects.filter(project=project)
+    assert receipts.count() == 2
+    assert len({r.external_id for r in receipts}) == 2
+    # The same receipt sent again is a duplicate of its own, not of the other.
+    assert api.receipt("pay:1", "re:password=b2").status_code == 200
+    assert receipts.count() == 2
+    assert "password=a1" not in _stored(project) and "password=b2" not in _stored(project)
+
+
 def test_a_receipt_before_its_intent_is_adopted_under_the_same_digest(api, project):
     api.receipt(f"pay:{OPENAI}", "re_1")
     adopted = api.intent(f"pay:{OPENAI}").json()

@@ -134,6 +134,22 @@ def test_an_id_repeated_within_one_batch_is_stored_once(api):
     assert Span.objects.get().name == "first"
 
 
+def test_event_ids_differing_only_in_a_short_secret_are_two_events_answered_as_stored(api):
+    one = span_event("e:token=abc123", name="first")
+    other = span_event("e:token=xyz789", "00f067aa0ba902b8", name="second")
+    r = api.post("events", {"events": [one, other]})
+    results = r.json()["results"]
+    assert [x["result"] for x in results] == ["stored", "stored"]
+    assert Span.objects.count() == 2
+    answered = [x["id"] for x in results]
+    assert sorted(answered) == sorted(SeenEvent.objects.values_list("event_id", flat=True))
+    assert answered[0] != answered[1]
+    assert "abc123" not in r.content.decode() and "xyz789" not in r.content.decode()
+    # Sent again, each is a duplicate of its own, answered by the same stored id.
+    again = api.post("events", {"events": [one, other]}).json()["results"]
+    assert [(x["id"], x["result"]) for x in again] == [(i, "duplicate") for i in answered]
+
+
 def test_replaying_a_whole_batch_changes_nothing(api):
     batch = {"events": [{"id": "r", "type": "run", "run_id": "run-1"}, span_event("s")]}
     api.post("events", batch)

@@ -191,9 +191,9 @@ def test_a_pattern_check_refuses_what_could_hang_or_redact_everything():
             pattern_check(bad)
 
 
-def test_identities_keep_a_stable_digest_no_longer_than_they_were():
+def test_identities_keep_a_stable_digest():
     one, other = f"pay:{OPENAI}", f"pay:{GITHUB}"
     assert distinct(one) == distinct(one) != distinct(other)
-    assert OPENAI not in distinct(one) and len(distinct(one)) <= len(one)
+    assert OPENAI not in distinct(one)
     assert distinct("pay:42") == "pay:42"
     assert distinct(distinct(one)) == distinct(one)
