@@ -62,10 +62,13 @@ def deliver(
     *,
     delivery: str = "d-1",
     secret: str | None = None,
+    timestamp: str | None = None,
     **headers: str,
 ) -> Any:
-    """POST `body` to the source's URL signed as its kind signs (now, for a generic one),
-    with the source's secret unless another is given; `headers` are added last."""
+    """POST `body` to the source's URL signed as its kind signs (at `timestamp`, or now, for
+    a generic one), with the source's secret unless another is given; `headers` are added
+    last. A replay of the same signed bytes passes the first delivery's timestamp: two
+    calls "now" can fall in two different seconds."""
     key = secret or source.secret
     if source.kind == WebhookKind.GITHUB:
         own = {
@@ -74,7 +77,7 @@ def deliver(
             "X-Hub-Signature-256": signature_of(key, body),
         }
     else:
-        own = signed(body, str(int(time.time())), key, delivery)
+        own = signed(body, timestamp or str(int(time.time())), key, delivery)
     return client.post(
         f"/hooks/{source.name}/",
         data=body,
