@@ -184,15 +184,18 @@ AUTHENTICATION_BACKENDS = [
     "django.contrib.auth.backends.ModelBackend",
 ]
 # Failed logins are counted in PostgreSQL: every web process sees the same counts, and Redis
-# stays off the login path. A username is locked after LOGIN_FAILURE_LIMIT failures within
-# the cool-off, whether they came from one address (username and address) or were spread
-# over many (username alone), so a distributed guess is stopped too; never by address
-# alone, so colleagues behind one office address do not lock one another out. A lockout ends
-# LOGIN_COOLOFF_MINUTES after the last counted failure, or when an admin unlocks the user
-# (settings page, admin, `manage.py axes_reset_username`).
-AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"
+# stays off the login path. A username is locked at one address after LOGIN_FAILURE_LIMIT
+# failures from there within the cool-off; everywhere only after LOGIN_USER_FAILURE_LIMIT
+# failures spread over any addresses, so a distributed guess is stopped too, but one
+# attacker cannot keep an operator locked out from everywhere. Never by address alone, so
+# colleagues behind one office address do not lock one another out. Axes has one limit, so
+# the handler (accounts/lockouts.py) counts the username alone only once it reached its own.
+# A lockout ends LOGIN_COOLOFF_MINUTES after the last counted failure, or when an admin
+# unlocks the user (settings page, admin, `manage.py axes_reset_username`).
+AXES_HANDLER = "durability.accounts.lockouts.LoginFailures"
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"], "username"]
 AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 10)
+LOGIN_USER_FAILURE_LIMIT = max(env_int("LOGIN_USER_FAILURE_LIMIT", 100), AXES_FAILURE_LIMIT)
 AXES_COOLOFF_TIME = timedelta(minutes=env_int("LOGIN_COOLOFF_MINUTES", 30))
 AXES_RESET_ON_SUCCESS = True
 # Attempts refused during a lockout are not counted: the lockout ends on time however hard
