@@ -7,7 +7,7 @@ import warnings
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode
 
 import dj_database_url
 from django.utils.csp import CSP
@@ -45,11 +45,13 @@ def redis_url_bounded(url: str) -> str:
     dropped, not refused) must not hold the request for the kernel's connect timeout. The
     worker raises the command timeout above its blocking dequeue by itself.
     """
-    parts = urlsplit(url)
-    query = dict(parse_qsl(parts.query))
+    # Split by hand: urlunsplit would write unix:///path (a Unix socket) as unix:/path,
+    # which redis-py refuses.
+    address, _, given = url.partition("?")
+    query = dict(parse_qsl(given))
     query.setdefault("socket_connect_timeout", "2")
     query.setdefault("socket_timeout", "5")
-    return urlunsplit(parts._replace(query=urlencode(query)))
+    return f"{address}?{urlencode(query)}"
 
 
 DEBUG = env_bool("DEBUG", False)
