@@ -107,20 +107,22 @@ def on_user_locked_out(
 
 def locked_usernames(usernames: list[str]) -> set[str]:
     """Which of `usernames` are locked out now: at some address, or everywhere."""
-    recent = AccessAttempt.objects.filter(
-        username__in=usernames, attempt_time__gte=timezone.now() - _cool_off()
-    )
-    at_an_address = (
-        recent.values("username", "ip_address")
+    per_address = (
+        AccessAttempt.objects.filter(
+            username__in=usernames, attempt_time__gte=timezone.now() - _cool_off()
+        )
+        .values_list("username", "ip_address")
         .annotate(failures=Sum("failures_since_start"))
-        .filter(failures__gte=settings.AXES_FAILURE_LIMIT)
     )
-    everywhere = (
-        recent.values("username")
-        .annotate(failures=Sum("failures_since_start"))
-        .filter(failures__gte=settings.LOGIN_USER_FAILURE_LIMIT)
-    )
-    return {row["username"] for row in [*at_an_address, *everywhere]}
+    locked: set[str] = set()
+    everywhere: dict[str, int] = {}
+    for username, _, failures in per_address:
+        if failures >= settings.AXES_FAILURE_LIMIT:
+            locked.add(username)
+        everywhere[username] = everywhere.get(username, 0) + failures
+    return locked | {
+        name for name, total in everywhere.items() if total >= settings.LOGIN_USER_FAILURE_LIMIT
+    }
 
 
 def login_unlock(*, project: Project, actor: str, username: str) -> int:

@@ -198,6 +198,13 @@ def test_the_settings_page_shows_who_is_locked_and_an_admin_unlocks_them(
     assert "login locked" not in logged_in(admin).get("/settings/").content.decode()
 
 
+def test_the_settings_page_shows_a_user_locked_by_a_guess_spread_over_addresses(alice, admin):
+    for n in range(USER_LIMIT):
+        _fail("alice", 1, address=f"192.0.2.{n % 200 + 1}")
+    page = logged_in(admin).get("/settings/").content.decode()
+    assert page.count("login locked") == 1
+
+
 @pytest.mark.parametrize(("persona", "status"), [("alice", 403), ("outsider", 404)])
 def test_only_the_projects_admins_unlock(request, alice, project, persona, status):
     bob = member(project, "bob", Role.OPERATOR)
