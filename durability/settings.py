@@ -7,7 +7,7 @@ import warnings
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode
 
 import dj_database_url
 from django.utils.csp import CSP
@@ -45,11 +45,13 @@ def redis_url_bounded(url: str) -> str:
     dropped, not refused) must not hold the request for the kernel's connect timeout. The
     worker raises the command timeout above its blocking dequeue by itself.
     """
-    parts = urlsplit(url)
-    query = dict(parse_qsl(parts.query))
+    # Split by hand: urlunsplit would write unix:///path (a Unix socket) as unix:/path,
+    # which redis-py refuses.
+    address, _, given = url.partition("?")
+    query = dict(parse_qsl(given))
     query.setdefault("socket_connect_timeout", "2")
     query.setdefault("socket_timeout", "5")
-    return urlunsplit(parts._replace(query=urlencode(query)))
+    return f"{address}?{urlencode(query)}"
 
 
 DEBUG = env_bool("DEBUG", False)
@@ -188,15 +190,18 @@ AUTHENTICATION_BACKENDS = [
     "django.contrib.auth.backends.ModelBackend",
 ]
 # Failed logins are counted in PostgreSQL: every web process sees the same counts, and Redis
-# stays off the login path. A username is locked after LOGIN_FAILURE_LIMIT failures within
-# the cool-off, whether they came from one address (username and address) or were spread
-# over many (username alone), so a distributed guess is stopped too; never by address
-# alone, so colleagues behind one office address do not lock one another out. A lockout ends
-# LOGIN_COOLOFF_MINUTES after the last counted failure, or when an admin unlocks the user
-# (settings page, admin, `manage.py axes_reset_username`).
-AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"
+# stays off the login path. A username is locked at one address after LOGIN_FAILURE_LIMIT
+# failures from there within the cool-off; everywhere only after LOGIN_USER_FAILURE_LIMIT
+# failures spread over any addresses, so a distributed guess is stopped too, but one
+# attacker cannot keep an operator locked out from everywhere. Never by address alone, so
+# colleagues behind one office address do not lock one another out. Axes has one limit, so
+# the handler (accounts/lockouts.py) counts the username alone only once it reached its own.
+# A lockout ends LOGIN_COOLOFF_MINUTES after the last counted failure, or when an admin
+# unlocks the user (settings page, admin, `manage.py axes_reset_username`).
+AXES_HANDLER = "durability.accounts.lockouts.LoginFailures"
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"], "username"]
 AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 10)
+LOGIN_USER_FAILURE_LIMIT = max(env_int("LOGIN_USER_FAILURE_LIMIT", 100), AXES_FAILURE_LIMIT)
 AXES_COOLOFF_TIME = timedelta(minutes=env_int("LOGIN_COOLOFF_MINUTES", 30))
 AXES_RESET_ON_SUCCESS = True
 # Attempts refused during a lockout are not counted: the lockout ends on time however hard

@@ -5,22 +5,16 @@ from __future__ import annotations
 
 import io
 import re
-import socket
 
 import pytest
 from django.core.management import call_command
 
 from durability.models import Case, Effect, Probe, Project, Reason, State
+from tests.ports import free_port
 from trajectories.models import Run, Span
 
 EVERY_STATE = set(State.values)
 EVERY_REASON = set(Reason.values)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _seed(tmp_path, port: int = 8765) -> tuple[Project, str]:
@@ -97,7 +91,7 @@ def _not_seen_yet(project: Project, seeded: set[int], printed: str) -> list[str]
 def test_the_agents_bring_every_scenario_to_life(live_server, settings, tmp_path):
     # No Redis: the agents' supervisor runs the sweeps and probes itself, as in `bin/demo`.
     settings.REDIS_URL = ""
-    port = _free_port()
+    port = free_port()
     project, _ = _seed(tmp_path, port)
     seeded = set(project.effects.values_list("pk", flat=True))
     out = io.StringIO()

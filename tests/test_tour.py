@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import re
-import socket
 from collections import Counter, deque
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from durability.demo import agents, telemetry
 from durability.demo.provider import ProviderServer
 from durability.models import ApiKey, Effect, Grant, Project, State
 from tests.browser import BROWSER, browser, csp_violations, page
+from tests.ports import free_port
 
 __all__ = ["browser", "page"]  # the browser fixtures, used by name
 
@@ -34,18 +34,12 @@ PER_SHAPE = 2
 MAX_PAGES = 150
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def demo(live_server: Any, tmp_path: Path, settings: Any) -> str:
     """The seeded demo and one refund by the demo's refund bot, through the real SDK and
     OpenTelemetry; returns the operator's password."""
     settings.REDIS_URL = ""  # as `bin/demo` runs on a bare machine: background work inline
-    port = _free_port()
+    port = free_port()
     out = io.StringIO()
     call_command("demo", provider_port=port, dir=tmp_path, stdout=out)
     found = re.search(r"^Operator login: operator / (\S+)$", out.getvalue(), re.M)

@@ -18,8 +18,9 @@ from django.utils import timezone
 
 from durability.ledger import jobs as ledger_jobs
 from durability.models import Effect, State
+from durability.settings import redis_url_bounded
 from tests.ledger.support import effect_in
-from tests.sdk.support import database_url_of_tests, free_port, wait_until
+from tests.sdk.support import database_url_of_tests, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 # Generous: this machine is shared, and each bound is a condition's, never a speed's.
@@ -27,16 +28,18 @@ PATIENCE_S = 120
 
 
 class RedisServer:
-    """A private redis-server on a free port, killed and started again on that port."""
+    """A private redis-server on a Unix socket in the test's folder, killed and started again
+    on that socket: no other process can be given its address in between, as a TCP port
+    could be."""
 
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
+    def __init__(self, folder: Path) -> None:
+        self.socket = folder / "redis.sock"
+        self.url = f"unix://{self.socket}"
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         self.process = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""],
+            ["redis-server", "--port", "0", "--unixsocket", str(self.socket), "--save", ""],
             stdout=subprocess.DEVNULL,
         )
         wait_until(self._answers, PATIENCE_S, "redis-server to start")
@@ -86,11 +89,12 @@ class Command:
 
 
 @pytest.fixture
-def private_redis(settings) -> Iterator[RedisServer]:
-    server = RedisServer()
+def private_redis(settings, tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path)
     server.start()
     settings.REDIS_URL = server.url
-    settings.RQ_QUEUES = {n: {**q, "URL": server.url} for n, q in settings.RQ_QUEUES.items()}
+    bounded = redis_url_bounded(server.url)
+    settings.RQ_QUEUES = {n: {**q, "URL": bounded} for n, q in settings.RQ_QUEUES.items()}
     yield server
     if server.process is not None:
         server.kill()

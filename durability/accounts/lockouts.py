@@ -12,6 +12,7 @@ import ipaddress
 from datetime import timedelta
 from typing import Any
 
+from axes.handlers.database import AxesDatabaseHandler
 from axes.models import AccessAttempt
 from axes.utils import reset
 from django.conf import settings
@@ -25,6 +26,25 @@ from durability.inbound import storable_text
 from durability.models import AuditAction, Membership, Project
 
 ACTOR = "system:login"
+
+
+class LoginFailures(AxesDatabaseHandler):  # type: ignore[misc]  # axes is untyped
+    """Axes' PostgreSQL handler with two limits where axes has one (AXES_FAILURE_LIMIT).
+
+    The failures that count against a login are those of its username at its address;
+    once the username's failures over every address reach LOGIN_USER_FAILURE_LIMIT, those.
+    Axes locks when they reach AXES_FAILURE_LIMIT (never above the other limit), so one
+    address is locked out after LOGIN_FAILURE_LIMIT guesses, and everyone only after a
+    guess spread that wide.
+    """
+
+    def get_failures(self, request: HttpRequest, credentials: dict[str, Any] | None = None) -> int:
+        # In AXES_LOCKOUT_PARAMETERS' order: username and address, then username alone.
+        here, everywhere = (
+            int(attempts.aggregate(total=Sum("failures_since_start"))["total"] or 0)
+            for attempts in self.get_user_attempts(request, credentials)
+        )
+        return everywhere if everywhere >= settings.LOGIN_USER_FAILURE_LIMIT else here
 
 
 def client_address(request: HttpRequest) -> str | None:
@@ -86,15 +106,23 @@ def on_user_locked_out(
 
 
 def locked_usernames(usernames: list[str]) -> set[str]:
-    """Which of `usernames` are locked out now (their failures over every address)."""
-    since = timezone.now() - _cool_off()
-    counted = (
-        AccessAttempt.objects.filter(username__in=usernames, attempt_time__gte=since)
-        .values("username")
+    """Which of `usernames` are locked out now: at some address, or everywhere."""
+    per_address = (
+        AccessAttempt.objects.filter(
+            username__in=usernames, attempt_time__gte=timezone.now() - _cool_off()
+        )
+        .values_list("username", "ip_address")
         .annotate(failures=Sum("failures_since_start"))
-        .filter(failures__gte=settings.AXES_FAILURE_LIMIT)
     )
-    return {row["username"] for row in counted}
+    locked: set[str] = set()
+    everywhere: dict[str, int] = {}
+    for username, _, failures in per_address:
+        if failures >= settings.AXES_FAILURE_LIMIT:
+            locked.add(username)
+        everywhere[username] = everywhere.get(username, 0) + failures
+    return locked | {
+        name for name, total in everywhere.items() if total >= settings.LOGIN_USER_FAILURE_LIMIT
+    }
 
 
 def login_unlock(*, project: Project, actor: str, username: str) -> int:

@@ -1,5 +1,6 @@
-"""Guessed passwords: a username is locked after too many failed logins, from one address or
-from many; the lockout is audited, ends after its cool-off, and an admin can lift it."""
+"""Guessed passwords: a username is locked at an address after too many failed logins from
+there, and everywhere only after many more spread over any addresses; the lockout is
+audited, ends after its cool-off, and an admin can lift it."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from durability.models import AuditEntry, Membership, Project, Role
 from tests.desk.support import logged_in, member
 
 LIMIT = settings.AXES_FAILURE_LIMIT
+USER_LIMIT = settings.LOGIN_USER_FAILURE_LIMIT
 WRONG = "not-the-password-123"
 
 
@@ -72,9 +74,19 @@ def test_attempts_refused_during_a_lockout_are_not_counted(alice):
     assert list(failures) == [LIMIT]
 
 
-def test_guesses_spread_over_many_addresses_lock_the_user(alice):
-    for n in range(LIMIT):
-        _fail("alice", 1, address=f"192.0.2.{n + 1}")
+def test_guesses_from_one_address_lock_the_user_out_there_only(alice):
+    _fail("alice", LIMIT, address="203.0.113.9")
+    assert _log_in(Client(), "alice", "password", address="203.0.113.9").status_code == 429
+    assert _logged_in(_log_in(Client(), "alice", "password", address="198.51.100.7"))
+
+
+def test_guesses_spread_over_many_addresses_lock_the_user_everywhere_at_the_user_limit(alice):
+    assert USER_LIMIT > LIMIT
+    answers = [
+        _log_in(Client(), "alice", WRONG, address=f"192.0.2.{n % 200 + 1}").status_code
+        for n in range(USER_LIMIT)
+    ]
+    assert answers == [200] * (USER_LIMIT - 1) + [429]
     assert _log_in(Client(), "alice", "password", address="198.51.100.7").status_code == 429
 
 
@@ -184,6 +196,13 @@ def test_the_settings_page_shows_who_is_locked_and_an_admin_unlocks_them(
     assert (entry.actor, entry.data) == ("user:ada", {"username": "alice"})
     assert first_broken_entry(project) is None
     assert "login locked" not in logged_in(admin).get("/settings/").content.decode()
+
+
+def test_the_settings_page_shows_a_user_locked_by_a_guess_spread_over_addresses(alice, admin):
+    for n in range(USER_LIMIT):
+        _fail("alice", 1, address=f"192.0.2.{n % 200 + 1}")
+    page = logged_in(admin).get("/settings/").content.decode()
+    assert page.count("login locked") == 1
 
 
 @pytest.mark.parametrize(("persona", "status"), [("alice", 403), ("outsider", 404)])

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,8 +12,9 @@ from google.rpc import code_pb2, status_pb2
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Runs in a process of its own whose DATABASE_URL names a port nobody listens on: every
-# connection attempt fails as it does while PostgreSQL restarts.
+# Runs in a process of its own whose DATABASE_URL names a Unix socket directory that does not
+# exist (nobody can start a server there): every connection attempt fails as it does while
+# PostgreSQL restarts.
 PROBE = """
 import json, django
 django.setup()
@@ -50,17 +50,11 @@ print(json.dumps({"json": answers, "otlp": otlp}))
 """
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_the_api_answers_503_with_retry_after_while_postgresql_is_away_otlp_in_its_encoding():
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "durability.settings",
-        "DATABASE_URL": f"postgres://root@127.0.0.1:{_closed_port()}/tallybook",
+        "DATABASE_URL": "postgres://root@%2Fnonexistent%2Fdir/tallybook",
         "DB_CONN_MAX_AGE": "0",
     }
     done = subprocess.run(

@@ -15,13 +15,9 @@ from typing import Any
 
 import pytest
 
+from tests.ports import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _manage(env: dict[str, str], *args: str) -> str:
@@ -60,7 +56,7 @@ def _wait_for(port: int, server: subprocess.Popen[str]) -> None:
 
 
 def test_the_quick_start_works_on_sqlite_without_redis(tmp_path):
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL")}
     env |= {
         "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 from datetime import UTC, datetime, timedelta
 
@@ -16,6 +15,7 @@ from durability.models import Attempt, AuditEntry, Case, Effect, Probe, Receipt,
 from durability.reconcilers.base import Found, NotFound, ProbeConfig, Reconciler, Unknown
 from durability.reconcilers.services import effect_probe
 from tests.local_http import LocalHttp, Reply
+from tests.ports import refusing_port
 
 REFUND = {"id": "re_1", "status": "succeeded", "created": 1700000000}
 
@@ -241,17 +241,15 @@ def test_a_slow_server_answers_unknown_after_the_timeout(api, project, server):
 
 
 def test_an_unreachable_server_answers_unknown(api, project):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     effect = timed_out(api)
-    ReconcilerConfig.objects.create(
-        project=project,
-        target="stripe",
-        kind="http",
-        config={"url": f"http://127.0.0.1:{port}/{{key}}", "external_id_path": "id"},
-    )
-    probe = ask(effect)
+    with refusing_port() as port:
+        ReconcilerConfig.objects.create(
+            project=project,
+            target="stripe",
+            kind="http",
+            config={"url": f"http://127.0.0.1:{port}/{{key}}", "external_id_path": "id"},
+        )
+        probe = ask(effect)
     assert probe.answer == "unknown" and "refused" in probe.detail.lower()
 
 

@@ -27,12 +27,6 @@ AGENT = Path(__file__).absolute().parent / "agent.py"
 FAST: dict[str, Any] = {"retries": 2, "backoff": 0.05, "max_backoff": 0.5, "timeout": 5.0}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def wait_until(predicate: Any, timeout: float = 15.0, what: str = "the condition") -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -78,8 +72,15 @@ class ServerProcess:
     port be taken all the same, the next start is on a new one: read `url` after start().
     """
 
-    def __init__(self, database_url: str) -> None:
+    def __init__(self, database_url: str, *, access_log: Path | None = None) -> None:
         self.env = {**os.environ, "DATABASE_URL": database_url, "DB_CONN_MAX_AGE": "0"}
+        # gunicorn's access log, one line per request: the answering worker's pid, the
+        # method, the path and the status.
+        self.logging = (
+            ["--access-logfile", str(access_log), "--access-logformat", "%(p)s %(m)s %(U)s %(s)s"]
+            if access_log is not None
+            else []
+        )
         self.process: subprocess.Popen[bytes] | None = None
         self._socket: socket.socket | None = self._bind(0)
         self.port = self._socket.getsockname()[1]
@@ -105,6 +106,7 @@ class ServerProcess:
                 "2",
                 "--log-level",
                 "warning",
+                *self.logging,
             ],
             cwd=ROOT,
             env=self.env,

@@ -21,7 +21,8 @@ from durability.ledger import evidence, settling
 from durability.ledger.machine import Event
 from durability.models import Attempt, Case, Effect, Receipt
 from tests.ledger import support as ledger
-from tests.sdk.support import FAST, SDK_SRC, alongside, free_port, wait_until
+from tests.ports import refusing_port
+from tests.sdk.support import FAST, SDK_SRC, alongside, wait_until
 
 
 class Declined(Exception):
@@ -261,10 +262,11 @@ def test_wait_for_gives_up_with_effect_in_doubt(tb):
 
 
 def test_without_a_server_the_effect_does_not_run(api_key, tmp_path):
-    tb = Tallybook(f"http://127.0.0.1:{free_port()}", api_key, spool=tmp_path, **FAST)
-
-    with pytest.raises(IntentNotRecorded, match="could not be recorded") as raised, refund(tb):
-        pytest.fail("an effect ran without a recorded intent")
+    with refusing_port() as port:
+        tb = Tallybook(f"http://127.0.0.1:{port}", api_key, spool=tmp_path, **FAST)
+        not_recorded = pytest.raises(IntentNotRecorded, match="could not be recorded")
+        with not_recorded as raised, refund(tb):
+            pytest.fail("an effect ran without a recorded intent")
 
     assert raised.value.status is None
     assert not tb.spool.pending()

@@ -23,7 +23,8 @@ from durability.ledger.machine import Event
 from durability.models import Case, Effect
 from durability.models import Receipt as ReceiptRow
 from tests.ledger import support as ledger
-from tests.sdk.support import FAST, SDK_SRC, alongside, free_port, wait_until
+from tests.ports import refusing_port
+from tests.sdk.support import FAST, SDK_SRC, alongside, wait_until
 
 
 def refund(tb, **options):
@@ -113,10 +114,10 @@ def test_a_receipt_outside_a_block_is_recorded_and_a_second_effect_is_a_duplicat
 
 
 def test_every_do_not_perform_outcome_is_an_effect_interrupted(api_key, tmp_path):
-    tb = Tallybook(f"http://127.0.0.1:{free_port()}", api_key, spool=tmp_path, **FAST)
-
-    with pytest.raises(EffectInterrupted) as raised, refund(tb):
-        pytest.fail("an effect ran without a recorded intent")
+    with refusing_port() as port:
+        tb = Tallybook(f"http://127.0.0.1:{port}", api_key, spool=tmp_path, **FAST)
+        with pytest.raises(EffectInterrupted) as raised, refund(tb):
+            pytest.fail("an effect ran without a recorded intent")
 
     assert isinstance(raised.value, IntentNotRecorded)
     assert (raised.value.decision, raised.value.case) == ("unrecorded", None)

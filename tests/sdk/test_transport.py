@@ -14,7 +14,7 @@ import pytest
 from tallybook import IntentNotRecorded, ServerUnavailable, Tallybook
 from tallybook.transport import Retry, Transport
 
-from tests.sdk.support import free_port
+from tests.ports import refusing_port
 
 PROCEED = {
     "decision": "proceed",
@@ -159,9 +159,10 @@ def test_a_slow_answer_times_out_and_is_retried():
 
 def test_connection_refused_is_retried_then_reported():
     clock = Clock()
-    url = f"http://127.0.0.1:{free_port()}"
-    with pytest.raises(ServerUnavailable, match="3 tries.*ConnectionRefused"):
-        transport(url, retries=2, backoff=0.1, clock=clock).request("GET", "/x")
+    with refusing_port() as port:
+        url = f"http://127.0.0.1:{port}"
+        with pytest.raises(ServerUnavailable, match="3 tries.*ConnectionRefused"):
+            transport(url, retries=2, backoff=0.1, clock=clock).request("GET", "/x")
 
     assert len(clock.pauses) == 2
 
