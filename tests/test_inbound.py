@@ -116,3 +116,12 @@ def test_decimal_digits_reads_an_ascii_integer():
 def test_storable_text_refuses_what_postgresql_cannot_store(text, message):
     with pytest.raises(ValueError, match=message):
         inbound.storable_text(text)
+
+
+def test_json_path_reads_dotted_paths_and_takes_only_ascii_indexes():
+    document = {"data": [{"id": "a"}, {"id": "b"}]}
+    assert inbound.json_path(document, "data.1.id") == "b"
+    assert inbound.json_path(document, "data.2.id") is None
+    assert inbound.json_path(document, "data.².id") is None
+    assert inbound.json_path(document, "data." + "9" * 5000) is None
+    assert inbound.json_path(document, "data.x") is None
