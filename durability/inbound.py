@@ -110,6 +110,15 @@ def json_path(document: Any, path: str) -> Any:
     return value
 
 
+def number_param(value: str | None) -> int | None:
+    """A page's integer parameter (a cursor, a count, an id) from its query or form, or None
+    when it is absent or not one: at most 18 ASCII digits, which PostgreSQL's bigint holds."""
+    try:
+        return decimal_digits(value or "", max_digits=18)
+    except ValueError:
+        return None
+
+
 def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     document = dict(pairs)
     if len(document) != len(pairs):
