@@ -14,6 +14,8 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    TypeAdapter,
+    ValidationError,
     field_validator,
 )
 
@@ -75,8 +77,25 @@ SpanId = Annotated[
 ]
 
 
-# A time the world reported, in UTC and in range (durability/inbound.py says which range).
-Timestamp = Annotated[datetime, AfterValidator(instant)]
+_DATETIME = TypeAdapter(datetime)
+
+
+def _iso_time(value: Any) -> Any:
+    """ISO 8601 text, parsed as strictly as in a JSON request whether the model is validated
+    from JSON (the API) or from parsed objects (events), or a datetime (webhooks, probes).
+    JSON has no datetime type: a number is refused, not read as Unix seconds."""
+    if isinstance(value, datetime):
+        return value
+    if not isinstance(value, str):
+        raise ValueError("expected an ISO 8601 time as a string")
+    try:
+        return _DATETIME.validate_strings(value, strict=True)
+    except ValidationError as exc:
+        raise ValueError(exc.errors()[0]["msg"]) from None
+
+
+# A time the world reported, ISO 8601, in UTC and in range (durability/inbound.py says which).
+Timestamp = Annotated[datetime, BeforeValidator(_iso_time), AfterValidator(instant)]
 
 
 def _whole(value: Any) -> Any:
