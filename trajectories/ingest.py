@@ -279,11 +279,6 @@ def _span_values(
     )
 
 
-def _plain(text: str) -> str:
-    """Without NUL characters, which PostgreSQL text refuses."""
-    return text.replace("\x00", "") if "\x00" in text else text
-
-
 STAGING = "trajectories_span_staging"
 # A per-connection scratch table for COPY; emptied at every commit.
 STAGING_DDL = (
@@ -522,7 +517,8 @@ def _spans_store(project: Project, spans: list[SpanData], touched: Touched) -> N
         _span_values(project_pk, run_pks[s.run_key], s, now, resources[id(s.resource)], extras)
         for s in spans
     ]
-    _spans_upsert(rows, [[_plain(c) for c in s.requested_calls] for s in spans])
+    # distinct() above has dropped any NUL from the requested calls' ids.
+    _spans_upsert(rows, [s.requested_calls for s in spans])
     hints: dict[int, list[SpanData]] = defaultdict(list)
     for s in spans:
         hints[run_pks[s.run_key]].append(s)
