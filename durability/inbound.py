@@ -182,6 +182,35 @@ def json_loads(body: bytes | str) -> Any:
     return document
 
 
+type Path = tuple[str | int, ...]
+
+
+def unstorable_at(value: Any, path: Path = ()) -> tuple[Path, bool, str] | None:
+    """Where among the keys and strings of `value`, however nested, PostgreSQL cannot store
+    one (`storable_text`): the path to it (keys, list indexes), whether it is the last key
+    of that path itself rather than its value, and why; None when it can store them all."""
+    if isinstance(value, str):
+        try:
+            storable_text(value)
+        except ValueError as exc:
+            return path, False, str(exc)
+        return None
+    items: Any
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        inner = (*path, key)
+        if isinstance(key, str) and (bad := unstorable_at(key)) is not None:
+            return inner, True, bad[2]
+        if (found := unstorable_at(item, inner)) is not None:
+            return found
+    return None
+
+
 def storable_text(text: str) -> str:
     """`text`, or ValueError if PostgreSQL cannot store it: a NUL character, or a lone
     surrogate (JSON's "\\ud800" decodes to one, and it has no UTF-8 form)."""

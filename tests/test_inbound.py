@@ -125,3 +125,15 @@ def test_json_path_reads_dotted_paths_and_takes_only_ascii_indexes():
     assert inbound.json_path(document, "data.².id") is None
     assert inbound.json_path(document, "data." + "9" * 5000) is None
     assert inbound.json_path(document, "data.x") is None
+
+
+def test_unstorable_at_gives_the_path_of_the_first_key_or_string_postgresql_refuses():
+    assert inbound.unstorable_at({"a": [1, "ok", {"b": "x\x00"}]}) == (
+        ("a", 2, "b"),
+        False,
+        "NUL characters (\\u0000) cannot be stored",
+    )
+    found = inbound.unstorable_at({"a": {"\ud800": 1}})
+    assert found is not None and found[:2] == (("a", "\ud800"), True)
+    assert "surrogate" in found[2]
+    assert inbound.unstorable_at({"a": [1.5, None, "fine"], "b": True}) is None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import math
+import json
 from datetime import datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Self, cast
@@ -19,7 +19,7 @@ from pydantic import (
     field_validator,
 )
 
-from durability.inbound import instant, storable_text
+from durability.inbound import instant, unstorable_at
 from durability.site import site_url
 
 if TYPE_CHECKING:
@@ -114,20 +114,15 @@ AttemptNumber = Annotated[int, Field(gt=0, le=2**31 - 1), WHOLE]
 def _storable(value: Any) -> None:
     """Refuse what PostgreSQL cannot store: NUL characters, lone surrogates and non-finite
     numbers."""
-    if isinstance(value, str):
-        storable_text(value)
-    elif isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError("numbers must be finite")
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _storable(key)
-            _storable(item)
-    elif isinstance(value, list):
-        for item in value:
-            _storable(item)
-    elif isinstance(value, BaseModel):
-        _storable(value.model_dump())
+    if isinstance(value, BaseModel):
+        value = value.model_dump()
+    if (found := unstorable_at(value)) is not None:
+        raise ValueError(found[2])
+    if isinstance(value, float | dict | list):
+        try:
+            json.dumps(value, allow_nan=False, default=str)
+        except ValueError:
+            raise ValueError("numbers must be finite") from None
 
 
 class Strict(BaseModel):
