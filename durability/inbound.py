@@ -1,9 +1,10 @@
 """What every entrance does to input from outside before it is validated or stored.
 
-The ledger's API, the events and OTLP ingest and the signed webhooks all pass their times
-and their JSON through here, so an odd value is refused the same way wherever it comes in:
-with a `ValueError` whose message says what is wrong, which each entrance turns into its
-own 4xx (a field error, a span refused alone in OTLP's `partialSuccess`, a webhook's 400).
+The ledger's API, the events and OTLP ingest, the signed webhooks and the reconcilers'
+providers all pass their times and their JSON through here, so an odd value is refused the
+same way wherever it comes in: with a `ValueError` whose message says what is wrong, which
+each entrance turns into its own refusal (a field error, a span refused alone in OTLP's
+`partialSuccess`, a webhook's 400, a probe answered `unknown`).
 """
 
 from __future__ import annotations
@@ -69,6 +70,20 @@ def instant_from_unix_nanos(nanos: int) -> datetime:
     return instant(datetime.fromtimestamp(seconds, UTC) + timedelta(microseconds=rest // 1000))
 
 
+def provider_time(value: Any) -> datetime | None:
+    """A time a provider reports, ISO 8601 text or Unix seconds, in UTC and in range; None
+    (the provider said nothing) stays None."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            parsed = datetime.fromisoformat(value)
+        except ValueError:
+            raise ValueError("expected ISO 8601 or Unix seconds") from None
+        return instant(parsed)
+    return instant_from_unix(value)
+
+
 def decimal_digits(text: str, *, max_digits: int = 20) -> int:
     """The integer an ASCII decimal string spells ("123"), or ValueError.
 
@@ -78,6 +93,30 @@ def decimal_digits(text: str, *, max_digits: int = 20) -> int:
     if not 0 < len(text) <= max_digits or not text.isascii() or not text.isdigit():
         raise ValueError(f"expected a decimal integer of at most {max_digits} ASCII digits")
     return int(text)
+
+
+def json_path(document: Any, path: str) -> Any:
+    """The value at a dotted path into parsed JSON (`data.items.0.id`, list items by
+    number), or None where there is none."""
+    value = document
+    for part in path.split("."):
+        if isinstance(value, dict):
+            value = value.get(part)
+        elif isinstance(value, list) and part.isascii() and part.isdigit() and len(part) < 19:
+            index = int(part)
+            value = value[index] if index < len(value) else None
+        else:
+            return None
+    return value
+
+
+def number_param(value: str | None) -> int | None:
+    """A page's integer parameter (a cursor, a count, an id) from its query or form, or None
+    when it is absent or not one: at most 18 ASCII digits, which PostgreSQL's bigint holds."""
+    try:
+        return decimal_digits(value or "", max_digits=18)
+    except ValueError:
+        return None
 
 
 def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -141,6 +180,35 @@ def json_loads(body: bytes | str) -> Any:
     if text.count("[") + text.count("{") > MAX_DEPTH:
         _depth_within(document)
     return document
+
+
+type Path = tuple[str | int, ...]
+
+
+def unstorable_at(value: Any, path: Path = ()) -> tuple[Path, bool, str] | None:
+    """Where among the keys and strings of `value`, however nested, PostgreSQL cannot store
+    one (`storable_text`): the path to it (keys, list indexes), whether it is the last key
+    of that path itself rather than its value, and why; None when it can store them all."""
+    if isinstance(value, str):
+        try:
+            storable_text(value)
+        except ValueError as exc:
+            return path, False, str(exc)
+        return None
+    items: Any
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        inner = (*path, key)
+        if isinstance(key, str) and (bad := unstorable_at(key)) is not None:
+            return inner, True, bad[2]
+        if (found := unstorable_at(item, inner)) is not None:
+            return found
+    return None
 
 
 def storable_text(text: str) -> str:

@@ -116,3 +116,24 @@ def test_decimal_digits_reads_an_ascii_integer():
 def test_storable_text_refuses_what_postgresql_cannot_store(text, message):
     with pytest.raises(ValueError, match=message):
         inbound.storable_text(text)
+
+
+def test_json_path_reads_dotted_paths_and_takes_only_ascii_indexes():
+    document = {"data": [{"id": "a"}, {"id": "b"}]}
+    assert inbound.json_path(document, "data.1.id") == "b"
+    assert inbound.json_path(document, "data.2.id") is None
+    assert inbound.json_path(document, "data.².id") is None
+    assert inbound.json_path(document, "data." + "9" * 5000) is None
+    assert inbound.json_path(document, "data.x") is None
+
+
+def test_unstorable_at_gives_the_path_of_the_first_key_or_string_postgresql_refuses():
+    assert inbound.unstorable_at({"a": [1, "ok", {"b": "x\x00"}]}) == (
+        ("a", 2, "b"),
+        False,
+        "NUL characters (\\u0000) cannot be stored",
+    )
+    found = inbound.unstorable_at({"a": {"\ud800": 1}})
+    assert found is not None and found[:2] == (("a", "\ud800"), True)
+    assert "surrogate" in found[2]
+    assert inbound.unstorable_at({"a": [1.5, None, "fine"], "b": True}) is None

@@ -26,7 +26,7 @@ from django.utils import timezone
 from pydantic import ValidationError
 
 from durability.api.decorators import DATABASE_AWAY, DATABASE_RETRY_AFTER, field_errors
-from durability.inbound import storable_text
+from durability.inbound import unstorable_at
 from durability.models import Project
 from durability.redaction import (
     ATTRIBUTE_CAP,
@@ -328,11 +328,6 @@ def _span_values(
     )
 
 
-def _plain(text: str) -> str:
-    """Without NUL characters, which PostgreSQL text refuses."""
-    return text.replace("\x00", "") if "\x00" in text else text
-
-
 STAGING = "trajectories_span_staging"
 # A per-connection scratch table for COPY; emptied at every commit.
 STAGING_DDL = (
@@ -571,7 +566,8 @@ def _spans_store(project: Project, spans: list[SpanData], touched: Touched) -> N
         _span_values(project_pk, run_pks[s.run_key], s, now, resources[id(s.resource)], extras)
         for s in spans
     ]
-    _spans_upsert(rows, [[_plain(c) for c in s.requested_calls] for s in spans])
+    # distinct() above has dropped any NUL from the requested calls' ids.
+    _spans_upsert(rows, [s.requested_calls for s in spans])
     hints: dict[int, list[SpanData]] = defaultdict(list)
     for s in spans:
         hints[run_pks[s.run_key]].append(s)
@@ -636,29 +632,6 @@ class EventsOutcome:
         return batch.model_dump(mode="json", exclude_unset=True)
 
 
-def _unstorable_at(value: Any, where: str = "") -> tuple[str, str] | None:
-    """The dotted path of the first key or string PostgreSQL cannot store, and why."""
-    if isinstance(value, str):
-        try:
-            storable_text(value)
-        except ValueError as exc:
-            return where, str(exc)
-        return None
-    items: Iterable[tuple[Any, Any]]
-    if isinstance(value, dict):
-        items = value.items()
-    elif isinstance(value, list):
-        items = enumerate(value)
-    else:
-        return None
-    for key, item in items:
-        path = f"{where}.{key}" if where else str(key)
-        found = _unstorable_at(key, path) if isinstance(key, str) else None
-        if (found := found or _unstorable_at(item, path)) is not None:
-            return found
-    return None
-
-
 def _event_validate(index: int, raw: Any) -> RunEventIn | SpanEventIn | EventResultOut:
     event_id = raw.get("id") if isinstance(raw, dict) else None
     event_id = event_id if isinstance(event_id, str) else None
@@ -666,8 +639,9 @@ def _event_validate(index: int, raw: Any) -> RunEventIn | SpanEventIn | EventRes
         return _result(
             index, None, "rejected", "An event must be an object", {"": "Expected an object"}
         )
-    if (found := _unstorable_at(raw)) is not None:
-        return _result(index, event_id, "rejected", "Invalid event", {found[0]: found[1]})
+    if (found := unstorable_at(raw)) is not None:
+        where = ".".join(map(str, found[0]))
+        return _result(index, event_id, "rejected", "Invalid event", {where: found[2]})
     event_type = raw.get("type")
     schema = EVENT_SCHEMAS.get(event_type) if isinstance(event_type, str) else None
     if schema is None:

@@ -34,10 +34,11 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 from durability.api.decorators import DATABASE_AWAY, DATABASE_RETRY_AFTER
 from durability.inbound import (
     MAX_DEPTH,
+    Path,
     decimal_digits,
     instant_from_unix_nanos,
     json_loads,
-    storable_text,
+    unstorable_at,
 )
 from trajectories.semconv import SpanData, span_from_otel
 
@@ -137,29 +138,17 @@ def _time(nanos: int, name: str) -> datetime:
         raise BadSpan(joined) from None
 
 
-def _unstorable_at(value: Any, path: str) -> str | None:
-    """Where in a span's texts (keys and strings, however nested) PostgreSQL cannot store
-    one, and why; None when it can store them all."""
-    if isinstance(value, str):
-        try:
-            storable_text(value)
-        except ValueError as exc:
-            return f"{path}: {exc}"
-        return None
-    if isinstance(value, dict):
-        for key, item in value.items():
-            inner = f"{path}.{key}" if path else str(key)
-            # A key that cannot be stored cannot be shown as it is either.
-            shown = f"{path}.{ascii(key)}" if path else ascii(key)
-            if (found := _unstorable_at(key, f"{shown} (the key)")) is not None:
-                return found
-            if (found := _unstorable_at(item, inner)) is not None:
-                return found
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            if (found := _unstorable_at(item, f"{path}[{index}]")) is not None:
-                return found
-    return None
+def _shown(path: Path, is_key: bool) -> str:
+    """A path as OTLP's errors show it, `attributes.tags[0]`; a key that cannot be stored
+    cannot be shown as it is either."""
+    shown = ""
+    for n, part in enumerate(path):
+        if isinstance(part, int):
+            shown += f"[{part}]"
+        else:
+            name = ascii(part) if is_key and n == len(path) - 1 else part
+            shown += f".{name}" if shown else name
+    return f"{shown} (the key)" if is_key else shown
 
 
 def _refuse_unstorable(texts: dict[str, Any]) -> None:
@@ -175,8 +164,9 @@ def _refuse_unstorable(texts: dict[str, Any]) -> None:
             return
         except UnicodeEncodeError:
             pass
-    if (found := _unstorable_at(texts, "")) is not None:
-        raise BadSpan(found)
+    if (found := unstorable_at(texts)) is not None:
+        path, is_key, why = found
+        raise BadSpan(f"{_shown(path, is_key)}: {why}")
 
 
 def _hex_id(raw: str, size: int, name: str, *, optional: bool = False) -> str:

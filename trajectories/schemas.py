@@ -3,23 +3,18 @@ OTLP/JSON bodies of POST /v1/traces; the OpenAPI document is generated from them
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
     SkipValidation,
-    Strict,
     StringConstraints,
 )
 
-from durability.api.schemas import NOT_ALL_ZERO, WHOLE, SpanId, Text, TraceId
+from durability.api.schemas import NOT_ALL_ZERO, WHOLE, SpanId, Text, Timestamp, TraceId
 from durability.api.schemas import Strict as StrictModel
-from durability.inbound import instant
 
 MAX_EVENTS = 1000
 EventId = Annotated[
@@ -29,18 +24,6 @@ EventId = Annotated[
 ]
 
 
-def _iso_string(value: Any) -> Any:
-    if not isinstance(value, str):
-        raise ValueError("expected an ISO 8601 time as a string")
-    return value
-
-
-# JSON has no datetime type: timestamps arrive as ISO 8601 strings, parsed (events are
-# validated from Python objects, where a strict datetime would refuse every string) and
-# then held to inbound's range in UTC, as every time from outside is.
-Timestamp = Annotated[
-    datetime, Strict(False), BeforeValidator(_iso_string), AfterValidator(instant)
-]
 Count = Annotated[int, Field(ge=0, le=2**53), WHOLE]
 Id = Annotated[str, StringConstraints(min_length=1, max_length=255)]
 

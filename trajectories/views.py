@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from durability.accounts.access import AuthedRequest, object_access, project_access
 from durability.accounts.roles import Perm
-from durability.inbound import decimal_digits
+from durability.inbound import decimal_digits, number_param
 from trajectories.models import EffectLink, Run, RunStatus, Span
 
 PAGE_SIZE = 50
@@ -249,13 +249,6 @@ def _tree(run: Run) -> Tree:
     )
 
 
-def _int(value: str) -> int | None:
-    try:
-        return decimal_digits(value)
-    except ValueError:
-        return None
-
-
 @login_required
 def run(request: AuthedRequest, run_pk: int, span_pk: int | None = None) -> HttpResponse:
     """The run page; `?root=<span>` (and `offset`) shows one span's children.
@@ -275,7 +268,8 @@ def run(request: AuthedRequest, run_pk: int, span_pk: int | None = None) -> Http
             detail = {"run": found, **_span_context(selected)}
             return render(request, "trajectories/run.html#span", detail)
     tree = _tree(found)
-    root_pk, offset = _int(request.GET.get("root", "")), _int(request.GET.get("offset", "")) or 0
+    root_pk = number_param(request.GET.get("root"))
+    offset = number_param(request.GET.get("offset")) or 0
     root = next((s for s in tree.spans if s.pk == root_pk), None)
     if root_pk is not None and root is None:
         raise Http404("No such span in this run")

@@ -22,6 +22,7 @@ from django.utils.cache import add_never_cache_headers
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
+from durability import inbound
 from durability.accounts import lockouts
 from durability.accounts import services as members
 from durability.accounts.access import SESSION_PROJECT, AuthedRequest, actor_of, project_access
@@ -228,10 +229,10 @@ def redaction(request: AuthedRequest, project_id: int) -> HttpResponseBase:
 @require_POST
 def project_switch(request: AuthedRequest) -> HttpResponse:
     """Make another of the user's projects the current one."""
-    chosen = request.POST.get("project", "")
-    if not chosen.isdigit():
+    chosen = inbound.number_param(request.POST.get("project"))
+    if chosen is None:
         raise Http404("No such project among yours")
-    access = project_access(request, Perm.VIEW, project_id=int(chosen))
+    access = project_access(request, Perm.VIEW, project_id=chosen)
     request.session[SESSION_PROJECT] = access.project.pk
     target = request.POST.get("next", "")
     if not url_has_allowed_host_and_scheme(target, {request.get_host()}, request.is_secure()):

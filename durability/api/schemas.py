@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import math
+import json
 from datetime import datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Self, cast
@@ -14,10 +14,12 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    TypeAdapter,
+    ValidationError,
     field_validator,
 )
 
-from durability.inbound import instant, storable_text
+from durability.inbound import instant, unstorable_at
 from durability.site import site_url
 
 if TYPE_CHECKING:
@@ -75,8 +77,25 @@ SpanId = Annotated[
 ]
 
 
-# A time the world reported, in UTC and in range (durability/inbound.py says which range).
-Timestamp = Annotated[datetime, AfterValidator(instant)]
+_DATETIME = TypeAdapter(datetime)
+
+
+def _iso_time(value: Any) -> Any:
+    """ISO 8601 text, parsed as strictly as in a JSON request whether the model is validated
+    from JSON (the API) or from parsed objects (events), or a datetime (webhooks, probes).
+    JSON has no datetime type: a number is refused, not read as Unix seconds."""
+    if isinstance(value, datetime):
+        return value
+    if not isinstance(value, str):
+        raise ValueError("expected an ISO 8601 time as a string")
+    try:
+        return _DATETIME.validate_strings(value, strict=True)
+    except ValidationError as exc:
+        raise ValueError(exc.errors()[0]["msg"]) from None
+
+
+# A time the world reported, ISO 8601, in UTC and in range (durability/inbound.py says which).
+Timestamp = Annotated[datetime, BeforeValidator(_iso_time), AfterValidator(instant)]
 
 
 def _whole(value: Any) -> Any:
@@ -95,20 +114,15 @@ AttemptNumber = Annotated[int, Field(gt=0, le=2**31 - 1), WHOLE]
 def _storable(value: Any) -> None:
     """Refuse what PostgreSQL cannot store: NUL characters, lone surrogates and non-finite
     numbers."""
-    if isinstance(value, str):
-        storable_text(value)
-    elif isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError("numbers must be finite")
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _storable(key)
-            _storable(item)
-    elif isinstance(value, list):
-        for item in value:
-            _storable(item)
-    elif isinstance(value, BaseModel):
-        _storable(value.model_dump())
+    if isinstance(value, BaseModel):
+        value = value.model_dump()
+    if (found := unstorable_at(value)) is not None:
+        raise ValueError(found[2])
+    if isinstance(value, float | dict | list):
+        try:
+            json.dumps(value, allow_nan=False, default=str)
+        except ValueError:
+            raise ValueError("numbers must be finite") from None
 
 
 class Strict(BaseModel):

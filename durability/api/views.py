@@ -8,7 +8,7 @@ from typing import Any, cast
 from django.http import JsonResponse
 from django.views.decorators.http import require_GET, require_POST
 
-from durability import redaction
+from durability import inbound, redaction
 from durability.api import signals
 from durability.api.decorators import ApiRequest, PayloadRequest, answer, authorize, error
 from durability.api.schemas import (
@@ -152,8 +152,10 @@ def effects(request: ApiRequest) -> JsonResponse:
         return error("Give the effect's key", 400, {"key": "This query parameter is required"})
     if len(key) > 255:
         return error("Invalid query", 400, {"key": "At most 255 characters"})
-    if "\x00" in key:
-        return error("Invalid query", 400, {"key": "NUL characters cannot be stored"})
+    try:
+        inbound.storable_text(key)
+    except ValueError as exc:
+        return error("Invalid query", 400, {"key": str(exc)})
     # Keys are stored with any secret in them replaced, as the ledger recorded them.
     stored = redaction.distinct(key, redaction.extras_of(request.project))
     effect = Effect.objects.filter(project=request.project, key=stored).first()

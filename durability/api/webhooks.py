@@ -16,7 +16,6 @@ import hmac
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -111,34 +110,6 @@ def verify(source: WebhookSource, headers: Mapping[str, str], body: bytes, now: 
     return Verified(delivery or hashlib.sha256(body).hexdigest(), digest)
 
 
-def _at(payload: Any, path: str) -> Any:
-    """The value at a dotted path (`data.items.0.id`), or None."""
-    value = payload
-    for part in path.split("."):
-        if isinstance(value, dict):
-            value = value.get(part)
-        elif (
-            isinstance(value, list) and part.isascii() and part.isdigit() and int(part) < len(value)
-        ):
-            value = value[int(part)]
-        else:
-            return None
-    return value
-
-
-def _instant(value: Any) -> datetime | None:
-    """A provider's time, ISO 8601 text or Unix seconds, in UTC and in range."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        try:
-            parsed = datetime.fromisoformat(value)
-        except ValueError:
-            raise ValueError("expected ISO 8601 or Unix seconds") from None
-        return inbound.instant(parsed)
-    return inbound.instant_from_unix(value)
-
-
 def _amount(value: Any, currency: Any, exponent: int) -> dict[str, Any] | None:
     """The mapped amount as the API's {value, currency}; `exponent` scales minor units."""
     if value is None:
@@ -192,7 +163,7 @@ def _mapped[T](paths: Mapping[str, str], field: str, convert: Callable[..., T], 
 def _generic(source: WebhookSource, payload: Any, delivery: str) -> list[ReceiptIn]:
     mapping: dict[str, Any] = source.mapping
     paths = {name: mapping[name] for name in GENERIC_FIELDS if mapping.get(name)}
-    found = {name: _at(payload, path) for name, path in paths.items()}
+    found = {name: inbound.json_path(payload, path) for name, path in paths.items()}
     paths |= {
         "amount.value": paths.get("amount", "amount"),
         "amount.currency": paths.get("currency", "currency"),
@@ -212,7 +183,9 @@ def _generic(source: WebhookSource, payload: Any, delivery: str) -> list[Receipt
         "key": found.get("key"),
         "system": source.system,
         "external_id": external_id,
-        "observed_at": _mapped(paths, "observed_at", _instant, found.get("observed_at")),
+        "observed_at": _mapped(
+            paths, "observed_at", inbound.provider_time, found.get("observed_at")
+        ),
         "amount": amount,
         "target": found.get("target"),
         "data": {"source": source.name, "delivery": delivery},
@@ -242,7 +215,7 @@ def _github(
         return [], 0
     trailer = source.mapping.get("trailer", DEFAULT_TRAILER)
     receipts, ignored = [], 0
-    commits = _at(payload, "commits")
+    commits = inbound.json_path(payload, "commits")
     for index, commit in enumerate(commits if isinstance(commits, list) else []):
         where = f"commits.{index}"
         if not isinstance(commit, dict):
@@ -268,12 +241,14 @@ def _github(
                     "key": key,
                     "system": source.system,
                     "external_id": commit.get("id"),
-                    "observed_at": _mapped(paths, "observed_at", _instant, commit.get("timestamp")),
-                    "target": _at(payload, "repository.full_name"),
+                    "observed_at": _mapped(
+                        paths, "observed_at", inbound.provider_time, commit.get("timestamp")
+                    ),
+                    "target": inbound.json_path(payload, "repository.full_name"),
                     "data": {
                         "source": source.name,
                         "delivery": delivery,
-                        "ref": _mapped(paths, "ref", _text, _at(payload, "ref")),
+                        "ref": _mapped(paths, "ref", _text, inbound.json_path(payload, "ref")),
                         "url": _mapped(paths, "url", _text, commit.get("url")),
                     },
                 },

@@ -20,6 +20,7 @@ from django.http import HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from durability import inbound
 from durability.accounts.access import AuthedRequest, actor_of, object_access, project_access
 from durability.accounts.roles import Access, Perm
 from durability.authority import approvals, grants, report
@@ -218,10 +219,8 @@ def authority_report(request: AuthedRequest) -> HttpResponse:
     """The four quadrants for a time range and filters, and the effects behind them."""
     access = project_access(request, Perm.VIEW)
     form, query = _report_query(request)
-    before = request.GET.get("before", "")
-    effects, next_before = report.page(
-        access.project, query, int(before) if before.isdigit() else None
-    )
+    before = inbound.number_param(request.GET.get("before"))
+    effects, next_before = report.page(access.project, query, before)
     counts = report.quadrant_counts(access.project, query)
     params = request.GET.copy()
     params.pop("before", None)
@@ -245,7 +244,7 @@ def authority_report(request: AuthedRequest) -> HttpResponse:
         "quadrants": quadrants,
         "header": report.HEADER,
         "rows": [(effect, report.line(effect)) for effect in effects],
-        "orphans": report.orphan_rows(access.project, query) if not before else [],
+        "orphans": report.orphan_rows(access.project, query) if before is None else [],
         "next_query": following.urlencode() if next_before else "",
         "filters": params.urlencode(),
         "here": request.GET.urlencode(),
@@ -268,9 +267,9 @@ def authority_report_csv(request: AuthedRequest) -> StreamingHttpResponse:
     access = project_access(request, Perm.VIEW)
     _, query = _report_query(request)
     effects = report.rows(access.project, query)
-    before = request.GET.get("before", "")
-    if before.isdigit():
-        effects = effects.filter(pk__lt=int(before))
+    before = inbound.number_param(request.GET.get("before"))
+    if before is not None:
+        effects = effects.filter(pk__lt=before)
     if request.GET.get("page") == "1":
         effects = effects[: report.PAGE_SIZE]
     writer = csv.writer(_Echo())

@@ -19,7 +19,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
-from durability import jobs
+from durability import inbound, jobs
 from durability.accounts.access import (
     AuthedRequest,
     NoProject,
@@ -139,10 +139,6 @@ def _reason_tabs(query: QueueQuery, counts: dict[str, int]) -> list[dict[str, An
     return tabs
 
 
-def _count(value: str) -> int:
-    return int(value) if value.isdigit() else 0
-
-
 @login_required
 @require_GET
 def queue_pulse(request: AuthedRequest) -> HttpResponse:
@@ -152,7 +148,7 @@ def queue_pulse(request: AuthedRequest) -> HttpResponse:
     except NoProject:
         return HttpResponse(status=204)  # the polling page's user has left every project
     query = QueueQuery.from_params(request.GET)
-    since, fresh = (_count(request.GET.get(name, "")) for name in ("since", "new"))
+    since, fresh = (inbound.number_param(request.GET.get(name)) or 0 for name in ("since", "new"))
     latest = _latest_audit_id(access)
     changes = list(
         AuditEntry.objects.filter(
@@ -475,9 +471,9 @@ def effects(request: AuthedRequest) -> HttpResponse:
     mine = Effect.objects.filter(project__members=request.user)
     qs = query.apply(mine.select_related("project").order_by("-id"))
     state = query.values.get("state", "")
-    before = request.GET.get("before", "")
-    if before.isdigit():
-        qs = qs.filter(id__lt=int(before))
+    before = inbound.number_param(request.GET.get("before"))
+    if before is not None:
+        qs = qs.filter(id__lt=before)
     page = list(qs[: EFFECTS_PAGE_SIZE + 1])
     more = len(page) > EFFECTS_PAGE_SIZE
     page = page[:EFFECTS_PAGE_SIZE]

@@ -11,11 +11,11 @@ import re
 import signal
 import subprocess
 import tempfile
-from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import AfterValidator, Field, StringConstraints, model_validator
 
+from durability import inbound
 from durability.reconcilers.base import (
     Answer,
     Found,
@@ -144,14 +144,15 @@ class GitReconciler(Reconciler[GitConfig]):
             "show", "-s", "--format=%cI", "--end-of-options", sha,
             cwd=git_dir, timeout=self.config.timeout_s,
         )  # fmt: skip
-        observed = shown.stdout.strip()
+        observed = shown.stdout.strip() if shown.returncode == 0 else None
+        try:
+            observed_at = inbound.provider_time(observed)
+        except ValueError as exc:
+            raise GitFailed(
+                f"commit {sha} has the committer date {observed!r:.60}: {exc}"
+            ) from None
         data = {"repository": repository, "commit": sha} | ({"ref": ref} if ref else {})
-        return Found(
-            system=self.config.system,
-            external_id=sha,
-            observed_at=datetime.fromisoformat(observed) if shown.returncode == 0 else None,
-            data=data,
-        )
+        return Found(system=self.config.system, external_id=sha, observed_at=observed_at, data=data)
 
     def _commit(self, repository: str, sha: str) -> Answer:
         if not REMOTE.match(repository):

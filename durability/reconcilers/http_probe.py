@@ -6,11 +6,11 @@ import json
 import os
 import urllib.error
 import urllib.request
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import AfterValidator, Field, StringConstraints, model_validator
 
+from durability import inbound
 from durability.reconcilers.base import (
     Answer,
     Found,
@@ -83,36 +83,6 @@ class HttpConfig(ProbeConfig):
         return self
 
 
-_MISSING = object()
-
-
-def json_at(document: Any, path: str) -> Any:
-    """The value at a dotted path (list items by number), or _MISSING."""
-    value = document
-    for part in path.split("."):
-        if isinstance(value, dict) and part in value:
-            value = value[part]
-        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
-            value = value[int(part)]
-        else:
-            return _MISSING
-    return value
-
-
-def _timestamp(value: Any) -> datetime | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int | float):
-        return datetime.fromtimestamp(value, UTC)
-    if isinstance(value, str):
-        try:
-            parsed = datetime.fromisoformat(value)
-        except ValueError:
-            return None
-        return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-    return None
-
-
 class _NoRedirects(urllib.request.HTTPRedirectHandler):
     # A redirect would carry the auth header to wherever it points: answer unknown instead.
     def redirect_request(self, *args: Any, **kwargs: Any) -> None:
@@ -154,35 +124,39 @@ class HttpReconciler(Reconciler[HttpConfig]):
         if len(body) > MAX_BODY:
             return Unknown(f"GET {url} answered more than {MAX_BODY} bytes")
         try:
-            document = json.loads(body)
-        except ValueError:
-            return Unknown(f"GET {url} answered HTTP {status} with a body that is not JSON")
+            document = inbound.json_loads(body)
+        except ValueError as exc:
+            return Unknown(f"GET {url} answered HTTP {status} with a body that is not JSON: {exc}")
         return self._read(effect, url, status, document)
 
     def _read(self, effect: Effect, url: str, status: int, document: Any) -> Answer:
         c = self.config
-        external_id = json_at(document, c.external_id_path)
-        if external_id in (None, ""):
-            external_id = _MISSING
-        value = json_at(document, c.status_path) if c.status_path else _MISSING
-        if external_id is _MISSING and value is _MISSING:
+        external_id = inbound.json_path(document, c.external_id_path)
+        if external_id == "":
+            external_id = None
+        value = inbound.json_path(document, c.status_path) if c.status_path else None
+        if external_id is None and value is None:
             # Nothing matched: an empty search, or a reply of another shape.
             why = f"GET {url} answered HTTP {status} without {c.external_id_path}"
             return NotFound(why) if c.absent_means_not_found else Unknown(why)
         evidence: dict[str, Any] = {"url": url, "http_status": status}
         if c.status_path:
-            shown = "missing" if value is _MISSING else json.dumps(value)
-            if value is not _MISSING and str(value) in c.not_found:
+            shown = "missing" if value is None else json.dumps(value)
+            if value is not None and str(value) in c.not_found:
                 return NotFound(f"GET {url}: {c.status_path} is {shown}")
-            if value is _MISSING or str(value) not in c.found:
+            if value is None or str(value) not in c.found:
                 return Unknown(f"GET {url}: {c.status_path} is {shown}, not a configured status")
             evidence["status"] = value
-        if external_id is _MISSING:
+        if external_id is None:
             return Unknown(f"GET {url}: {c.status_path} says found, without {c.external_id_path}")
-        observed = json_at(document, c.observed_at_path) if c.observed_at_path else _MISSING
+        observed = inbound.json_path(document, c.observed_at_path) if c.observed_at_path else None
+        try:
+            observed_at = inbound.provider_time(observed)
+        except ValueError as exc:
+            return Unknown(f"GET {url}: {c.observed_at_path} is {json.dumps(observed)[:60]}: {exc}")
         return Found(
             system=c.system or effect.target,
             external_id=str(external_id)[:255],
-            observed_at=None if observed is _MISSING else _timestamp(observed),
+            observed_at=observed_at,
             data=evidence,
         )

@@ -15,6 +15,7 @@ from typing import Any
 
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
+from pydantic import ValidationError
 
 from durability import audit, redaction
 from durability.accounts.roles import Access, Perm
@@ -135,6 +136,14 @@ def effect_probe(*, effect_id: int, requested_by: str = SCAN_ACTOR) -> Probe | N
         return None
     started = timezone.now()
     answer = _ask(config, effect)
+    receipt: ReceiptIn | None = None
+    if isinstance(answer, Found):
+        try:
+            receipt = _receipt_of(effect, answer)
+        except ValidationError as exc:
+            answer = Unknown(
+                f"the {config.kind} reconciler's answer cannot be recorded: {_why(exc)}"
+            )
     probe = Probe(
         effect=effect,
         config=config,
@@ -160,7 +169,7 @@ def effect_probe(*, effect_id: int, requested_by: str = SCAN_ACTOR) -> Probe | N
                 f" (not applied: the effect is now {locked.state}, attempt {locked.attempt_count})"
             )
         else:
-            _apply(locked, config, answer, probe)
+            _apply(locked, config, answer, receipt, probe)
         probe.save()
         trail.add(
             AuditAction.PROBE,
@@ -173,17 +182,35 @@ def effect_probe(*, effect_id: int, requested_by: str = SCAN_ACTOR) -> Probe | N
     return probe
 
 
-def _apply(effect: Effect, config: ReconcilerConfig, answer: Answer, probe: Probe) -> None:
+def _receipt_of(effect: Effect, answer: Found) -> ReceiptIn:
+    """The receipt a found answer is recorded as; ValidationError if it cannot be one (a
+    a plug-in's time out of range): the answer is then unknown."""
+    return ReceiptIn(
+        key=effect.key,
+        system=answer.system[:100],
+        external_id=answer.external_id,
+        observed_at=answer.observed_at,
+        data=answer.data,
+    )
+
+
+def _why(exc: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(map(str, e['loc'])) or 'receipt'}: {e['msg']}" for e in exc.errors()
+    )
+
+
+def _apply(
+    effect: Effect,
+    config: ReconcilerConfig,
+    answer: Answer,
+    evidence: ReceiptIn | None,
+    probe: Probe,
+) -> None:
     """Settle the locked, still timed-out effect if the answer allows it."""
     actor = f"reconciler:{config.kind}"
     if isinstance(answer, Found):
-        evidence = ReceiptIn(
-            key=effect.key,
-            system=answer.system[:100],
-            external_id=answer.external_id,
-            observed_at=answer.observed_at,
-            data=answer.data,
-        )
+        assert evidence is not None
         settling.effect_settle(
             project=effect.project,
             effect_id=effect.pk,

@@ -426,3 +426,9 @@ def test_a_whole_number_written_with_a_fraction_is_the_integer_json_schema_says_
     assert r.status_code == 201, r.content
     receipt = api.receipt("k1", "re_1", attempt=1.0)
     assert receipt.status_code == 201 and receipt.json()["receipt"]["attempt"] == 1
+
+
+def test_a_looked_up_key_postgresql_cannot_store_is_a_400_naming_key(api, counted):
+    body = assert_refused(api.get("effects", key="k\x00"), 400, "key")
+    assert "NUL" in body["fields"]["key"]
+    assert row_counts() == counted

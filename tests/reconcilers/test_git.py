@@ -172,3 +172,17 @@ def test_a_commit_found_in_the_repository_settles_a_deploy(api, project, repo):
     assert body["decision"] == "completed"
     assert body["receipt"]["external_id"] == repo["second"]
     assert body["receipt"]["system"] == "git"
+
+
+def test_a_commit_dated_outside_the_range_of_reported_times_answers_unknown(tmp_path):
+    run_git(tmp_path, "init", "--quiet", "--initial-branch=main")
+    env = {**GIT_ENV, "GIT_COMMITTER_DATE": "1990-01-01T00:00:00+00:00"}
+    subprocess.run(
+        ["git", "-C", str(tmp_path), "commit", "--quiet", "--allow-empty", "-m", "old"],
+        env=env,
+        check=True,
+    )
+    sha = run_git(tmp_path, "rev-parse", "HEAD")
+    answer = probe(effect(sha=sha), repository=str(tmp_path), commit="{request[sha]}")
+    assert answer.answer == "unknown"
+    assert "committer date" in answer.detail and "must lie between" in answer.detail

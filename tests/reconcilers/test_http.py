@@ -410,3 +410,47 @@ def test_an_intent_to_reconcile_without_a_reconciler_is_accepted_and_told(api, p
     body = api.intent("refund:2", replay="reconcile").json()
     assert body["decision"] == "proceed" and "reconciler" not in body["reason"]
     assert "reconciler" not in api.intent("refund:3").json()["reason"]
+
+
+@pytest.mark.parametrize(
+    ("created", "why"),
+    [
+        ("9999-12-31T23:59:59-05:00", "out of range once converted to UTC"),
+        ("1999-12-31T23:59:59+00:00", "must lie between"),
+        (1e10, "must lie between"),
+        ("yesterday", "expected ISO 8601 or Unix seconds"),
+        (True, "expected Unix seconds as a number"),
+    ],
+)
+def test_a_provider_time_out_of_range_or_unreadable_is_an_unknown_answer_with_its_reason(
+    api, project, server, created, why
+):
+    effect = timed_out(api)
+    reconciler(project, server)
+    server.reply("/refunds/refund%3A1", Reply(200, {**REFUND, "created": created}))
+    probe = ask(effect)
+    assert probe.answer == "unknown" and probe.settled == ""
+    assert "created" in probe.detail and why in probe.detail
+    assert Probe.objects.filter(effect=effect, answer="unknown").count() == 1
+    assert Effect.objects.get(pk=effect.pk).state == "timed_out"
+    assert not Receipt.objects.filter(effect=effect).exists()
+
+
+def test_a_provider_reply_with_a_duplicate_key_is_not_json_to_the_probe(api, project, server):
+    effect = timed_out(api)
+    reconciler(project, server)
+    body = b'{"id": "re_1", "status": "canceled", "status": "succeeded", "created": 1700000000}'
+    server.reply("/refunds/refund%3A1", Reply(200, body))
+    probe = ask(effect)
+    assert probe.answer == "unknown" and "duplicate key 'status'" in probe.detail
+    assert Effect.objects.get(pk=effect.pk).state == "timed_out"
+
+
+def test_a_plugin_answering_a_time_out_of_range_is_an_unknown_answer(api, scripted, monkeypatch):
+    effect = timed_out(api)
+    far = datetime(9999, 12, 31, tzinfo=UTC)
+    monkeypatch.setattr(scripted, "answer", Found("ledger", "L-1", observed_at=far))
+    probe = ask(effect)
+    assert probe.answer == "unknown" and "observed_at" in probe.detail
+    assert Effect.objects.get(pk=effect.pk).state == "timed_out"
+    assert not Receipt.objects.exists()

@@ -263,3 +263,13 @@ def test_a_time_that_is_not_an_iso_8601_string_fails_alone(api, when):
     (rejected,) = r.json()["results"]
     assert rejected["result"] == "rejected" and "start" in rejected["fields"], rejected
     assert not Span.objects.exists()
+
+
+def test_a_date_without_a_time_is_refused_by_events_as_by_the_api(api):
+    r = api.post("events", {"events": [span_event("dated", start="2026-11-29")]})
+    (rejected,) = r.json()["results"]
+    assert rejected["result"] == "rejected" and "start" in rejected["fields"], rejected
+    assert not Span.objects.exists()
+    receipt = {"key": "k", "system": "stripe", "external_id": "re_1", "observed_at": "2026-11-29"}
+    refused = api.post("receipts", receipt)
+    assert refused.status_code == 400 and "observed_at" in refused.json()["fields"]
