@@ -33,7 +33,7 @@ EVERYTHING = "test: every effect"
 def everything(project: Project) -> Grant:
     """The project's catch-all grant. Intents made through the helpers name it unless the
     test passes `authority` (None for none), so that specifications not about authority
-    stay free of the audit policy's `unauthorized_effect` cases."""
+    run under a grant, whatever the project's policy for intents without one."""
     live = Grant.objects.filter(project=project, name=EVERYTHING, revoked=None).first()
     return live or Grant.objects.create(
         project=project, name=EVERYTHING, kinds=["*"], targets=["*"], granted_by="test"
