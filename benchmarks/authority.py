@@ -141,18 +141,25 @@ def main() -> None:
     approval = grant("approval", requires_approval=True)
     _fill(project, limited, args.effects)
 
-    authorities: dict[str, dict[str, Any]] = {
-        "no grant (audit policy: proceeds, opens a case)": {},
-        "a grant without limits": {"authority": {"grant": everything.pk}},
-        f"a grant with limits, {args.effects * 4 // 35:,} effects/day": {
-            "authority": {"grant": limited.pk},
-            "amount": {"value": "1.00", "currency": "EUR"},
-        },
-        "a grant that requires approval (answers wait)": {"authority": {"grant": approval.pk}},
+    # label -> (the project's policy for intents without a grant, the intent's fields)
+    authorities: dict[str, tuple[str, dict[str, Any]]] = {
+        "no grant (audit: proceeds, no case)": ("audit", {}),
+        "no grant (audit_cases: proceeds, a low case)": ("audit_cases", {}),
+        "a grant without limits": ("audit", {"authority": {"grant": everything.pk}}),
+        f"a grant with limits, {args.effects * 4 // 35:,} effects/day": (
+            "audit",
+            {"authority": {"grant": limited.pk}, "amount": {"value": "1.00", "currency": "EUR"}},
+        ),
+        "a grant that requires approval (answers wait)": (
+            "audit",
+            {"authority": {"grant": approval.pk}},
+        ),
     }
     print(f"one intent through the state machine, {args.intents} each")
     print(f"{'authority':<44} {'median ms':>10} {'p95 ms':>8}")
-    for n, (label, fields) in enumerate(authorities.items()):
+    for n, (label, (policy, fields)) in enumerate(authorities.items()):
+        Project.objects.filter(pk=project.pk).update(authority_policy=policy)
+        project.authority_policy = policy
 
         def intent(i: int, prefix: str = f"a{n}", fields: dict[str, Any] = fields) -> None:
             body = {"key": f"{prefix}:{i}", "kind": "payment", "target": "stripe", **fields}

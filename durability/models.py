@@ -26,9 +26,14 @@ LAST_USED_RESOLUTION = timedelta(seconds=60)
 
 
 class AuthorityPolicy(models.TextChoices):
-    """What an intent that names no grant gets."""
+    """What an intent that names no grant gets (durability.ledger.authority).
 
-    AUDIT = "audit", "audit (proceed, and open an unauthorized_effect case)"
+    Under either audit policy the effect proceeds with no grant, which the authority report
+    and the effect page show; only `audit_cases` also opens a case for each such effect.
+    """
+
+    AUDIT = "audit", "audit (proceed; the authority report lists each one)"
+    AUDIT_CASES = "audit_cases", "audit with cases (proceed, and open a low-severity case for each)"
     ENFORCE = "enforce", "enforce (deny)"
 
 
@@ -43,7 +48,7 @@ class Project(models.Model):
     )
     # What an intent that names no grant gets (durability.ledger.authority).
     authority_policy = models.CharField(
-        max_length=8, choices=AuthorityPolicy.choices, default=AuthorityPolicy.AUDIT
+        max_length=16, choices=AuthorityPolicy.choices, default=AuthorityPolicy.AUDIT
     )
     # The project's own secrets, redacted on top of the built-in ones (durability.redaction):
     # regular expressions, checked when saved, and field or attribute names.

@@ -153,8 +153,9 @@ Authority = Annotated[
     Field(
         description='The authority the intent claims: `{"grant": <id>}` names a grant, which '
         "the ledger checks (scope, limits, expiry, approval); other keys are stored as given. "
-        "Without a grant the project's policy applies: `audit` proceeds and opens an "
-        "`unauthorized_effect` case, `enforce` denies.",
+        "Without a grant the project's policy applies: `audit` proceeds (the authority "
+        "report lists the effect), `audit_cases` proceeds and opens an `unauthorized_effect` "
+        "case, `enforce` denies.",
         examples=[{"grant": 12}],
     ),
 ]

@@ -221,7 +221,8 @@ def quadrant_of(effect: Any) -> str:
 def authority_of(effect: Any) -> str:
     """The authority column: the grant and what became of the ask."""
     if effect.grant_id is None:
-        return f"denied: {effect.denied_rule}" if effect.denied_rule else "no grant"
+        # Not denied, so it proceeded under an audit policy: the report is its evidence.
+        return f"denied: {effect.denied_rule}" if effect.denied_rule else "no grant (audit policy)"
     grant = f"{effect.grant.name} (grant {effect.grant_id} v{effect.grant.version})"
     if effect.state == State.DENIED:
         return f"{grant}: denied" + (f" ({effect.denied_rule})" if effect.denied_rule else "")

@@ -477,7 +477,7 @@ class SupportBot(Agent):
         call_id = self.trajectory.plan(task, "send_email", request)
         with (
             self.trajectory.tool("send_email", call_id, request),
-            # No grant covers email: under the project's audit policy it proceeds, flagged.
+            # No grant covers email: the demo's audit_cases policy lets it proceed, flagged.
             self.tb.effect(
                 f"email:{ticket.run_id}",
                 kind="email",

@@ -72,7 +72,7 @@ BULK_PREVIEW = f"{QUEUE}#bulk_preview"
 BULK_PROGRESS = f"{QUEUE}#bulk_progress"
 # What a case page and an effect page show, loaded with the object.
 CASE_PAGE = Case.objects.select_related("effect", "project", "assignee", "receipt")
-EFFECT_PAGE = Effect.objects.select_related("project").prefetch_related(
+EFFECT_PAGE = Effect.objects.select_related("project", "grant").prefetch_related(
     "attempts",
     "receipts",
     Prefetch("cases", queryset=Case.objects.select_related("resolution").order_by("opened")),

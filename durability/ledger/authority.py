@@ -68,8 +68,8 @@ class Check:
     rule: Rule | None = None
     # For Ruling.APPROVAL: how many different people must approve.
     approvers: int = 0
-    # Proceeds with no grant at all, under the project's `audit` policy.
-    unauthorized: bool = False
+    # Proceeds with no grant at all: the audit policy (`audit` or `audit_cases`) that let it.
+    policy: AuthorityPolicy | None = None
 
 
 def matches(patterns: list[str], value: str) -> bool:
@@ -129,10 +129,16 @@ def authority_check(*, project: Project, intent: IntentIn, now: datetime | None 
             return _deny(
                 Rule.NO_GRANT, "the intent names no grant and the project's policy is enforce"
             )
+        policy = AuthorityPolicy(project.authority_policy)
         return Check(
             Ruling.PROCEED,
-            "No grant named; the project's audit policy lets it proceed and flags it for review.",
-            unauthorized=True,
+            "No grant named; the project's audit policy lets it proceed and "
+            + (
+                "opens a case to review it."
+                if policy == AuthorityPolicy.AUDIT_CASES
+                else "lists it in the authority report."
+            ),
+            policy=policy,
         )
     named = Grant.objects.filter(project=project, pk=grant_id).first()
     if named is None:
@@ -260,17 +266,26 @@ class Finding:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
-def evidence_finding(effect: Effect, receipt: Receipt) -> Finding | None:
-    """What a new receipt for an effect says about its authority.
+def evidence_finding(effect: Effect, receipt: Receipt, policy: str) -> Finding | None:
+    """What a new receipt for an effect says about its authority, under the project's
+    policy for intents that name no grant.
 
     Effects awaiting approval or denied are left to ledger.evidence, which flags any
-    evidence for them as unauthorized.
+    evidence for them as unauthorized, whatever the policy.
     """
     if effect.state in (State.AWAITING_APPROVAL, State.DENIED):
         return None
     what = f"{receipt.system}:{receipt.external_id}"
     grant = effect.grant
     if grant is None:
+        # Under `audit` the project lets ungranted effects happen and reviews them in the
+        # authority report, where this receipt moves the effect to "evidence without
+        # authority": a case (and its alert) for each would be the row per effect the
+        # policy exists to avoid. Under `audit_cases` the project asked for one, and under
+        # `enforce` (set after the intent) nothing ungranted may happen any more: a
+        # person looks at evidence that it did.
+        if policy == AuthorityPolicy.AUDIT:
+            return None
         return Finding(
             Reason.UNAUTHORIZED_EFFECT,
             Severity.HIGH,

@@ -158,18 +158,21 @@ def _receipt_store(
                 key=receipt.key,
             )
             return ReceiptOutcome(row, None, case, created=True)
-        return ReceiptOutcome(row, effect, _receipt_settle(effect, row, trail), created=True)
+        settled = _receipt_settle(project, effect, row, trail)
+        return ReceiptOutcome(row, effect, settled, created=True)
 
 
-def _receipt_settle(effect: Effect, row: Receipt, trail: Trail) -> Case | None:
+def _receipt_settle(project: Project, effect: Effect, row: Receipt, trail: Trail) -> Case | None:
     """The evidence step every receipt for an effect passes, in order or adopted: the
     transition and its cases, then the comparison with the effect's grant."""
     settled = _receipt_apply(effect, row, trail)
-    flagged = _authority_of_evidence(effect, row, trail)
+    flagged = _authority_of_evidence(project, effect, row, trail)
     return settled or flagged
 
 
-def orphans_adopt(effect: Effect, trail: Trail) -> tuple[Receipt, Case | None] | None:
+def orphans_adopt(
+    project: Project, effect: Effect, trail: Trail
+) -> tuple[Receipt, Case | None] | None:
     """Give a new effect the receipts that arrived before its intent: the first of them and
     the case they call for, or None if there were none.
 
@@ -190,7 +193,7 @@ def orphans_adopt(effect: Effect, trail: Trail) -> tuple[Receipt, Case | None] |
     for row in orphans:
         row.effect = effect
         disputed = _orphan_case_settle(effect, row, trail)
-        found = _receipt_settle(effect, row, trail) or disputed or found
+        found = _receipt_settle(project, effect, row, trail) or disputed or found
     return orphans[0], found
 
 
@@ -254,9 +257,12 @@ def evidence_mismatch(effect: Effect, row: Receipt) -> dict[str, list[object]]:
     return differs
 
 
-def _authority_of_evidence(effect: Effect, row: Receipt, trail: Trail) -> Case | None:
-    """Compare new evidence with the effect's grant: none, or beyond it, opens a case."""
-    finding = grants.evidence_finding(effect, row)
+def _authority_of_evidence(
+    project: Project, effect: Effect, row: Receipt, trail: Trail
+) -> Case | None:
+    """Compare new evidence with the effect's grant: beyond it opens a case, and so does
+    none unless the project's policy is plain `audit`."""
+    finding = grants.evidence_finding(effect, row, project.authority_policy)
     if finding is None:
         return None
     return case_open(

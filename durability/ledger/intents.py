@@ -29,6 +29,7 @@ from durability.models import (
     Approval,
     Attempt,
     AuditAction,
+    AuthorityPolicy,
     Case,
     Decision,
     Effect,
@@ -137,13 +138,16 @@ def _effect_new(
     authority: dict[str, Any] = {"grant": check.grant.pk} if check.grant else {}
     if check.rule:
         authority["rule"] = check.rule.value
+    if check.policy:
+        # The intent's audit entry keeps the policy that let an ungranted effect proceed.
+        authority["policy"] = check.policy.value
     numbered: dict[str, Any] = {"attempt": attempt.number} if attempt else {}
     try:
         apply(effect, event, trail, **numbered, fingerprint=fingerprint, **authority)
     except IntegrityError:
         return None
     outcome = _ruled(effect, intent, check, attempt, authority, trail)
-    adopted = evidence.orphans_adopt(effect, trail)
+    adopted = evidence.orphans_adopt(project, effect, trail)
     if adopted is not None:
         _receipt_told(outcome, *adopted)
     return outcome
@@ -193,8 +197,11 @@ def _ruled(
         "New effect: perform it, then send the receipt." + _reconciler_missing(effect),
         created=True,
     )
-    if check.unauthorized:
+    if check.policy:
         outcome.reason += " " + check.reason
+    # Under plain `audit` the effect row (no grant, the policy in its audit entry) is the
+    # evidence the authority report lists; a case per effect only when the project asks.
+    if check.policy == AuthorityPolicy.AUDIT_CASES:
         case_open(
             effect,
             Reason.UNAUTHORIZED_EFFECT,
@@ -202,7 +209,7 @@ def _ruled(
             f"{effect.key!r} was attempted with no grant; the project's audit policy let it "
             "proceed.",
             trail,
-            policy="audit",
+            policy=check.policy.value,
         )
     return outcome
 

@@ -274,6 +274,19 @@ def test_an_admin_sets_the_policy_for_intents_without_authority(project, admin):
     assert bad.status_code == 400 and "Select a valid choice" in bad.content.decode()
 
 
+def test_an_admin_asks_for_a_case_per_ungranted_effect_and_back(project, admin):
+    client = logged_in(admin)
+    page = client.get("/settings/").content.decode()
+    assert "audit with cases" in page and "the authority report lists each one" in page
+    client.post(f"/settings/{project.pk}/policy/", {"authority_policy": "audit_cases"})
+    client.post(f"/settings/{project.pk}/policy/", {"authority_policy": "audit"})
+    changes = AuditEntry.objects.filter(project=project, action="authority_policy_set")
+    assert [(e.data["was"], e.data["policy"]) for e in changes.order_by("id")] == [
+        ("audit", "audit_cases"),
+        ("audit_cases", "audit"),
+    ]
+
+
 def test_an_admin_adds_secret_patterns_and_key_names_and_the_audit_names_them(project, admin):
     client = logged_in(admin)
     r = client.post(

@@ -272,12 +272,24 @@ def test_evidence_for_a_key_no_intent_named_is_an_orphan_not_yet_unauthorized(
     assert not Case.objects.filter(reason=Reason.UNAUTHORIZED_EFFECT).exists()
 
 
-def test_evidence_for_an_effect_with_no_grant_is_an_unauthorized_effect(client, project, stripe):
+def test_evidence_for_an_effect_with_no_grant_opens_no_case_under_the_audit_policy(
+    client, project, stripe
+):
+    ledger.intent(project, "refund:1", authority=None)
+    body = _post(client, stripe, _refund()).json()
+    assert body["receipts"][0]["case"] is None
+    assert not Case.objects.exists()
+
+
+def test_evidence_for_an_effect_with_no_grant_is_unauthorized_when_cases_are_asked_for(
+    client, project, stripe
+):
+    ledger.cases_asked(project)
     ledger.intent(project, "refund:1", authority=None)
     body = _post(client, stripe, _refund()).json()
     case = Case.objects.get(reason=Reason.UNAUTHORIZED_EFFECT)
     assert body["receipts"][0]["case"]["id"] == case.pk
-    # The audit policy's flag on the intent, raised now that it has happened.
+    # The audit_cases policy's flag on the intent, raised now that it has happened.
     assert case.get_severity_display() == "high"
     assert case.detail["repeats"] == [{"evidence": Receipt.objects.get().pk}]
 

@@ -17,6 +17,7 @@ from django.utils import timezone
 from durability.api.schemas import AmountIn, ReceiptIn
 from durability.authority.report import PAGE_SIZE
 from durability.ledger import evidence
+from durability.models import Case as LedgerCase
 from durability.models import Effect, Project, Receipt, Strength
 from tests.authority.support import grant, under
 from tests.desk.support import logged_in
@@ -114,6 +115,19 @@ def test_the_table_shows_authority_strongest_evidence_and_mismatch(project, alic
     assert "happened with no grant" in rogue[: rogue.index("</tr>")]
     denied = html[html.index("<code>denied:1</code>") :]
     assert "denied (kind)" in denied[: denied.index("</tr>")]
+
+
+def test_every_ungranted_effect_is_in_the_report_with_no_case_behind_it(project, alice):
+    for n in range(3):
+        ledger.intent(project, f"email:{n}", kind="email", authority=None)
+    ledger.receipt(project, "email:0", "mail_0")
+    assert not LedgerCase.objects.exists()  # the default audit policy opens none
+    html = logged_in(alice).get(PAGE).content.decode()
+    assert _counts(html)["evidence_unauthorized"] == 1
+    assert _counts(html)["denied_unattempted"] == 2
+    assert sorted(_keys(html)) == ["email:0", "email:1", "email:2"]
+    assert html.count("no grant (audit policy)") == 3
+    assert "happened with no grant" in html
 
 
 def test_the_time_range_and_filters_narrow_every_number(project, alice, week):

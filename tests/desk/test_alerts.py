@@ -13,6 +13,7 @@ from durability import jobs
 from durability.desk import jobs as desk_jobs
 from durability.desk.alerts import alerts_send
 from durability.models import Case, CaseAlert, Effect
+from tests.ledger.support import cases_asked
 from tests.local_http import LocalHttp, Reply
 
 HOUR = timedelta(hours=1)
@@ -117,9 +118,10 @@ def test_the_alert_job_runs_on_a_worker(api, webhook, settings, django_capture_o
     queue.connection.flushdb()
 
 
-def test_low_severity_cases_wait_in_the_queue_and_page_nobody(api, webhook, settings):
+def test_low_severity_cases_wait_in_the_queue_and_page_nobody(api, project, webhook, settings):
     settings.TALLYBOOK_ALERT_AFTER = {"unauthorized_effect": 60}
-    api.intent("refund:ungranted", authority=None)  # proceeds under the audit policy
+    cases_asked(project)
+    api.intent("refund:ungranted", authority=None)  # proceeds under audit_cases, flagged low
     case = Case.objects.get(effect__key="refund:ungranted", reason="unauthorized_effect")
     later = timezone.now() + 2 * HOUR
 

@@ -66,6 +66,16 @@ def test_a_member_sees_an_effects_attempts_receipts_and_cases(client, alice, pro
     assert "auto_resolved" in page
 
 
+def test_an_effects_page_names_its_grant_or_says_it_had_none(client, alice, project):
+    granted = intent(project, "refund:1").effect
+    ungranted = intent(project, "email:1", authority=None).effect
+    client.force_login(alice)
+    page = client.get(f"/effects/{granted.pk}/").content.decode()
+    assert f"grant {granted.grant_id} v1" in page
+    page = client.get(f"/effects/{ungranted.pk}/").content.decode()
+    assert "no grant (audit policy)" in page and "No cases." in page
+
+
 def test_the_state_filter_shows_only_that_state(client, alice, project):
     effect_in(project, State.PENDING, key="still-pending")
     effect_in(project, State.SUCCEEDED, key="all-done")

@@ -6,15 +6,22 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection
-from django.db.models import QuerySet
 from django.utils import timezone
 
+from durability.accounts import services as accounts
 from durability.api.schemas import FailureIn, IntentIn, ReceiptIn, TimeoutIn
 from durability.ledger import evidence, intents, settling
 from durability.ledger.decisions import Outcome
 from durability.ledger.evidence import EffectOutcome, ReceiptOutcome
 from durability.ledger.machine import Event
-from durability.models import AuditEntry, Case, Effect, Grant, Project, Reason, State
+from durability.models import (
+    AuditEntry,
+    AuthorityPolicy,
+    Effect,
+    Grant,
+    Project,
+    State,
+)
 
 ACTOR = "test:agent"
 OPERATOR = "user:operator"
@@ -26,17 +33,16 @@ EVERYTHING = "test: every effect"
 def everything(project: Project) -> Grant:
     """The project's catch-all grant. Intents made through the helpers name it unless the
     test passes `authority` (None for none), so that specifications not about authority
-    stay free of the audit policy's `unauthorized_effect` cases."""
+    run under a grant, whatever the project's policy for intents without one."""
     live = Grant.objects.filter(project=project, name=EVERYTHING, revoked=None).first()
     return live or Grant.objects.create(
         project=project, name=EVERYTHING, kinds=["*"], targets=["*"], granted_by="test"
     )
 
 
-def cases() -> QuerySet[Case]:
-    """Cases other than the audit policy's flags on intents that named no grant (the SDK's
-    and raw HTTP intents name none)."""
-    return Case.objects.exclude(reason=Reason.UNAUTHORIZED_EFFECT)
+def cases_asked(project: Project) -> None:
+    """The project asks for a case per intent that names no grant (`audit_cases`)."""
+    accounts.project_policy_set(project=project, actor=OPERATOR, policy=AuthorityPolicy.AUDIT_CASES)
 
 
 def intent(project: Project, key: str = "k1", **fields: Any) -> Outcome:

@@ -14,7 +14,6 @@ from django.test import Client
 
 from durability.audit import first_broken_entry
 from durability.models import Attempt, Case, Effect, Project, Receipt
-from tests.ledger import support as ledger
 
 pytestmark = pytest.mark.usefixtures("transactional_db")
 
@@ -77,7 +76,7 @@ def test_concurrent_intents_from_one_worker_all_carry_on_with_one_attempt(projec
     answers = in_threads(20, lambda i: post("intents", {**INTENT, "run_id": "r", "worker": "w"}))
     assert Counter(body["decision"] for _, body in answers) == {"proceed": 20}
     assert Attempt.objects.count() == 1
-    assert not ledger.cases().exists()
+    assert not Case.objects.exists()
 
 
 def test_concurrent_intents_on_many_keys_each_create_their_effect(project, api_key):
@@ -107,7 +106,7 @@ def test_the_same_receipt_sent_concurrently_is_stored_once(project, api_key):
     assert Counter(status for status, _ in answers) == {201: 1, 200: 19}
     assert Receipt.objects.count() == 1
     assert Effect.objects.get().state == "succeeded"
-    assert not ledger.cases().exists()
+    assert not Case.objects.exists()
     assert first_broken_entry(project) is None
 
 

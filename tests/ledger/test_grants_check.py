@@ -8,11 +8,20 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from durability.accounts import services as accounts
 from durability.authority import grants
-from durability.models import AuthorityPolicy, Case, Effect, Project, State
+from durability.models import (
+    AuditAction,
+    AuditEntry,
+    AuthorityPolicy,
+    Case,
+    Effect,
+    Project,
+    State,
+)
 from tests.authority.support import grant, supersede, under
 from tests.ledger import support as ledger
 
@@ -36,13 +45,51 @@ def test_an_intent_under_a_live_grant_proceeds_and_records_the_grant_it_used(api
     assert not Case.objects.exists()
 
 
-def test_an_intent_naming_no_grant_proceeds_under_the_audit_policy_and_is_flagged(api, project):
+def test_an_intent_naming_no_grant_proceeds_under_the_audit_policy_with_no_case(api, project):
     assert project.authority_policy == AuthorityPolicy.AUDIT
     body = api.intent("k1", authority=None).json()
     assert body["decision"] == "proceed" and body["case"] is None
-    assert "audit policy" in body["reason"]
+    assert "audit policy" in body["reason"] and "authority report" in body["reason"]
+    assert not Case.objects.exists()
+    # The evidence is the effect row, and the intent's audit entry names the policy.
+    effect = Effect.objects.get()
+    assert effect.grant is None and effect.state == State.PENDING
+    entry = AuditEntry.objects.get(effect=effect, action=AuditAction.INTENT)
+    assert entry.data["policy"] == "audit"
+
+
+def test_an_intent_naming_no_grant_is_flagged_when_the_project_asks_for_cases(api, project):
+    accounts.project_policy_set(
+        project=project, actor="user:ada", policy=AuthorityPolicy.AUDIT_CASES
+    )
+    body = api.intent("k1", authority=None).json()
+    assert body["decision"] == "proceed" and body["case"] is None
+    assert "opens a case" in body["reason"]
     case = Case.objects.get()
     assert (case.reason, case.get_severity_display()) == ("unauthorized_effect", "low")
+    assert case.detail["policy"] == "audit_cases"
+
+
+def _statements(api: Any, key: str) -> list[str]:
+    with CaptureQueriesContext(connection) as captured:
+        assert api.intent(key, authority=None).json()["decision"] == "proceed"
+    return [q["sql"] for q in captured.captured_queries]
+
+
+def test_an_ungranted_intent_under_the_audit_policy_writes_no_case_and_two_statements_less(
+    api, project
+):
+    api.intent("warm-up", authority=None)
+    audit = _statements(api, "k1")
+    assert not [sql for sql in audit if "durability_case" in sql]
+    accounts.project_policy_set(
+        project=project, actor="user:ada", policy=AuthorityPolicy.AUDIT_CASES
+    )
+    api.intent("warm-up-2", authority=None)
+    with_cases = _statements(api, "k2")
+    # The open case looked up, and the case inserted; its audit entry rides in the same
+    # INSERT as the intent's.
+    assert len(with_cases) - len(audit) == 2
 
 
 def test_an_intent_naming_no_grant_is_denied_under_the_enforce_policy(api, project):

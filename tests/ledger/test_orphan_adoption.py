@@ -11,7 +11,7 @@ from django.contrib.auth.models import User
 from durability.models import Approval, Case, Effect, Project, Receipt, Role, State
 from tests.authority.support import grant, under
 from tests.desk.support import logged_in, member
-from tests.ledger.support import needs_approval, refusing
+from tests.ledger.support import cases_asked, needs_approval, refusing
 
 ORDERS = ["intent first", "receipt first"]
 
@@ -51,7 +51,16 @@ def test_evidence_beyond_its_grant_opens_authority_exceeded_in_either_order(api,
 
 
 @pytest.mark.parametrize("order", ORDERS)
-def test_evidence_with_no_grant_rises_to_high_under_the_audit_policy_in_either_order(api, order):
+def test_evidence_with_no_grant_opens_no_case_under_the_audit_policy_in_either_order(api, order):
+    _both_orders(api, order, {"authority": None}, {})
+    # The orphan case (receipt first) closes: the intent arrived and agrees with it.
+    assert _open_cases() == set()
+    assert Effect.objects.get().state == State.SUCCEEDED
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_evidence_with_no_grant_rises_to_high_when_the_project_asks_for_cases(api, project, order):
+    cases_asked(project)
     _both_orders(api, order, {"authority": None}, {})
     assert _open_cases() == {("unauthorized_effect", "high")}
 

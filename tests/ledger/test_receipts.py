@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from durability.accounts import services as accounts
 from durability.audit import first_broken_entry
-from durability.models import AuditEntry, Case, Effect, Receipt, State
-from tests.ledger.support import effect_in, row_counts
+from durability.models import AuditEntry, AuthorityPolicy, Case, Effect, Receipt, State
+from tests.ledger.support import OPERATOR, effect_in, row_counts
 
 
 def test_a_receipt_for_a_pending_effect_settles_it_as_succeeded(api):
@@ -115,6 +116,21 @@ def test_a_receipt_for_an_effect_with_no_authority_is_an_unauthorized_effect(api
             "unauthorized_effect",
             "critical",
         )
+
+
+def test_a_receipt_for_an_ungranted_effect_opens_no_case_under_the_audit_policy(api, project):
+    api.intent("k1", authority=None)
+    body = api.receipt("k1", "re_1").json()
+    assert body["effect"]["state"] == "succeeded" and body["case"] is None
+    assert not Case.objects.exists()
+
+
+def test_a_receipt_for_an_ungranted_effect_is_unauthorized_once_the_policy_is_enforce(api, project):
+    api.intent("k1", authority=None)
+    accounts.project_policy_set(project=project, actor=OPERATOR, policy=AuthorityPolicy.ENFORCE)
+    body = api.receipt("k1", "re_1").json()
+    assert body["effect"]["state"] == "succeeded"
+    assert (body["case"]["reason"], body["case"]["severity"]) == ("unauthorized_effect", "high")
 
 
 def test_a_receipt_for_an_unknown_key_is_stored_and_opens_an_orphan_receipt_case(api):

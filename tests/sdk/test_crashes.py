@@ -11,7 +11,6 @@ import pytest
 from tallybook import IntentNotRecorded, Tallybook
 
 from durability.models import Case, Effect, Receipt
-from tests.ledger import support as ledger
 from tests.sdk.support import FAST, run_agent, wait_until
 
 
@@ -66,7 +65,7 @@ def test_a_receipt_spooled_before_a_kill_is_delivered_by_the_next_start_exactly_
     assert agent.ledger.read_text() == "42\n"
     assert Receipt.objects.filter(key="refund:42").count() == 1
     assert Effect.objects.get(key="refund:42").state == "succeeded"
-    assert not ledger.cases().exists(), "the replayed receipt looked late or the run interrupted"
+    assert not Case.objects.exists(), "the replayed receipt looked late or the run interrupted"
     assert not list(spool_root.glob("*/*.json"))
 
 
@@ -96,4 +95,4 @@ def test_a_server_away_for_a_while_loses_no_receipt(server, api_key, spool_root)
         "msg-2",
     ]
     assert set(Effect.objects.values_list("state", flat=True)) == {"succeeded"}
-    assert not ledger.cases().exists()
+    assert not Case.objects.exists()

@@ -20,7 +20,6 @@ from tallybook import (
 from durability.ledger import evidence, settling
 from durability.ledger.machine import Event
 from durability.models import Attempt, Case, Effect, Receipt
-from tests.ledger import support as ledger
 from tests.ports import refusing_port
 from tests.sdk.support import FAST, SDK_SRC, alongside, wait_until
 
@@ -145,7 +144,7 @@ def test_a_definitive_failure_lets_the_next_attempt_proceed(tb):
 
     assert tb.flush()
     assert Effect.objects.get(key="refund:42").state == "failed"
-    assert not ledger.cases().exists()
+    assert not Case.objects.exists()
 
 
 def test_leaving_the_block_without_receipt_or_failure_raises_and_opens_a_case(tb):
@@ -201,7 +200,7 @@ def test_asking_again_from_the_same_worker_is_the_same_attempt(worker):
 
     assert first.flush() and again.flush()
     assert Receipt.objects.count() == 1
-    assert not ledger.cases().exists()
+    assert not Case.objects.exists()
 
 
 def test_the_same_run_in_another_worker_finds_the_attempt_interrupted(worker):
@@ -214,7 +213,7 @@ def test_the_same_run_in_another_worker_finds_the_attempt_interrupted(worker):
     # The interrupted attempt's receipt still counts, as a late success.
     assert first.flush()
     assert Receipt.objects.get().late
-    assert ledger.cases().get(closed=None).reason == "late_success"
+    assert Case.objects.get(closed=None).reason == "late_success"
 
 
 def test_a_timeout_then_a_late_receipt_is_a_late_success(tb):

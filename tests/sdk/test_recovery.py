@@ -22,7 +22,6 @@ from durability.ledger import settling
 from durability.ledger.machine import Event
 from durability.models import Case, Effect
 from durability.models import Receipt as ReceiptRow
-from tests.ledger import support as ledger
 from tests.ports import refusing_port
 from tests.sdk.support import FAST, SDK_SRC, alongside, wait_until
 
@@ -98,7 +97,7 @@ def test_a_second_receipt_in_one_block_raises_before_anything_is_sent(tb):
 
     assert tb.flush()
     assert list(ReceiptRow.objects.values_list("external_id", flat=True)) == ["re_1"]
-    assert not ledger.cases().exists()
+    assert not Case.objects.exists()
 
 
 def test_a_receipt_outside_a_block_is_recorded_and_a_second_effect_is_a_duplicate(tb):
@@ -110,7 +109,7 @@ def test_a_receipt_outside_a_block_is_recorded_and_a_second_effect_is_a_duplicat
 
     assert tb.flush()
     assert ReceiptRow.objects.get(external_id="re_2").data == {"via": "webhook"}
-    assert ledger.cases().get().reason == "duplicate_effect"
+    assert Case.objects.get().reason == "duplicate_effect"
 
 
 def test_every_do_not_perform_outcome_is_an_effect_interrupted(api_key, tmp_path):

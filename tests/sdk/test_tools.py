@@ -7,9 +7,8 @@ import pytest
 from tallybook import EffectInDoubt, Receipt, Tallybook, TallybookError
 
 from durability.api.schemas import ReceiptOut
-from durability.models import Effect
+from durability.models import Case, Effect
 from durability.models import Receipt as ReceiptRow
-from tests.ledger import support as ledger
 
 
 @pytest.fixture
@@ -158,7 +157,7 @@ def test_a_tool_that_raises_reports_an_uncertain_failure_and_the_retry_is_in_dou
     with pytest.raises(EffectInDoubt):
         charge(1)
 
-    assert ledger.cases().get(closed=None).reason == "uncertain"
+    assert Case.objects.get(closed=None).reason == "uncertain"
 
 
 def test_a_tool_that_returns_no_receipt_after_all_is_a_bug_reported_loudly(tb: Tallybook):

@@ -18,13 +18,14 @@ from django.core.management.base import BaseCommand, CommandParser, OutputWrappe
 from django.db import transaction
 from django.utils import timezone
 
-from durability.accounts.services import apikey_create
+from durability.accounts.services import apikey_create, project_policy_set
 from durability.api.schemas import FailureIn, IntentIn, ReceiptIn, TimeoutIn
 from durability.authority import grants
 from durability.demo import DEMO_DIR, PROVIDER_PORT, repository
 from durability.ledger import evidence, intents, machine, settling
 from durability.models import (
     Approval,
+    AuthorityPolicy,
     Effect,
     Grant,
     Membership,
@@ -364,6 +365,9 @@ class Command(BaseCommand):
             user.save()
             Membership.objects.create(project=project, user=user, role=Role.ADMIN)
             _, raw_key = apikey_create(project=project, actor="system:demo", name="demo")
+            # The demo shows every case reason, so its support bot's ungranted emails open
+            # the `unauthorized_effect` cases a project asks for with this policy.
+            project_policy_set(project=project, actor=ACTOR, policy=AuthorityPolicy.AUDIT_CASES)
             grant_ids = self._grants(project)
             self._reconcilers(project, options["provider_port"], repository(options["dir"]))
         repository_fresh(repository(options["dir"]))
