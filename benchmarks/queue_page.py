@@ -211,8 +211,8 @@ def explain_captured(queries: list[dict[str, Any]], tables: tuple[str, ...]) -> 
             if not any(table in sql for table in tables):
                 continue
             cursor.execute("EXPLAIN (ANALYZE, COSTS OFF) " + sql)
-            tail = sql[sql.find(" FROM ") :] if " FROM " in sql else sql
-            print("-- SELECT …", tail[:240].replace("\n", " "), "…")
+            shown = sql if len(sql) <= 320 else f"{sql[:100]} … {sql[-220:]}"
+            print("--", shown.replace("\n", " "))
             for (line,) in cursor.fetchall():
                 print("   ", line)
 
