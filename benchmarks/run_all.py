@@ -104,8 +104,9 @@ def _in_child(function: Callable[..., Any], **kwargs: Any) -> Any:
         return pool.submit(function, **kwargs).result()
 
 
-def _check_plans(client: Any) -> None:
-    """Print the plans of the hot lookups on the data set Django is set up on."""
+def _check_plans(client: Any, pages: list[str]) -> None:
+    """Print the plans of the hot lookups, and of the queries of `pages`, on the data set
+    Django is set up on (its keys are bench:<n>)."""
     from django.core.management import call_command
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
@@ -129,15 +130,15 @@ def _check_plans(client: Any) -> None:
         assert response.status_code == 201, (path, response.status_code, response.content)
         print(f"\n== POST {path} (a new key): {len(captured)} statements")
         queue_page.explain_captured(captured.captured_queries, durability)
-        # The same lookups of an effect that exists (the data set's keys are bench:<n>).
-        existing = [
-            {"sql": q["sql"].replace("'plans:1'", "'bench:1'")}
-            for q in captured.captured_queries
-            if "'plans:1'" in q["sql"]
-        ]
-        print(f"\n== the same lookups for a key that exists ({len(existing)})")
-        queue_page.explain_captured(existing, durability)
-    for path in ["/queue/", "/queue/?workflow=refund-bot", "/"]:
+        for label, key in [("exists", "bench:1"), ("was never recorded", "absent:1")]:
+            same = [
+                {"sql": q["sql"].replace("'plans:1'", f"'{key}'")}
+                for q in captured.captured_queries
+                if "'plans:1'" in q["sql"]
+            ]
+            print(f"\n== the same lookups for a key that {label} ({len(same)})")
+            queue_page.explain_captured(same, durability)
+    for path in pages:
         queue_page.explain(client, path, durability)
 
 
@@ -158,7 +159,8 @@ def _pages(
     queue = queue_page.measure(client, queue_repeat)
     overview = overview_page.measure(client, overview_repeat)
     if check_plans:
-        _check_plans(client)
+        print(f"\n==== on the queue's data set ({effects:,} effects, {open_cases:,} open cases)")
+        _check_plans(client, ["/queue/", "/queue/?workflow=refund-bot", "/"])
     everything = [t for times in queue.values() for t in times]
     medians = [statistics.median(times) for _, times in overview.values()]
     return {
@@ -172,10 +174,18 @@ def _pages(
     }
 
 
-def _report(db: str, effects: int, repeat: int) -> dict[str, Any]:
-    """The authority report's figures on the authority benchmark's data set."""
+def _report(db: str, effects: int, repeat: int, check_plans: bool) -> dict[str, Any]:
+    """The authority report's figures on the authority benchmark's data set (the one with
+    receipts: 60% of its effects have one)."""
     data = authority.build(db, effects)
     times = authority.report_measure(data, repeat)
+    if check_plans:
+        from django.test import Client
+
+        client = Client()
+        client.force_login(data["operator"])
+        print(f"\n==== on the authority report's data set ({effects:,} effects, with receipts)")
+        _check_plans(client, ["/authority/audit/"])
     return {label: statistics.median(t) for label, t in times.items()}
 
 
@@ -232,6 +242,7 @@ def main() -> None:
         db=f"{options.db_prefix}authority",
         effects=scale["effects"],
         repeat=scale["report_repeat"],
+        check_plans=options.check_plans,
     )
     print(f"authority report measured in {time.perf_counter() - clock:.0f}s", flush=True)
 
