@@ -14,7 +14,6 @@ time of each view.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -27,7 +26,7 @@ WEEK = 7 * 24 * 3600
 sys.path.insert(0, str(ROOT))
 
 # The queue benchmark's helpers build the data set.
-from benchmarks.queue_page import PG, _fresh_database, _insert_select, _p95  # noqa: E402
+from benchmarks.queue_page import _fresh_database, _insert_select, _p95, django_on  # noqa: E402
 
 
 def _fill(project: Any, limited: Any, effects: int) -> None:
@@ -93,29 +92,17 @@ def _line(label: str, times: list[float]) -> None:
     print(f"{label:<44} {statistics.median(times) * 1000:>10.2f} {_p95(times) * 1000:>8.2f}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--effects", type=int, default=1_000_000)
-    parser.add_argument("--intents", type=int, default=300, help="intents per authority")
-    parser.add_argument("--repeat", type=int, default=10, help="requests per page")
-    parser.add_argument("--db", default="tb_bench_authority")
-    args = parser.parse_args()
-
-    _fresh_database(args.db)
-    os.environ["DATABASE_URL"] = f"{PG}/{args.db}"
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "durability.settings")
-    import django
-
-    django.setup()
+def build(db: str, effects: int) -> dict[str, Any]:
+    """A fresh `db`, migrated, Django set up on it, with the project, its operator, three
+    grants (everything, limited, approval) and `effects` effects (see `_fill`)."""
     from decimal import Decimal
 
+    _fresh_database(db)
+    django_on(db)
     from django.contrib.auth.models import User
     from django.core.management import call_command
-    from django.test import Client
 
-    from durability.api.schemas import IntentIn
     from durability.authority import grants
-    from durability.ledger import intents
     from durability.models import Membership, Project, Role
 
     call_command("migrate", verbosity=0)
@@ -129,54 +116,76 @@ def main() -> None:
             project=project, actor="bench", terms=grants.Terms(name=name, **terms)
         )
 
-    everything = grant("everything")
-    limited = grant(
-        "limited",
-        currency="EUR",
-        max_amount=Decimal(100),
-        max_daily_amount=Decimal(10**9),
-        max_count=10**9,
-        count_period_s=86400,
-    )
-    approval = grant("approval", requires_approval=True)
-    _fill(project, limited, args.effects)
+    data = {
+        "project": project,
+        "operator": operator,
+        "everything": grant("everything"),
+        "limited": grant(
+            "limited",
+            currency="EUR",
+            max_amount=Decimal(100),
+            max_daily_amount=Decimal(10**9),
+            max_count=10**9,
+            count_period_s=86400,
+        ),
+        "approval": grant("approval", requires_approval=True),
+    }
+    _fill(project, data["limited"], effects)
+    return data
+
+
+def intents_measure(data: dict[str, Any], effects: int, intents: int) -> dict[str, list[float]]:
+    """The times of `intents` intents through the state machine under each kind of authority."""
+    from durability.api.schemas import IntentIn
+    from durability.ledger import intents as ledger_intents
+    from durability.models import Project
 
     # label -> (the project's policy for intents without a grant, the intent's fields)
     authorities: dict[str, tuple[str, dict[str, Any]]] = {
         "no grant (audit: proceeds, no case)": ("audit", {}),
         "no grant (audit_cases: proceeds, a low case)": ("audit_cases", {}),
-        "a grant without limits": ("audit", {"authority": {"grant": everything.pk}}),
-        f"a grant with limits, {args.effects * 4 // 35:,} effects/day": (
+        "a grant without limits": ("audit", {"authority": {"grant": data["everything"].pk}}),
+        f"a grant with limits, {effects * 4 // 35:,} effects/day": (
             "audit",
-            {"authority": {"grant": limited.pk}, "amount": {"value": "1.00", "currency": "EUR"}},
+            {
+                "authority": {"grant": data["limited"].pk},
+                "amount": {"value": "1.00", "currency": "EUR"},
+            },
         ),
         "a grant that requires approval (answers wait)": (
             "audit",
-            {"authority": {"grant": approval.pk}},
+            {"authority": {"grant": data["approval"].pk}},
         ),
     }
-    print(f"one intent through the state machine, {args.intents} each")
-    print(f"{'authority':<44} {'median ms':>10} {'p95 ms':>8}")
+    project = data["project"]
+    measured = {}
     for n, (label, (policy, fields)) in enumerate(authorities.items()):
         Project.objects.filter(pk=project.pk).update(authority_policy=policy)
         project.authority_policy = policy
 
         def intent(i: int, prefix: str = f"a{n}", fields: dict[str, Any] = fields) -> None:
             body = {"key": f"{prefix}:{i}", "kind": "payment", "target": "stripe", **fields}
-            intents.intent_record(project=project, actor="bench", intent=IntentIn(**body))
+            ledger_intents.intent_record(
+                project=data["project"], actor="bench", intent=IntentIn(**body)
+            )
 
-        _line(label, _times(intent, args.intents))
+        measured[label] = _times(intent, intents)
+    return measured
+
+
+def report_measure(data: dict[str, Any], repeat: int) -> dict[str, list[float]]:
+    """The server times of the authority report's views, `repeat` requests each."""
+    from django.test import Client
 
     client = Client()
-    client.force_login(operator)
+    client.force_login(data["operator"])
     pages = {
         "report, last 7 days": "/authority/audit/",
         "report, evidence without authority": "/authority/audit/?quadrant=evidence_unauthorized",
-        "report, one grant": f"/authority/audit/?grant={limited.pk}",
+        "report, one grant": f"/authority/audit/?grant={data['limited'].pk}",
         "CSV of the page on screen": "/authority/audit.csv?page=1",
     }
-    print(f"\nthe authority report over {args.effects:,} effects, {args.repeat} requests each")
-    print(f"{'page':<44} {'median ms':>10} {'p95 ms':>8}")
+    measured = {}
     for label, path in pages.items():
 
         def get(i: int, path: str = path) -> None:
@@ -185,7 +194,27 @@ def main() -> None:
             if path.endswith("page=1"):
                 response.getvalue()
 
-        _line(label, _times(get, args.repeat))
+        measured[label] = _times(get, repeat)
+    return measured
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--effects", type=int, default=1_000_000)
+    parser.add_argument("--intents", type=int, default=300, help="intents per authority")
+    parser.add_argument("--repeat", type=int, default=10, help="requests per page")
+    parser.add_argument("--db", default="tb_bench_authority")
+    args = parser.parse_args()
+
+    data = build(args.db, args.effects)
+    print(f"one intent through the state machine, {args.intents} each")
+    print(f"{'authority':<44} {'median ms':>10} {'p95 ms':>8}")
+    for label, times in intents_measure(data, args.effects, args.intents).items():
+        _line(label, times)
+    print(f"\nthe authority report over {args.effects:,} effects, {args.repeat} requests each")
+    print(f"{'page':<44} {'median ms':>10} {'p95 ms':>8}")
+    for label, times in report_measure(data, args.repeat).items():
+        _line(label, times)
 
 
 if __name__ == "__main__":

@@ -3,8 +3,10 @@ writes through raw psycopg, in one run on one PostgreSQL database.
 
     .venv/bin/python benchmarks/ledger_http_vs_psycopg.py [--pairs 4000] [--clients 8]
 
-Prints effects/s for both paths, their ratio and the p50/p99 latency of POST /intents.
-It creates (and drops at the start) the database named by --db.
+Prints effects/s for both paths, their ratio and the p50/p99 latency of POST /intents under
+that load; then, at light load (one client, one keep-alive connection, --light pairs), the
+p50/p99 of POST /intents and of POST /receipts. It creates (and drops at the start) the
+database named by --db; `measure()` is the same run for benchmarks/run_all.py.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import json
 import multiprocessing as mp
 import os
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,12 +34,14 @@ server = importlib.import_module("server")
 PG = "postgres://root@127.0.0.1:5432"
 
 
-def _http_worker(
-    port: int, key: str, grant: int, prefix: str, count: int, out: mp.Queue[list[float]]
-) -> None:
+def _http_pairs(
+    port: int, key: str, grant: int, prefix: str, count: int
+) -> tuple[list[float], list[float]]:
+    """`count` intent + receipt pairs on one keep-alive connection; the latencies of the
+    intents and of the receipts, in seconds."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
-    latencies = []
+    intents, receipts = [], []
     for i in range(count):
         effect_key = f"{prefix}:{i}"
         body = json.dumps(
@@ -53,8 +59,9 @@ def _http_worker(
         conn.request("POST", "/api/v1/intents", body, headers)
         response = conn.getresponse()
         response.read()
-        latencies.append(time.perf_counter() - start)
+        intents.append(time.perf_counter() - start)
         assert response.status == 201, response.status
+        start = time.perf_counter()
         conn.request(
             "POST",
             "/api/v1/receipts",
@@ -63,8 +70,16 @@ def _http_worker(
         )
         response = conn.getresponse()
         response.read()
+        receipts.append(time.perf_counter() - start)
         assert response.status == 201, response.status
-    out.put(latencies)
+    conn.close()
+    return intents, receipts
+
+
+def _http_worker(
+    port: int, key: str, grant: int, prefix: str, count: int, out: mp.Queue[list[float]]
+) -> None:
+    out.put(_http_pairs(port, key, grant, prefix, count)[0])
 
 
 def _one(cur: psycopg.Cursor[Any]) -> tuple[Any, ...]:
@@ -111,6 +126,7 @@ def _raw_worker(
             key = f"{prefix}:{i}"
             request = json.dumps({"order": i, "amount": 1250})
             fingerprint = hashlib.sha256(request.encode()).hexdigest()
+            claim = hashlib.sha256(f"payment|stripe|{authority}".encode()).hexdigest()
             with conn.transaction(), conn.cursor() as cur:
                 cur.execute(
                     "SELECT id FROM durability_effect WHERE project_id = %s AND key = %s "
@@ -121,11 +137,11 @@ def _raw_worker(
                     "INSERT INTO durability_effect (project_id, key, kind, target, fingerprint, "
                     "request, replay, state, late, timeout_s, deadline, authority, run_id, "
                     "tool_call_id, trace_id, span_id, attempt_count, created, updated, audit_seq, "
-                    "audit_head, currency, grant_id) VALUES (%s, %s, 'payment', 'stripe', %s, %s, "
-                    "'never', 'pending', false, 300, now() + interval '300 seconds', %s, '', '', "
-                    "'', '', 1, now(), now(), 0, repeat('0', 64), '', %s) "
+                    "audit_head, currency, grant_id, claim) VALUES (%s, %s, 'payment', 'stripe', "
+                    "%s, %s, 'never', 'pending', false, 300, now() + interval '300 seconds', %s, "
+                    "'', '', '', '', 1, now(), now(), 0, repeat('0', 64), '', %s, %s) "
                     "RETURNING id",
-                    (project_id, key, fingerprint, request, authority, grant),
+                    (project_id, key, fingerprint, request, authority, grant, claim),
                 )
                 (effect_id,) = _one(cur)
                 cur.execute(
@@ -195,19 +211,22 @@ for name in ("bench-http", "bench-raw"):
 """
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--pairs", type=int, default=4000, help="intent+receipt pairs per path")
-    parser.add_argument("--clients", type=int, default=8, help="concurrent client processes")
-    parser.add_argument("--workers", type=int, default=4, help="gunicorn worker processes")
-    parser.add_argument("--rounds", type=int, default=4, help="alternating HTTP/raw rounds")
-    parser.add_argument("--db", default="tb_bench_ledger")
-    options = parser.parse_args()
+def percentile(values: list[float], q: float) -> float:
+    """The q-th quantile (0 < q < 1) of `values`, nearest rank."""
+    ordered = sorted(values)
+    return ordered[max(0, min(len(ordered) - 1, int(len(ordered) * q + 0.5) - 1))]
 
+
+def measure(
+    *, pairs: int, clients: int, workers: int, rounds: int, light: int, db: str
+) -> dict[str, Any]:
+    """The whole run on a fresh database `db`: effects/s of both paths over `rounds`
+    alternating rounds, the intents' latencies under that load, then `light` pairs from one
+    client; and what `verifyaudit` says of the HTTP project's chain afterwards."""
     with psycopg.connect(f"{PG}/postgres", autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{options.db}"')
-        admin.execute(f'CREATE DATABASE "{options.db}"')
-    dsn = f"{PG}/{options.db}"
+        admin.execute(f'DROP DATABASE IF EXISTS "{db}"')
+        admin.execute(f'CREATE DATABASE "{db}"')
+    dsn = f"{PG}/{db}"
     env = {**os.environ, "DATABASE_URL": dsn, "DEBUG": "0", "LOG_LEVEL": "ERROR"}
     env.pop("REDIS_URL", None)
     server.manage(env, "migrate", "--verbosity", "0")
@@ -219,42 +238,94 @@ def main() -> None:
             conn.execute("SELECT id FROM durability_project WHERE name = 'bench-raw'")
         )
 
-    per_round = max(1, options.pairs // options.clients // options.rounds)
-    pairs = per_round * options.clients * options.rounds
+    per_round = max(1, pairs // clients // rounds)
+    pairs = per_round * clients * rounds
 
     http_time = raw_time = 0.0
     latencies: list[float] = []
-    with server.gunicorn(env, options.workers) as port:
+    with server.gunicorn(env, workers) as port:
         # Warm up each worker's imports and connections.
-        _run(_http_worker, lambda c: (port, key, http_grant, f"warm{c}", 20), options.workers)
+        _run(_http_worker, lambda c: (port, key, http_grant, f"warm{c}", 20), workers)
         # The paths alternate in rounds, so that both meet the same load on the machine.
-        for r in range(options.rounds):
+        for r in range(rounds):
             elapsed, lat = _run(
                 _http_worker,
                 lambda c: (port, key, http_grant, f"h{r}.{c}", per_round),  # noqa: B023
-                options.clients,
+                clients,
             )
             http_time += elapsed
             latencies.extend(lat)
             elapsed, _ = _run(
                 _raw_worker,
                 lambda c: (dsn, raw_project, raw_grant, f"r{r}.{c}", per_round),  # noqa: B023
-                options.clients,
+                clients,
             )
             raw_time += elapsed
-
-    http_rate, raw_rate = pairs / http_time, pairs / raw_time
-    latencies.sort()
-    p50 = statistics.median(latencies) * 1000
-    p99 = latencies[int(len(latencies) * 0.99) - 1] * 1000
-    print(
-        f"pairs per path: {pairs} in {options.rounds} alternating rounds, client processes: "
-        f"{options.clients}, gunicorn workers: {options.workers}, cores: {os.cpu_count()}"
+        light_intents, light_receipts = _http_pairs(port, key, http_grant, "light", light)
+    audit = subprocess.run(
+        [sys.executable, "manage.py", "verifyaudit", "--project", "bench-http"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
     )
-    print(f"HTTP (intent + receipt):  {http_rate:8.0f} effects/s")
-    print(f"raw psycopg, same writes: {raw_rate:8.0f} effects/s")
-    print(f"ratio HTTP / raw:         {http_rate / raw_rate:8.2f}")
-    print(f"POST /api/v1/intents latency: p50 {p50:.2f} ms, p99 {p99:.2f} ms")
+    return {
+        "pairs": pairs,
+        "rounds": rounds,
+        "clients": clients,
+        "workers": workers,
+        "http_rate": pairs / http_time,
+        "raw_rate": pairs / raw_time,
+        "loaded_p50": statistics.median(latencies),
+        "loaded_p99": percentile(latencies, 0.99),
+        "light": light,
+        "intent_p50": statistics.median(light_intents),
+        "intent_p99": percentile(light_intents, 0.99),
+        "receipt_p50": statistics.median(light_receipts),
+        "receipt_p99": percentile(light_receipts, 0.99),
+        "verifyaudit": (audit.stdout + audit.stderr).strip(),
+        "verifyaudit_ok": audit.returncode == 0,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--pairs", type=int, default=4000, help="intent+receipt pairs per path")
+    parser.add_argument("--clients", type=int, default=8, help="concurrent client processes")
+    parser.add_argument("--workers", type=int, default=4, help="gunicorn worker processes")
+    parser.add_argument("--rounds", type=int, default=4, help="alternating HTTP/raw rounds")
+    parser.add_argument("--light", type=int, default=1000, help="pairs from one client")
+    parser.add_argument("--db", default="tb_bench_ledger")
+    options = parser.parse_args()
+    m = measure(
+        pairs=options.pairs,
+        clients=options.clients,
+        workers=options.workers,
+        rounds=options.rounds,
+        light=options.light,
+        db=options.db,
+    )
+    print(
+        f"pairs per path: {m['pairs']} in {m['rounds']} alternating rounds, client processes: "
+        f"{m['clients']}, gunicorn workers: {m['workers']}, cores: {os.cpu_count()}"
+    )
+    print(f"HTTP (intent + receipt):  {m['http_rate']:8.0f} effects/s")
+    print(f"raw psycopg, same writes: {m['raw_rate']:8.0f} effects/s")
+    print(f"ratio HTTP / raw:         {m['http_rate'] / m['raw_rate']:8.2f}")
+    print(
+        f"POST /api/v1/intents latency: p50 {m['loaded_p50'] * 1000:.2f} ms, "
+        f"p99 {m['loaded_p99'] * 1000:.2f} ms"
+    )
+    print(f"light load, one client, keep-alive, {m['light']} pairs:")
+    print(
+        f"  POST /api/v1/intents:  p50 {m['intent_p50'] * 1000:.2f} ms, "
+        f"p99 {m['intent_p99'] * 1000:.2f} ms"
+    )
+    print(
+        f"  POST /api/v1/receipts: p50 {m['receipt_p50'] * 1000:.2f} ms, "
+        f"p99 {m['receipt_p99'] * 1000:.2f} ms"
+    )
+    print(m["verifyaudit"])
 
 
 if __name__ == "__main__":

@@ -5,10 +5,12 @@ inserts of the same span rows, in one run on one PostgreSQL database.
     .venv/bin/python benchmarks/otlp_ingest.py --in-process 60
 
 Each batch is one OTLP/protobuf ExportTraceServiceRequest of 512 GenAI spans (an agent
-span, then model calls that ask for tools and the tool calls that run them). The two
-paths alternate in rounds, so that both see the same machine when other work comes and
-goes. Prints spans/s for both paths and their ratio. It creates (and drops at the start)
-the database named by --db.
+span, then model calls that ask for tools and the tool calls that run them). The
+paths alternate in rounds, so that all see the same machine when other work comes and
+goes. Prints spans/s for both paths and their ratio, twice: the raw path with its rows
+prepared before its timer starts, and preparing them (decoding the batches into rows)
+inside its timer (issue 13's figure). It creates (and drops at the start) the database
+named by --db; `measure()` is the same run for benchmarks/run_all.py.
 
 --in-process N instead stores N batches in this process, through what the view calls
 (decode, store, link refresh, answer), and prints the CPU time per batch of this
@@ -230,10 +232,13 @@ RAW_SPAN = (
 
 
 def _raw_worker(
-    dsn: str, project_id: int, tag: str, indexes: list[int], out: mp.Queue[int]
+    dsn: str, project_id: int, tag: str, indexes: list[int], timed_rows: bool, out: mp.Queue[int]
 ) -> None:
+    if timed_rows:
+        out.put(0)  # ready: decoding the batches into rows is inside the timer
     prepared = [_rows(project_id, tag, i) for i in indexes]
-    out.put(0)  # ready
+    if not timed_rows:
+        out.put(0)  # ready
     with psycopg.connect(dsn) as conn:
         for runs, spans in prepared:
             with conn.transaction(), conn.cursor() as cur:
@@ -273,9 +278,15 @@ def _http_args(
 
 
 def _raw_args(
-    dsn: str, project: int, share: Callable[[int, int], list[int]], round_: int, client: int
+    dsn: str,
+    project: int,
+    tag: str,
+    share: Callable[[int, int], list[int]],
+    timed_rows: bool,
+    round_: int,
+    client: int,
 ) -> tuple[object, ...]:
-    return dsn, project, "raw", share(round_, client)
+    return dsn, project, tag, share(round_, client), timed_rows
 
 
 def _in_process(dsn: str, batches: int) -> None:
@@ -305,6 +316,68 @@ def _in_process(dsn: str, batches: int) -> None:
     print(f"min {times[0] * 1000:.1f} ms, median {times[len(times) // 2] * 1000:.1f} ms")
 
 
+def _database(db: str) -> tuple[str, dict[str, str], str, int]:
+    """A fresh, migrated `db` with the two projects: its DSN, the server's environment, the
+    HTTP project's API key and the raw project's id."""
+    with psycopg.connect(f"{PG}/postgres", autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{db}"')
+        admin.execute(f'CREATE DATABASE "{db}"')
+    dsn = f"{PG}/{db}"
+    env = {**os.environ, "DATABASE_URL": dsn, "DEBUG": "0", "LOG_LEVEL": "ERROR"}
+    env.pop("REDIS_URL", None)
+    server.manage(env, "migrate", "--verbosity", "0")
+    key = server.manage(env, "createapikey", "bench-http").strip().splitlines()[-1]
+    server.manage(env, "createapikey", "bench-raw")
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT id FROM durability_project WHERE name = 'bench-raw'").fetchone()
+        assert row is not None
+    return dsn, env, key, row[0]
+
+
+def measure(*, batches: int, clients: int, workers: int, rounds: int, db: str) -> dict[str, Any]:
+    """Spans/s over `rounds` alternating rounds on a fresh database `db`, of HTTP, of raw
+    psycopg with its rows prepared before its timer starts, and of raw psycopg preparing its
+    rows (decoding the batches) inside its timer."""
+    dsn, env, key, raw_project = _database(db)
+    per_client = max(1, batches // (clients * rounds))
+    batches = per_client * clients * rounds
+
+    def share(round_: int, client: int) -> list[int]:
+        first = (round_ * clients + client) * per_client
+        return list(range(first, first + per_client))
+
+    with server.gunicorn(env, workers) as port:
+        # Warm up each worker's imports and connections.
+        _run(_http_worker, lambda c: (port, key, "warm", [c]), workers)
+        http_time = raw_time = timed_time = 0.0
+        for r in range(rounds):
+            http_time += _run(_http_worker, partial(_http_args, port, key, share, r), clients)
+            raw_time += _run(
+                _raw_worker, partial(_raw_args, dsn, raw_project, "raw", share, False, r), clients
+            )
+            timed_time += _run(
+                _raw_worker, partial(_raw_args, dsn, raw_project, "timed", share, True, r), clients
+            )
+
+    spans = batches * SPANS_PER_BATCH
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT count(*) FROM trajectories_span").fetchone()
+        assert row is not None
+        stored = row[0]
+    expected = spans * 3 + workers * SPANS_PER_BATCH
+    assert stored == expected, f"{stored} spans stored, {expected} expected"
+    return {
+        "spans": spans,
+        "batches": batches,
+        "clients": clients,
+        "workers": workers,
+        "rounds": rounds,
+        "http_rate": spans / http_time,
+        "raw_rate": spans / raw_time,
+        "timed_rate": spans / timed_time,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--batches", type=int, default=240, help="512-span batches per path")
@@ -317,58 +390,27 @@ def main() -> None:
     )
     options = parser.parse_args()
 
-    with psycopg.connect(f"{PG}/postgres", autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{options.db}"')
-        admin.execute(f'CREATE DATABASE "{options.db}"')
-    dsn = f"{PG}/{options.db}"
-    env = {**os.environ, "DATABASE_URL": dsn, "DEBUG": "0", "LOG_LEVEL": "ERROR"}
-    env.pop("REDIS_URL", None)
-    server.manage(env, "migrate", "--verbosity", "0")
-    key = server.manage(env, "createapikey", "bench-http").strip().splitlines()[-1]
-    server.manage(env, "createapikey", "bench-raw")
-    with psycopg.connect(dsn) as conn:
-        row = conn.execute("SELECT id FROM durability_project WHERE name = 'bench-raw'").fetchone()
-        assert row is not None
-        raw_project = row[0]
     if options.in_process:
+        dsn, *_ = _database(options.db)
         _in_process(dsn, options.in_process)
         return
-
-    per_client = options.batches // (options.clients * options.rounds)
-    batches = per_client * options.clients * options.rounds
-
-    def share(round_: int, client: int) -> list[int]:
-        first = (round_ * options.clients + client) * per_client
-        return list(range(first, first + per_client))
-
-    with server.gunicorn(env, options.workers) as port:
-        # Warm up each worker's imports and connections.
-        _run(_http_worker, lambda c: (port, key, "warm", [c]), options.workers)
-        http_time = raw_time = 0.0
-        for r in range(options.rounds):
-            http_time += _run(
-                _http_worker, partial(_http_args, port, key, share, r), options.clients
-            )
-            raw_time += _run(
-                _raw_worker, partial(_raw_args, dsn, raw_project, share, r), options.clients
-            )
-
-    spans = batches * SPANS_PER_BATCH
-    with psycopg.connect(dsn) as conn:
-        row = conn.execute("SELECT count(*) FROM trajectories_span").fetchone()
-        assert row is not None
-        stored = row[0]
-    expected = spans * 2 + options.workers * SPANS_PER_BATCH
-    assert stored == expected, f"{stored} spans stored, {expected} expected"
-    http_rate, raw_rate = spans / http_time, spans / raw_time
+    m = measure(
+        batches=options.batches,
+        clients=options.clients,
+        workers=options.workers,
+        rounds=options.rounds,
+        db=options.db,
+    )
     print(
-        f"spans per path: {spans} in {batches} batches of {SPANS_PER_BATCH}, "
-        f"client processes: {options.clients}, gunicorn workers: {options.workers}, "
+        f"spans per path: {m['spans']} in {m['batches']} batches of {SPANS_PER_BATCH}, "
+        f"client processes: {m['clients']}, gunicorn workers: {m['workers']}, "
         f"cores: {os.cpu_count()}"
     )
-    print(f"HTTP OTLP/protobuf:             {http_rate:8.0f} spans/s")
-    print(f"raw psycopg, same rows:         {raw_rate:8.0f} spans/s")
-    print(f"ratio HTTP / raw:               {http_rate / raw_rate:8.2f}")
+    print(f"HTTP OTLP/protobuf:             {m['http_rate']:8.0f} spans/s")
+    print(f"raw psycopg, same rows:         {m['raw_rate']:8.0f} spans/s")
+    print(f"ratio HTTP / raw:               {m['http_rate'] / m['raw_rate']:8.2f}")
+    print(f"raw, preparing its rows timed:  {m['timed_rate']:8.0f} spans/s")
+    print(f"ratio HTTP / raw, rows timed:   {m['http_rate'] / m['timed_rate']:8.2f}")
 
 
 if __name__ == "__main__":

@@ -12,13 +12,34 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import statistics
 from typing import Any
 
 # The queue benchmark beside this script (the script's folder is first on sys.path); it
 # builds the data set and times the requests.
 queue_page = importlib.import_module("queue_page")
+
+
+RANGES = ["/", "/?range=1h", "/?range=24h", "/?range=7d"]
+
+
+def measure(client: Any, repeat: int) -> dict[str, tuple[int, list[float]]]:
+    """Per chart range: the number of queries of one request and `repeat` server times."""
+    from django.db import connection
+
+    queries: list[str] = []
+
+    def counted(execute: Any, sql: str, *rest: Any) -> Any:
+        queries.append(sql)
+        return execute(sql, *rest)
+
+    measured = {}
+    for path in RANGES:
+        queries.clear()
+        with connection.execute_wrapper(counted):
+            assert client.get(path).status_code == 200
+        measured[path] = (len(queries), queue_page._time(client, path, repeat))
+    return measured
 
 
 def main() -> None:
@@ -32,40 +53,22 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    if not args.reuse:
-        queue_page._fresh_database(args.db)
-    os.environ["DATABASE_URL"] = f"{queue_page.PG}/{args.db}"
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "durability.settings")
-    import django
-
-    django.setup()
-    from django.contrib.auth.models import User
-    from django.core.management import call_command
-    from django.db import connection
-    from django.test import Client
-
     if args.reuse:
+        queue_page.django_on(args.db)
+        from django.contrib.auth.models import User
+
         operator = User.objects.get(username="operator")
     else:
-        call_command("migrate", verbosity=0)
-        operator = queue_page._fill(args.effects, args.open)["operator"]
+        operator = queue_page.build(args.db, args.effects, args.open)["operator"]
+    from django.test import Client
+
     client = Client()
     client.force_login(operator)
-    queries: list[str] = []
-
-    def counted(execute: Any, sql: str, *rest: Any) -> Any:
-        queries.append(sql)
-        return execute(sql, *rest)
-
     print(f"{args.effects:,} effects, {args.open:,} open cases, {args.repeat} requests each")
     print(f"{'page':<20} {'queries':>8} {'median ms':>10} {'p95 ms':>8}")
-    for path in ["/", "/?range=1h", "/?range=24h", "/?range=7d"]:
-        queries.clear()
-        with connection.execute_wrapper(counted):
-            assert client.get(path).status_code == 200
-        times = queue_page._time(client, path, args.repeat)
+    for path, (queries, times) in measure(client, args.repeat).items():
         print(
-            f"{path:<20} {len(queries):>8} {statistics.median(times) * 1000:>10.1f} "
+            f"{path:<20} {queries:>8} {statistics.median(times) * 1000:>10.1f} "
             f"{queue_page._p95(times) * 1000:>8.1f}"
         )
 

@@ -28,6 +28,31 @@ KINDS = ["payment", "email", "deploy", "git_push"]
 TARGETS = ["stripe", "smtp", "k8s", "github", "fakepay"]
 
 
+def django_on(db: str) -> None:
+    """Set Django up in this process on the PostgreSQL database `db` (once per process), as
+    a production process on plain HTTP (the test client's requests are not HTTPS)."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.server import PLAIN_HTTP
+
+    os.environ.update(PLAIN_HTTP)
+    os.environ["DATABASE_URL"] = f"{PG}/{db}"
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "durability.settings")
+    import django
+
+    django.setup()
+
+
+def build(db: str, effects: int, open_cases: int) -> dict[str, Any]:
+    """A fresh `db`, migrated and filled (see `_fill`), Django set up on it; the operator
+    and the project."""
+    _fresh_database(db)
+    django_on(db)
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    return _fill(effects, open_cases)
+
+
 def _fresh_database(name: str) -> None:
     with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -174,22 +199,38 @@ def _p95(values: list[float]) -> float:
     return statistics.quantiles(values, n=20, method="inclusive")[-1]
 
 
-def _explain(client: Any, path: str) -> None:
+def explain_captured(queries: list[dict[str, Any]], tables: tuple[str, ...]) -> None:
+    """Print EXPLAIN ANALYZE of each captured SELECT that reads one of `tables`."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        for query in queries:
+            sql = query["sql"]
+            if not sql.lstrip().upper().startswith("SELECT"):
+                continue
+            if not any(table in sql for table in tables):
+                continue
+            cursor.execute("EXPLAIN (ANALYZE, COSTS OFF) " + sql)
+            shown = sql if len(sql) <= 320 else f"{sql[:100]} … {sql[-220:]}"
+            print("--", shown.replace("\n", " "))
+            for (line,) in cursor.fetchall():
+                print("   ", line)
+
+
+def explain(client: Any, path: str, tables: tuple[str, ...] = ("durability_case",)) -> None:
+    """Request `path` and print the plans of its queries that read `tables`."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
     with CaptureQueriesContext(connection) as captured:
         client.get(path)
     print(f"\n== {path}: {len(captured)} queries")
-    with connection.cursor() as cursor:
-        for query in captured:
-            sql = query["sql"]
-            if not sql.lstrip().upper().startswith("SELECT") or "durability_case" not in sql:
-                continue
-            cursor.execute("EXPLAIN (ANALYZE, COSTS OFF) " + sql)
-            print("--", sql[:160].replace("\n", " "), "…")
-            for (line,) in cursor.fetchall():
-                print("   ", line)
+    explain_captured(captured.captured_queries, tables)
+
+
+def measure(client: Any, repeat: int) -> dict[str, list[float]]:
+    """The server times of the page under each of `_paths`, `repeat` requests each."""
+    return {label: _time(client, path, repeat) for label, path in _paths(client).items()}
 
 
 def main() -> None:
@@ -201,18 +242,9 @@ def main() -> None:
     parser.add_argument("--explain", action="store_true", help="print the query plans")
     args = parser.parse_args()
 
-    _fresh_database(args.db)
-    os.environ["DATABASE_URL"] = f"{PG}/{args.db}"
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "durability.settings")
-    sys.path.insert(0, str(ROOT))
-    import django
-
-    django.setup()
-    from django.core.management import call_command
+    data = build(args.db, args.effects, args.open)
     from django.test import Client
 
-    call_command("migrate", verbosity=0)
-    data = _fill(args.effects, args.open)
     client = Client()
     client.force_login(data["operator"])
     page = client.get("/queue/").content.decode()
@@ -221,8 +253,7 @@ def main() -> None:
     print(f"{args.effects:,} effects, {args.open:,} open cases, {args.repeat} requests each")
     print(f"{'filter':<28} {'median ms':>10} {'p95 ms':>8}")
     everything = []
-    for label, path in _paths(client).items():
-        times = _time(client, path, args.repeat)
+    for label, times in measure(client, args.repeat).items():
         everything += times
         print(f"{label:<28} {statistics.median(times) * 1000:>10.1f} {_p95(times) * 1000:>8.1f}")
     print(
@@ -231,7 +262,7 @@ def main() -> None:
     )
     if args.explain:
         for path in ["/queue/", "/queue/?sort=severity", "/queue/?workflow=refund-bot"]:
-            _explain(client, path)
+            explain(client, path)
 
 
 if __name__ == "__main__":
