@@ -13,7 +13,14 @@ from typing import Any
 from django.db import connections, transaction
 from django.utils import timezone
 
-from durability.models import AuditAction, AuditEntry, Case, Effect, Project
+from durability.models import (
+    KEYS_VERSION_SQLITE_TRIGGERS,
+    AuditAction,
+    AuditEntry,
+    Case,
+    Effect,
+    Project,
+)
 
 GENESIS = "0" * 64
 
@@ -28,15 +35,16 @@ SQLITE_TRIGGERS = [
 
 
 def sqlite_triggers_ensure(using: str = "default", **kwargs: Any) -> None:
-    """Re-create the append-only triggers on SQLite after migrations.
+    """Re-create the triggers on SQLite after migrations: the audit's append-only ones and
+    the keys version's bumps (`KeysVersion`).
 
     SQLite alters a table by rebuilding it, which drops its triggers; PostgreSQL keeps
-    the trigger that migration 0002 created.
+    those that migrations 0002 and 0015 created.
     """
     connection = connections[using]
     if connection.vendor == "sqlite":
         with connection.cursor() as cursor:
-            for statement in SQLITE_TRIGGERS:
+            for statement in SQLITE_TRIGGERS + KEYS_VERSION_SQLITE_TRIGGERS:
                 cursor.execute(statement)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import hmac
 import secrets
@@ -12,8 +13,8 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
-from django.db import models
-from django.db.models import Q
+from django.db import connection, models
+from django.db.models import Q, Subquery
 from django.urls import reverse
 from django.utils import timezone
 from pydantic import ValidationError as PydanticValidationError
@@ -21,8 +22,13 @@ from pydantic import ValidationError as PydanticValidationError
 from durability.reconcilers.base import Reconciler, UnknownKind, reconciler_for
 
 API_KEY_PREFIX = "tb_"
-# Refresh ApiKey.last_used_at at most this often, so authentication stays one read.
+# Refresh ApiKey.last_used_at at most this often: it tells people which keys are still in
+# use (minutes are enough for that), and a write per request would turn every read of the
+# API into a write and queue an agent fleet's requests on their shared key's row lock.
 LAST_USED_RESOLUTION = timedelta(seconds=60)
+# At most this many keys are cached per process (ApiKey.authenticate); past it, all are
+# forgotten at once and read again as they are used.
+AUTHENTICATED_MAX = 10_000
 
 
 class AuthorityPolicy(models.TextChoices):
@@ -112,27 +118,118 @@ class ApiKey(models.Model):
         return key, raw
 
     @classmethod
-    def authenticate(cls, raw: str) -> ApiKey | None:
-        """The live key matching `raw`, with its project, or None."""
+    def authenticate(cls, raw: str, *, now: datetime | None = None) -> ApiKey | None:
+        """The live key matching `raw`, with its project, or None; a copy the caller owns.
+
+        Keys are cached per process and used while the keys version is the one they were
+        read under: one primary-key read per request (`KeysVersion.current`); a key not
+        cached, or cached under an older version, is read with its project and the version
+        in one statement. Refreshes `last_used_at` at most once a minute.
+        """
         if not raw.startswith(API_KEY_PREFIX) or len(raw) > 200:
             return None
         digest = _digest(raw)
-        key = cls.objects.select_related("project").filter(digest=digest).first()
+        cached = _authenticated.get(digest)
+        if cached is not None and cached[0] == KeysVersion.current():
+            key: ApiKey | None = cached[1]
+        else:
+            key = cls._read(digest)
         if key is None or key.revoked_at is not None:
             return None
         if not hmac.compare_digest(key.digest, digest):
             return None
-        key.touch()
+        key.touch(now or timezone.now())
+        # The cached instances are shared by every request of the process: each gets its own.
+        mine = copy.copy(key)
+        mine.project = copy.copy(key.project)
+        return mine
+
+    @classmethod
+    def _read(cls, digest: str) -> ApiKey | None:
+        """The key with `digest` and its project, cached under the keys version read in the
+        same statement (so a revocation committed after it bumps past it); None if none."""
+        version = KeysVersion.objects.filter(pk=KeysVersion.ONE).values("version")
+        found = list(
+            cls.objects.select_related("project")
+            .annotate(keys_version=Subquery(version))
+            .filter(digest=digest)
+        )
+        if not found:
+            return None
+        key = found[0]
+        if len(_authenticated) >= AUTHENTICATED_MAX:
+            _authenticated.clear()
+        _authenticated[digest] = (key.keys_version, key)  # type: ignore[attr-defined]
         return key
 
-    def touch(self) -> None:
-        now = timezone.now()
-        if self.last_used_at is None or now - self.last_used_at > LAST_USED_RESOLUTION:
-            ApiKey.objects.filter(pk=self.pk).update(last_used_at=now)
+    def touch(self, now: datetime) -> None:
+        """Record the use at most once a minute: this process's last write is the first
+        test, the row's time the second, so several processes write a key once a minute."""
+        if self.last_used_at is None or now - self.last_used_at >= LAST_USED_RESOLUTION:
+            ApiKey.objects.filter(pk=self.pk).exclude(
+                last_used_at__gt=now - LAST_USED_RESOLUTION
+            ).update(last_used_at=now)
             self.last_used_at = now
 
     def revoke(self) -> None:
         ApiKey.objects.filter(pk=self.pk, revoked_at=None).update(revoked_at=timezone.now())
+
+
+# The keys this process has authenticated, by digest: the keys version each was read under,
+# and the key with its project.
+_authenticated: dict[str, tuple[int | None, ApiKey]] = {}
+
+
+class KeysVersion(models.Model):
+    """One row, whose version PostgreSQL's triggers bump in the same transaction as any
+    change to a key or a project but the use times and the audit heads (revocation,
+    deletion, a key moved, a project's policy or redaction set): a process uses its cached
+    keys only while the version is the one it read them under.
+
+    The triggers are migration 0015's (SQLite's: `KEYS_VERSION_SQLITE_TRIGGERS`).
+    """
+
+    ONE = 1
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=ONE)
+    version = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.CheckConstraint(condition=Q(id=1), name="keysversion_one_row")]
+
+    def __str__(self) -> str:
+        return f"keys version {self.version}"
+
+    @classmethod
+    def current(cls) -> int | None:
+        """The version now (None if the row is missing, as after a test's flush): raw SQL,
+        since compiling the ORM's query would cost more than the read."""
+        table = connection.ops.quote_name(cls._meta.db_table)
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT version FROM {table} WHERE id = %s", [cls.ONE])
+            row = cursor.fetchone()
+        return None if row is None else int(row[0])
+
+
+# SQLite rebuilds a table to alter it, dropping its triggers: these are (re)created after
+# every migrate (durability.audit.sqlite_triggers_ensure). Columns are listed, where
+# PostgreSQL's compare whole rows.
+_BUMP = """BEGIN
+    INSERT OR IGNORE INTO durability_keysversion (id, version) VALUES (1, 0);
+    UPDATE durability_keysversion SET version = version + 1 WHERE id = 1;
+END"""
+KEYS_VERSION_SQLITE_TRIGGERS = [
+    f"""CREATE TRIGGER IF NOT EXISTS durability_apikey_keys_version_update
+    AFTER UPDATE OF project_id, name, prefix, digest, created, revoked_at ON durability_apikey
+    {_BUMP}""",
+    f"""CREATE TRIGGER IF NOT EXISTS durability_apikey_keys_version_delete
+    AFTER DELETE ON durability_apikey {_BUMP}""",
+    f"""CREATE TRIGGER IF NOT EXISTS durability_project_keys_version_update
+    AFTER UPDATE OF name, created, authority_policy, redaction_patterns, redaction_keys
+    ON durability_project {_BUMP}""",
+    f"""CREATE TRIGGER IF NOT EXISTS durability_project_keys_version_delete
+    AFTER DELETE ON durability_project {_BUMP}""",
+]
 
 
 class State(models.TextChoices):

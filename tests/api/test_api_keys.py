@@ -82,16 +82,23 @@ def test_using_a_key_records_when_it_was_last_used(api):
     assert used is not None and before <= used <= timezone.now()
 
 
-def test_last_used_is_refreshed_at_most_once_a_minute(api):
-    api.intent("k1")
-    first = ApiKey.objects.get().last_used_at
-    api.receipt("k1")
-    assert ApiKey.objects.get().last_used_at == first
-    ApiKey.objects.update(last_used_at=timezone.now() - timedelta(minutes=2))
-    before = timezone.now()
-    api.get("effects", key="k1")
-    refreshed = ApiKey.objects.get().last_used_at
-    assert refreshed is not None and before <= refreshed <= timezone.now()
+def test_last_used_is_refreshed_at_most_once_a_minute(api_key):
+    start = timezone.now()
+    ApiKey.authenticate(api_key, now=start)
+    assert ApiKey.objects.get().last_used_at == start
+    ApiKey.authenticate(api_key, now=start + timedelta(seconds=59))
+    assert ApiKey.objects.get().last_used_at == start
+    ApiKey.authenticate(api_key, now=start + timedelta(seconds=60))
+    assert ApiKey.objects.get().last_used_at == start + timedelta(seconds=60)
+
+
+def test_a_key_used_by_several_processes_is_written_once_a_minute(api_key):
+    start = timezone.now()
+    ApiKey.authenticate(api_key, now=start)
+    # Another process, whose own minute had passed, wrote it since.
+    ApiKey.objects.update(last_used_at=start + timedelta(seconds=30))
+    ApiKey.authenticate(api_key, now=start + timedelta(seconds=61))
+    assert ApiKey.objects.get().last_used_at == start + timedelta(seconds=30)
 
 
 def test_a_key_sees_only_its_own_projects_effects(api, other_api):
