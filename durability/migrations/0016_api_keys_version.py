@@ -54,7 +54,7 @@ def backward(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-    dependencies = [("durability", "0014_login_lockouts")]
+    dependencies = [("durability", "0015_audit_policy_cases")]
 
     operations = [
         migrations.CreateModel(
