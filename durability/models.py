@@ -112,8 +112,11 @@ class ApiKey(models.Model):
         if not raw.startswith(API_KEY_PREFIX) or len(raw) > 200:
             return None
         digest = _digest(raw)
-        key = cls.objects.select_related("project").filter(digest=digest).first()
-        if key is None or key.revoked_at is not None:
+        try:  # unique: `.get()`, not `.first()` and its ORDER BY id
+            key = cls.objects.select_related("project").get(digest=digest)
+        except cls.DoesNotExist:
+            return None
+        if key.revoked_at is not None:
             return None
         if not hmac.compare_digest(key.digest, digest):
             return None
@@ -162,7 +165,12 @@ EFFECT_NAMES_TRAJECTORY = ~Q(trace_id="") | ~Q(tool_call_id="") | ~Q(run_id="")
 
 
 class Effect(models.Model):
-    project = models.ForeignKey(Project, models.CASCADE, related_name="effects")
+    project = models.ForeignKey(
+        Project,
+        models.CASCADE,
+        related_name="effects",
+        db_index=False,  # effect_project_key_uniq leads with it
+    )
     key = models.CharField(max_length=255)
     kind = models.CharField(max_length=100)
     target = models.CharField(max_length=255)
@@ -246,7 +254,12 @@ class Effect(models.Model):
 
 
 class Attempt(models.Model):
-    effect = models.ForeignKey(Effect, models.CASCADE, related_name="attempts")
+    effect = models.ForeignKey(
+        Effect,
+        models.CASCADE,
+        related_name="attempts",
+        db_index=False,  # attempt_effect_number_uniq leads with it
+    )
     number = models.PositiveIntegerField()
     started = models.DateTimeField(default=timezone.now)
     deadline = models.DateTimeField(null=True, blank=True)
@@ -274,7 +287,12 @@ class Strength(models.TextChoices):
 
 
 class Receipt(models.Model):
-    project = models.ForeignKey(Project, models.CASCADE, related_name="receipts")
+    project = models.ForeignKey(
+        Project,
+        models.CASCADE,
+        related_name="receipts",
+        db_index=False,  # receipt_identity_uniq leads with it
+    )
     # Null for an orphan receipt: evidence for a key no intent has named (yet).
     effect = models.ForeignKey(
         Effect, models.CASCADE, null=True, blank=True, related_name="receipts"
@@ -519,13 +537,24 @@ class AuditEntry(models.Model):
     entries about no effect chain per project.
     """
 
-    project = models.ForeignKey(Project, models.PROTECT, related_name="audit_entries")
+    project = models.ForeignKey(
+        Project,
+        models.PROTECT,
+        related_name="audit_entries",
+        db_index=False,  # audit_project_recent_idx leads with it
+    )
     seq = models.PositiveBigIntegerField()
     at = models.DateTimeField(default=timezone.now)
     actor = models.CharField(max_length=150)
     action = models.CharField(max_length=32, choices=AuditAction.choices)
     effect = models.ForeignKey(
-        Effect, models.DO_NOTHING, null=True, blank=True, db_constraint=False, related_name="+"
+        Effect,
+        models.DO_NOTHING,
+        null=True,
+        blank=True,
+        db_constraint=False,
+        related_name="+",
+        db_index=False,  # audit_effect_seq_uniq leads with it (an effect's entries, in order)
     )
     case = models.ForeignKey(
         Case, models.DO_NOTHING, null=True, blank=True, db_constraint=False, related_name="+"
