@@ -130,12 +130,13 @@ DATABASES = {
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # Server-side binding, and a statement prepared on its connection once it ran this many
-    # times: the ORM's few shapes of query skip PostgreSQL's parse and plan. 0 (behind a
-    # transaction-pooling PgBouncer older than 1.21): never prepared, client-side binding.
-    _prepare_after = env_int("DB_PREPARE_THRESHOLD", 2)
-    if _prepare_after > 0:
+    # times (psycopg's prepare_threshold): the ORM's few shapes of query skip PostgreSQL's
+    # parse and plan. `off` (behind a transaction-pooling PgBouncer older than 1.21): never
+    # prepared, and Django's client-side binding.
+    _prepare_after = env_str("DB_PREPARE_THRESHOLD", "2").strip().lower()
+    if _prepare_after != "off":
         DATABASES["default"].setdefault("OPTIONS", {}).update(
-            server_side_binding=True, prepare_threshold=_prepare_after
+            server_side_binding=True, prepare_threshold=int(_prepare_after)
         )
 elif DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Wait for the writer lock instead of failing at once, and take it up front.
