@@ -55,7 +55,9 @@ def cost() -> Iterator[Cost]:
         with open(path) as trace:
             senders = [line[:1] for line in trace if line[:1] in {"F", "B"}]
         spent.round_trips = sum(
-            1 for one, after in zip(senders, senders[1:], strict=False) if (one, after) == ("F", "B")
+            1
+            for one, after in zip(senders, senders[1:], strict=False)
+            if (one, after) == ("F", "B")
         )
     finally:
         os.close(descriptor)
