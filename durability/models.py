@@ -102,10 +102,17 @@ class ApiKey(models.Model):
     name = models.CharField(max_length=100, blank=True)
     # The first characters of the key, shown to people so they can tell keys apart.
     prefix = models.CharField(max_length=16)
-    digest = models.CharField(max_length=64, unique=True)
+    digest = models.CharField(max_length=64)
     created = models.DateTimeField(default=timezone.now)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            # Every API request: the key by its digest. A constraint, not `unique=True`, which
+            # adds a varchar_pattern_ops twin that the planner took for this lookup.
+            models.UniqueConstraint(fields=["digest"], name="apikey_digest_uniq"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.project})"
@@ -264,7 +271,12 @@ EFFECT_NAMES_TRAJECTORY = ~Q(trace_id="") | ~Q(tool_call_id="") | ~Q(run_id="")
 
 
 class Effect(models.Model):
-    project = models.ForeignKey(Project, models.CASCADE, related_name="effects")
+    project = models.ForeignKey(
+        Project,
+        models.CASCADE,
+        related_name="effects",
+        db_index=False,  # effect_project_key_uniq leads with it
+    )
     key = models.CharField(max_length=255)
     kind = models.CharField(max_length=100)
     target = models.CharField(max_length=255)
@@ -348,7 +360,12 @@ class Effect(models.Model):
 
 
 class Attempt(models.Model):
-    effect = models.ForeignKey(Effect, models.CASCADE, related_name="attempts")
+    effect = models.ForeignKey(
+        Effect,
+        models.CASCADE,
+        related_name="attempts",
+        db_index=False,  # attempt_effect_number_uniq leads with it
+    )
     number = models.PositiveIntegerField()
     started = models.DateTimeField(default=timezone.now)
     deadline = models.DateTimeField(null=True, blank=True)
@@ -376,7 +393,12 @@ class Strength(models.TextChoices):
 
 
 class Receipt(models.Model):
-    project = models.ForeignKey(Project, models.CASCADE, related_name="receipts")
+    project = models.ForeignKey(
+        Project,
+        models.CASCADE,
+        related_name="receipts",
+        db_index=False,  # receipt_identity_uniq leads with it
+    )
     # Null for an orphan receipt: evidence for a key no intent has named (yet).
     effect = models.ForeignKey(
         Effect, models.CASCADE, null=True, blank=True, related_name="receipts"
@@ -621,13 +643,24 @@ class AuditEntry(models.Model):
     entries about no effect chain per project.
     """
 
-    project = models.ForeignKey(Project, models.PROTECT, related_name="audit_entries")
+    project = models.ForeignKey(
+        Project,
+        models.PROTECT,
+        related_name="audit_entries",
+        db_index=False,  # audit_project_recent_idx leads with it
+    )
     seq = models.PositiveBigIntegerField()
     at = models.DateTimeField(default=timezone.now)
     actor = models.CharField(max_length=150)
     action = models.CharField(max_length=32, choices=AuditAction.choices)
     effect = models.ForeignKey(
-        Effect, models.DO_NOTHING, null=True, blank=True, db_constraint=False, related_name="+"
+        Effect,
+        models.DO_NOTHING,
+        null=True,
+        blank=True,
+        db_constraint=False,
+        related_name="+",
+        db_index=False,  # audit_effect_seq_uniq leads with it (an effect's entries, in order)
     )
     case = models.ForeignKey(
         Case, models.DO_NOTHING, null=True, blank=True, db_constraint=False, related_name="+"

@@ -119,14 +119,26 @@ TEMPLATES: list[dict[str, Any]] = [
 
 # SQLite in the project folder by default, so the demo starts on a bare machine;
 # PostgreSQL (psycopg 3) in production and in the tests.
+# No health check (a `SELECT 1` before the first query of every request on a reused
+# connection): a connection that died with a PostgreSQL restart fails its one request, which
+# the API answers 503 with Retry-After, and Django drops it at the request's end.
 DATABASES = {
     "default": dj_database_url.parse(
         env_str("DATABASE_URL", f"sqlite:///{BASE_DIR / 'tallybook.sqlite3'}"),
         conn_max_age=env_int("DB_CONN_MAX_AGE", 60),
-        conn_health_checks=True,
     )
 }
-if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # Server-side binding, and a statement prepared on its connection once it ran this many
+    # times (psycopg's prepare_threshold): the ORM's few shapes of query skip PostgreSQL's
+    # parse and plan. `off` (behind a transaction-pooling PgBouncer older than 1.21): never
+    # prepared, and Django's client-side binding.
+    _prepare_after = env_str("DB_PREPARE_THRESHOLD", "2").strip().lower()
+    if _prepare_after != "off":
+        DATABASES["default"].setdefault("OPTIONS", {}).update(
+            server_side_binding=True, prepare_threshold=int(_prepare_after)
+        )
+elif DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Wait for the writer lock instead of failing at once, and take it up front.
     DATABASES["default"]["OPTIONS"] = {"timeout": 20, "transaction_mode": "IMMEDIATE"}
     # Covering indexes (the grant limits' INCLUDE columns) speed up PostgreSQL; SQLite builds

@@ -158,8 +158,9 @@ def effects(request: ApiRequest) -> JsonResponse:
         return error("Invalid query", 400, {"key": str(exc)})
     # Keys are stored with any secret in them replaced, as the ledger recorded them.
     stored = redaction.distinct(key, redaction.extras_of(request.project))
-    effect = Effect.objects.filter(project=request.project, key=stored).first()
-    if effect is None:
+    try:  # unique on (project, key): `.get()`, not `.first()` and its ORDER BY id
+        effect = Effect.objects.get(project=request.project, key=stored)
+    except Effect.DoesNotExist:
         return error("No effect has this key in this project", 404, {"key": "Unknown key"})
     return _effect_detail(effect)
 

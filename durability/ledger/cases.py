@@ -15,8 +15,12 @@ from durability.models import AuditAction, Case, Effect, Reason, Receipt, Resolu
 
 
 def open_case_of(effect: Effect, reason: Reason) -> Case | None:
-    """The effect's open case of this reason; there is at most one."""
-    return Case.objects.filter(effect=effect, reason=reason, closed=None).first()
+    """The effect's open case of this reason; there is at most one (a unique index), found
+    without `.first()`'s ORDER BY id, which could lead the planner away from that index."""
+    try:
+        return Case.objects.get(effect=effect, reason=reason, closed=None)
+    except Case.DoesNotExist:
+        return None
 
 
 def case_open(

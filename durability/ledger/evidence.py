@@ -127,9 +127,16 @@ def _receipt_store(
     receipt = redact_input(receipt, extras_of(project))
     with audit.trail(project.pk, actor) as trail:
         effect = locked_or_key_locked(project, receipt.key)
-        existing = Receipt.objects.filter(
-            project=project, key=receipt.key, system=receipt.system, external_id=receipt.external_id
-        ).first()
+        # Unique (receipt_identity_uniq): `.get()`, not `.first()` and its ORDER BY.
+        try:
+            existing: Receipt | None = Receipt.objects.get(
+                project=project,
+                key=receipt.key,
+                system=receipt.system,
+                external_id=receipt.external_id,
+            )
+        except Receipt.DoesNotExist:
+            existing = None
         if existing is not None:
             if STRENGTH_RANK[strength] > STRENGTH_RANK[Strength(existing.strength)]:
                 # The provider confirms what the agent reported: the same evidence, stronger.

@@ -124,15 +124,27 @@ def apply(effect: Effect, event: Event, trail: Trail, **data: Any) -> None:
 # -- locks: every service takes the effect's row lock before it reads the effect ----------
 
 
+def _locked(project: Project, **unique: Any) -> Effect | None:
+    """The effect of a unique lookup, locked, or None.
+
+    No ORDER BY ... LIMIT 1 (`.first()`): with it the planner may walk the project's
+    (project, id) index for a key that does not exist yet instead of the unique index.
+    """
+    try:
+        return Effect.objects.select_for_update().get(project=project, **unique)
+    except Effect.DoesNotExist:
+        return None
+
+
 def locked(project: Project, key: str) -> Effect:
-    effect = Effect.objects.select_for_update().filter(project=project, key=key).first()
+    effect = _locked(project, key=key)
     if effect is None:
         raise UnknownEffect(key)
     return effect
 
 
 def locked_by_id(project: Project, effect_id: int) -> Effect:
-    effect = Effect.objects.select_for_update().filter(project=project, pk=effect_id).first()
+    effect = _locked(project, pk=effect_id)
     if effect is None:
         raise UnknownEffect(str(effect_id))
     return effect
@@ -145,10 +157,10 @@ def locked_or_key_locked(project: Project, key: str) -> Effect | None:
     lock, so an intent adopts every receipt committed before it and a receipt finds the
     effect of every intent committed before it. SQLite runs one writer at a time anyway.
     """
-    effect = Effect.objects.select_for_update().filter(project=project, key=key).first()
+    effect = _locked(project, key=key)
     connection = transaction.get_connection()
     if effect is not None or connection.vendor != "postgresql":
         return effect
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, %s))", [key, project.pk])
-    return Effect.objects.select_for_update().filter(project=project, key=key).first()
+    return _locked(project, key=key)

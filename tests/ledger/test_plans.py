@@ -1,0 +1,108 @@
+"""The hot lookups use their unique index, on a fresh database and on a grown one.
+
+Each plan is PostgreSQL's for the statement the code ran (read back with the values in it):
+an intent's look for its key's effect, a receipt's look for
+the same receipt sent before, and an API key's look by digest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from durability.models import ApiKey, Effect, Project, Receipt
+from tests.ledger import support as ledger
+from tests.round_trips import shape
+
+
+def _indexes(plan: Any, table: str) -> Iterator[str]:
+    """The indexes the plan scans `table` by; none for a sequential scan."""
+    if isinstance(plan, dict):
+        if plan.get("Relation Name") == table and "Index Name" in plan:
+            yield plan["Index Name"]
+        for value in plan.values():
+            yield from _indexes(value, table)
+    elif isinstance(plan, list):
+        for value in plan:
+            yield from _indexes(value, table)
+
+
+def _plans(run: Any, *shapes: str) -> list[set[str]]:
+    """The indexes each plan reads its table by, for the first statement of each shape that
+    `run` ran."""
+    with CaptureQueriesContext(connection) as queries:
+        run()
+    ran: dict[str, str] = {}
+    for query in queries.captured_queries:
+        ran.setdefault(shape(query["sql"]), query["sql"])
+    found = []
+    with connection.cursor() as cursor:
+        for one in shapes:
+            cursor.execute(f"EXPLAIN (FORMAT JSON) {ran[one]}")
+            table = one.split()[1]
+            found.append(set(_indexes(cursor.fetchone()[0], table)))
+    return found
+
+
+@pytest.fixture(params=[2_000, 20_000], ids=["fresh", "grown"])
+def database(request: pytest.FixtureRequest, project: Project) -> Project:
+    """The project among effects, receipts and API keys of its own and of another project,
+    analyzed as autovacuum does once 50 rows and 10% changed: 2,000 (a fresh database in its
+    first minutes) or 20,000 (a sequential scan is cheaper than any index below about a
+    thousand).
+
+    Before any statistics, on a table of under ten pages, every index that leads with
+    project_id costs the planner the same as the unique one, and it may take any of them:
+    each reads the same one page then.
+    """
+    rows = request.param
+    other = Project.objects.create(name="beta")
+    for owner in (project, other):
+        effects = Effect.objects.bulk_create(
+            Effect(project=owner, key=f"old-{n}", kind="payment", target="stripe")
+            for n in range(rows // 2)
+        )
+        Receipt.objects.bulk_create(
+            Receipt(project=owner, effect=e, key=e.key, system="stripe", external_id=e.key)
+            for e in effects
+        )
+        ApiKey.objects.bulk_create(
+            ApiKey(project=owner, prefix="tb_old", digest=f"{owner.pk}-{n}".rjust(64, "0"))
+            for n in range(rows // 20)
+        )
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE durability_effect, durability_receipt, durability_apikey")
+    return project
+
+
+def test_an_intent_for_a_new_key_looks_for_it_by_its_unique_index(database: Project) -> None:
+    (by_key,) = _plans(
+        lambda: ledger.intent(database, "k-new"), "SELECT durability_effect FOR UPDATE"
+    )
+
+    assert by_key == {"effect_project_key_uniq"}
+
+
+def test_a_receipt_looks_for_itself_by_its_unique_index(database: Project) -> None:
+    ledger.intent(database, "k1")
+
+    by_key, same_receipt = _plans(
+        lambda: ledger.receipt(database, "k1", external_id="ext-1"),
+        "SELECT durability_effect FOR UPDATE",
+        "SELECT durability_receipt",
+    )
+
+    assert by_key == {"effect_project_key_uniq"}
+    assert same_receipt == {"receipt_identity_uniq"}
+
+
+def test_an_api_key_is_found_by_its_digest_index(database: Project) -> None:
+    _, raw = ApiKey.issue(database)
+
+    (by_digest,) = _plans(lambda: ApiKey.authenticate(raw), "SELECT durability_apikey")
+
+    assert by_digest == {"apikey_digest_uniq"}
