@@ -28,6 +28,7 @@ from durability.models import (
     WebhookDelivery,
     WebhookKind,
 )
+from tests.api.support import github_source
 from tests.conftest import Api
 from tests.desk.support import logged_in
 from tests.ledger import support as ledger
@@ -215,15 +216,7 @@ def _hooks(client: Client, project: Project, secret: str) -> list[Any]:
         mapping={"key": "key", "external_id": "id", "target": "target"},
         tolerance_s=300,
     )
-    github = webhook_source_create(
-        project=project,
-        actor="user:ada",
-        name="alpha-github",
-        kind=WebhookKind.GITHUB,
-        system="github",
-        mapping={},
-        tolerance_s=300,
-    )
+    github = github_source(project)
     body = json.dumps(
         {"key": f"hook:{secret}", "id": f"evt:{secret}", "target": f"t:{secret}", "x": secret}
     ).encode()
