@@ -13,6 +13,7 @@ from typing import Any
 from django.db import connections, transaction
 from django.utils import timezone
 
+from durability import rows
 from durability.models import (
     KEYS_VERSION_SQLITE_TRIGGERS,
     AuditAction,
@@ -67,17 +68,24 @@ def entry_hash(entry: AuditEntry) -> str:
 
 @dataclass
 class Trail:
-    """Entries gathered during one transaction and appended to their chains at its end.
+    """One transaction's writes and audit entries, sent together at its end.
 
-    An entry about an effect extends that effect's chain, under the effect's row lock
-    (which the state machine already holds); an entry about no effect extends the
-    project's chain, under the project's row lock (FOR NO KEY UPDATE, so inserts that
-    reference the project are not blocked).
+    An entry about an effect extends that effect's chain. The ledger's services lock the
+    effect row first and `hold` it: its head is then the one in hand, moved with the row's
+    other changes. An entry about an effect not held (or about none) extends the chain
+    after the head read under the effect's (or the project's) row lock, FOR NO KEY UPDATE
+    so inserts that reference it are not blocked.
+
+    Rows `stage`d here are written once, with their final values, after the entries are
+    chained: on PostgreSQL in one pipeline with the COMMIT, so the writes of an intent or a
+    receipt cost one round trip (`durability.rows`).
     """
 
     project_id: int
     actor: str
     entries: list[AuditEntry] = field(default_factory=list)
+    writes: rows.Writes = field(default_factory=rows.Writes)
+    held: dict[int, Effect] = field(default_factory=dict)
 
     def add(
         self,
@@ -103,14 +111,36 @@ class Trail:
             )
         )
 
-    def append(self) -> None:
-        if not self.entries:
-            return
+    def hold(self, effect: Effect) -> None:
+        """The effect's row is locked by this transaction (or new in it, with a key drawn):
+        its chain head is the one in hand."""
+        assert effect.pk is not None
+        self.held[effect.pk] = effect
+
+    def stage(self, row: Any, *fields: str) -> None:
+        """Write `row` at the end: insert it if it was never saved, else update `fields`."""
+        self.writes.stage(row, *fields)
+
+    def append(self, *, commit: bool = False) -> None:
+        """Chain the entries and send every staged write; with `commit` (the trail's own
+        transaction, on PostgreSQL) the COMMIT goes in the same pipeline, so that the
+        writes and the commit are one round trip, and Django's commit after it finds the
+        transaction already closed."""
         assert transaction.get_connection().in_atomic_block, "audit must share the transaction"
+        if self.entries:
+            self._chain()
+        with rows.pipelined():
+            sent = self.writes.send()
+            if commit:
+                with transaction.get_connection().cursor() as cursor:
+                    cursor.execute("COMMIT")
+        rows.keys_take(sent)
+
+    def _chain(self) -> None:
         now = timezone.now()
         chains: dict[int | None, list[AuditEntry]] = {}
         for entry in self.entries:
-            # Foreign keys are hashed by id: take them from the objects, saved by now.
+            # Foreign keys are hashed by id: take them from the objects, keyed by now.
             entry.effect_id = entry.effect.pk if entry.effect else None
             entry.case_id = entry.case.pk if entry.case else None
             entry.at = now
@@ -118,34 +148,48 @@ class Trail:
         for effect_id, entries in chains.items():
             if effect_id is None:
                 self._extend(Project.objects, self.project_id, entries)
+            elif (effect := self.held.get(effect_id)) is not None:
+                effect.audit_seq, effect.audit_head = _linked(
+                    entries, effect.audit_seq, effect.audit_head
+                )
+                self.writes.stage(effect, "audit_seq", "audit_head")
             else:
                 self._extend(Effect.objects, effect_id, entries)
-        AuditEntry.objects.bulk_create(self.entries)
+        for entry in self.entries:
+            self.writes.stage(entry)
         self.entries = []
 
     @staticmethod
     def _extend(manager: Any, pk: int, entries: list[AuditEntry]) -> None:
         """Chain `entries` after the head stored on row `pk`, and move the head."""
         head = manager.select_for_update(no_key=True).only("audit_seq", "audit_head").get(pk=pk)
-        seq, prev = head.audit_seq, head.audit_head
-        for entry in entries:
-            seq += 1
-            entry.seq, entry.prev_hash = seq, prev
-            entry.hash = prev = entry_hash(entry)
+        seq, prev = _linked(entries, head.audit_seq, head.audit_head)
         manager.filter(pk=pk).update(audit_seq=seq, audit_head=prev)
+
+
+def _linked(entries: list[AuditEntry], seq: int, prev: str) -> tuple[int, str]:
+    """Number and hash `entries` after the head (seq, prev); the new head."""
+    for entry in entries:
+        seq += 1
+        entry.seq, entry.prev_hash = seq, prev
+        entry.hash = prev = entry_hash(entry)
+    return seq, prev
 
 
 @contextmanager
 def trail(project: Project | int, actor: str) -> Iterator[Trail]:
-    """One audited change: a transaction whose gathered entries are appended on a clean exit.
+    """One audited change: a transaction whose gathered entries and staged rows are
+    written on a clean exit.
 
-    An exception rolls the transaction back and appends nothing. Inside a caller's
-    transaction this is a savepoint, and the entries still commit with the caller's.
+    An exception rolls the transaction back and writes nothing. Inside a caller's
+    transaction this is a savepoint, and the writes still commit with the caller's.
     """
     gathered = Trail(project.pk if isinstance(project, Project) else project, actor)
+    connection = transaction.get_connection()
+    own = not connection.in_atomic_block and connection.vendor == "postgresql"
     with transaction.atomic():
         yield gathered
-        gathered.append()
+        gathered.append(commit=own)
 
 
 def _first_broken_in_chain(entries: Iterable[AuditEntry], head: str | None) -> AuditEntry | None:

@@ -146,9 +146,32 @@ class ApiKey(models.Model):
         if not hmac.compare_digest(key.digest, digest):
             return None
         key.touch(now or timezone.now())
-        # The cached instances are shared by every request of the process: each gets its own.
-        mine = copy.copy(key)
-        mine.project = copy.copy(key.project)
+        return key._copy()
+
+    @classmethod
+    def cached(cls, raw: str, *, now: datetime | None = None) -> tuple[ApiKey, int | None] | None:
+        """The live key matching `raw` as this process cached it, with the keys version it
+        was read under, for a caller that checks the version itself before it relies on it
+        (`KeysVersion.CURRENT`, sent ahead of its first reads); None if the key is not
+        cached, not live, or due for a `touch` (then `authenticate`)."""
+        if not raw.startswith(API_KEY_PREFIX) or len(raw) > 200:
+            return None
+        digest = _digest(raw)
+        cached = _authenticated.get(digest)
+        if cached is None:
+            return None
+        version, key = cached
+        now = now or timezone.now()
+        if key.revoked_at is not None or not hmac.compare_digest(key.digest, digest):
+            return None
+        if key.last_used_at is None or now - key.last_used_at >= LAST_USED_RESOLUTION:
+            return None
+        return key._copy(), version
+
+    def _copy(self) -> ApiKey:
+        """The cached instances are shared by every request of the process: each gets its own."""
+        mine = copy.copy(self)
+        mine.project = copy.copy(self.project)
         return mine
 
     @classmethod
@@ -207,13 +230,14 @@ class KeysVersion(models.Model):
     def __str__(self) -> str:
         return f"keys version {self.version}"
 
+    # The version now: raw SQL, since compiling the ORM's query would cost more than the read.
+    CURRENT = 'SELECT version FROM "durability_keysversion" WHERE id = 1'
+
     @classmethod
     def current(cls) -> int | None:
-        """The version now (None if the row is missing, as after a test's flush): raw SQL,
-        since compiling the ORM's query would cost more than the read."""
-        table = connection.ops.quote_name(cls._meta.db_table)
+        """The version now (None if the row is missing, as after a test's flush)."""
         with connection.cursor() as cursor:
-            cursor.execute(f"SELECT version FROM {table} WHERE id = %s", [cls.ONE])
+            cursor.execute(cls.CURRENT)
             row = cursor.fetchone()
         return None if row is None else int(row[0])
 
@@ -430,6 +454,15 @@ class Receipt(models.Model):
             ),
             models.CheckConstraint(
                 condition=Q(strength__in=Strength.values), name="receipt_strength_valid"
+            ),
+        ]
+        indexes = [
+            # Every intent for a new key: the receipts that came before it (orphans, rare),
+            # oldest first, found without walking the effect_id index's NULLs.
+            models.Index(
+                fields=["project", "key", "received", "id"],
+                name="receipt_orphans_of_key_idx",
+                condition=Q(effect__isnull=True),
             ),
         ]
 

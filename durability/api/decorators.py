@@ -11,9 +11,10 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from pydantic import BaseModel, ValidationError
 
+from durability import rows
 from durability.api.schemas import ErrorOut
 from durability.inbound import json_loads
-from durability.models import ApiKey, Project
+from durability.models import ApiKey, KeysVersion, Project
 
 MiB = 1024 * 1024
 
@@ -136,31 +137,38 @@ def _parse[M: BaseModel](request: HttpRequest, body: bytes, schema: type[M]) -> 
 
 @overload
 def authorize[**P](
-    *, max_body: int = MiB
+    *, max_body: int = MiB, keys_ahead: bool = False
 ) -> Callable[[View[ApiRequest, P]], View[HttpRequest, P]]: ...
 
 
 @overload
 def authorize[M: BaseModel, **P](
-    *, schema: type[M], max_body: int = MiB
+    *, schema: type[M], max_body: int = MiB, keys_ahead: bool = False
 ) -> Callable[[View[PayloadRequest[M], P]], View[HttpRequest, P]]: ...
 
 
 def authorize(
-    *, schema: type[BaseModel] | None = None, max_body: int = MiB
+    *, schema: type[BaseModel] | None = None, max_body: int = MiB, keys_ahead: bool = False
 ) -> Callable[[View[Any, ...]], View[HttpRequest, ...]]:
     """Authenticate the Bearer key and set `request.project`; cap the body at `max_body`;
-    with a `schema`, validate the JSON body once and set it as `request.payload`."""
+    with a `schema`, validate the JSON body once and set it as `request.payload`.
+
+    With `keys_ahead` (the ledger's writes, whose first statements are a batch of reads
+    under the key's lock) a key this process cached is used at once, and the keys version
+    it was cached under is checked in the view's first round trip (`rows.ahead`): if a key
+    or project changed meanwhile, the view's transaction rolls back before it wrote
+    anything, and the request is authenticated afresh and run again.
+    """
 
     def decorator(view: View[Any, ...]) -> View[HttpRequest, ...]:
         @csrf_exempt
         @wraps(view)
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-            key = ApiKey.authenticate(_bearer(request))
+            raw = _bearer(request)
+            cached = ApiKey.cached(raw) if keys_ahead else None
+            key = cached[0] if cached is not None else ApiKey.authenticate(raw)
             if key is None:
-                response = error("Missing, wrong or revoked API key", 401)
-                response["WWW-Authenticate"] = 'Bearer realm="tallybook"'
-                return response
+                return _unknown_key()
             api_request = cast(PayloadRequest[BaseModel], request)
             try:
                 body = body_within(request, max_body)
@@ -168,11 +176,32 @@ def authorize(
                     api_request.payload = _parse(request, body, schema)
             except Refused as refused:
                 return refused.response
-            api_request.project = key.project
-            api_request.api_key = key
-            api_request.actor = f"api:{key.prefix}"
-            return view(api_request, *args, **kwargs)
+            if cached is not None:
+                version = cached[1]
+                try:
+                    with rows.ahead(KeysVersion.CURRENT, (), lambda now: now.scalar() == version):
+                        return _as(api_request, key, view, *args, **kwargs)
+                except rows.Stale:
+                    key = ApiKey.authenticate(raw)
+                    if key is None:
+                        return _unknown_key()
+            return _as(api_request, key, view, *args, **kwargs)
 
         return wrapper
 
     return decorator
+
+
+def _unknown_key() -> HttpResponse:
+    response = error("Missing, wrong or revoked API key", 401)
+    response["WWW-Authenticate"] = 'Bearer realm="tallybook"'
+    return response
+
+
+def _as(
+    request: PayloadRequest[BaseModel], key: ApiKey, view: View[Any, ...], *args: Any, **kwargs: Any
+) -> HttpResponse:
+    request.project = key.project
+    request.api_key = key
+    request.actor = f"api:{key.prefix}"
+    return view(request, *args, **kwargs)

@@ -46,7 +46,7 @@ def _receipt(receipt: Receipt | None) -> ReceiptOut | None:
 
 
 @require_POST
-@authorize(schema=IntentIn)
+@authorize(schema=IntentIn, keys_ahead=True)
 def intents(request: PayloadRequest[IntentIn]) -> JsonResponse:
     outcome = intent_record(project=request.project, actor=request.actor, intent=request.payload)
     return answer(
@@ -62,7 +62,7 @@ def intents(request: PayloadRequest[IntentIn]) -> JsonResponse:
 
 
 @require_POST
-@authorize(schema=ReceiptIn)
+@authorize(schema=ReceiptIn, keys_ahead=True)
 def receipts(request: PayloadRequest[ReceiptIn]) -> JsonResponse:
     outcome = evidence.receipt_record(
         project=request.project, actor=request.actor, receipt=request.payload
@@ -95,7 +95,7 @@ def _effect_change(record: Callable[[], evidence.EffectOutcome]) -> JsonResponse
 
 
 @require_POST
-@authorize(schema=FailureIn)
+@authorize(schema=FailureIn, keys_ahead=True)
 def failures(request: PayloadRequest[FailureIn]) -> JsonResponse:
     return _effect_change(
         lambda: evidence.failure_record(
@@ -105,7 +105,7 @@ def failures(request: PayloadRequest[FailureIn]) -> JsonResponse:
 
 
 @require_POST
-@authorize(schema=TimeoutIn)
+@authorize(schema=TimeoutIn, keys_ahead=True)
 def timeouts(request: PayloadRequest[TimeoutIn]) -> JsonResponse:
     return _effect_change(
         lambda: evidence.timeout_record(

@@ -19,6 +19,7 @@ from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
 from durability.api.schemas import IntentIn
+from durability.ledger.decisions import UNREAD, Unread
 from durability.models import (
     AuthorityPolicy,
     Effect,
@@ -115,8 +116,17 @@ def _deny(rule: Rule, why: str, grant: Grant | None = None) -> Check:
     return Check(Ruling.DENY, f"{by} refuses this effect, rule `{rule}`: {why}.", grant, rule)
 
 
-def authority_check(*, project: Project, intent: IntentIn, now: datetime | None = None) -> Check:
+def authority_check(
+    *,
+    project: Project,
+    intent: IntentIn,
+    now: datetime | None = None,
+    named: Grant | None | Unread = UNREAD,
+) -> Check:
     """Rule on a new intent's authority; call inside the transaction that records it.
+
+    `named` is the grant the intent names, if the caller read it (None: no such grant in
+    the project).
 
     An intent naming a superseded version is checked against the current version. A
     grant with count or daily limits is locked (its first version's row) so concurrent
@@ -140,7 +150,8 @@ def authority_check(*, project: Project, intent: IntentIn, now: datetime | None 
             ),
             policy=policy,
         )
-    named = Grant.objects.filter(project=project, pk=grant_id).first()
+    if isinstance(named, Unread):
+        named = Grant.objects.filter(project=project, pk=grant_id).first()
     if named is None:
         return _deny(Rule.UNKNOWN_GRANT, f"no grant {grant_id} exists in this project")
     grant = _current(named)

@@ -31,6 +31,13 @@ BY_STATE = {
 }
 
 
+class Unread:
+    """Not read by the caller: read it here."""
+
+
+UNREAD = Unread()
+
+
 @dataclass
 class Outcome:
     """What an intent (or a dry run of one) is answered."""
@@ -59,16 +66,20 @@ def when(value: datetime | None) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S UTC") if value else "no deadline"
 
 
-def decide(effect: Effect) -> Outcome:
+def decide(effect: Effect, *, first_receipt: Receipt | None | Unread = UNREAD) -> Outcome:
     """The decision a new intent for this (already recorded) effect would get now, and why.
 
-    Records nothing; reads the effect's first receipt, open case or approval as its
-    state calls for.
+    Records nothing; reads the effect's first receipt (unless the caller read it with the
+    effect), open case or approval as its state calls for.
     """
     outcome = Outcome(decision_for(effect), effect, "")
     state, n = effect.state, effect.attempt_count
     if state == S.SUCCEEDED:
-        outcome.receipt = receipt = effect.receipts.order_by("received", "id").first()
+        outcome.receipt = receipt = (
+            effect.receipts.order_by("received", "id").first()
+            if isinstance(first_receipt, Unread)
+            else first_receipt
+        )
         where = f"{receipt.system}:{receipt.external_id}" if receipt else "a receipt"
         outcome.reason = f"Already done: {where} is on record; do not repeat the effect."
     elif state in (S.FAILED, S.NOT_HAPPENED):

@@ -13,18 +13,19 @@ from decimal import Decimal
 
 from django.utils import timezone
 
-from durability import audit
+from durability import audit, rows
 from durability.api.schemas import FailureIn, ReceiptIn, TimeoutIn
 from durability.audit import Trail
 from durability.ledger import authority as grants
 from durability.ledger.cases import case_close, case_open, open_case_of, uncertain_case_open
 from durability.ledger.decisions import when
-from durability.ledger.machine import Event, apply, locked, locked_or_key_locked
+from durability.ledger.machine import Event, KeyLock, apply, locked
 from durability.ledger.signals import effect_recorded
 from durability.models import (
     AuditAction,
     Case,
     Effect,
+    Grant,
     Project,
     Reason,
     Receipt,
@@ -126,18 +127,25 @@ def _receipt_store(
     # what earlier receipts were stored under.
     receipt = redact_input(receipt, extras_of(project))
     with audit.trail(project.pk, actor) as trail:
-        effect = locked_or_key_locked(project, receipt.key)
-        # Unique (receipt_identity_uniq): `.get()`, not `.first()` and its ORDER BY.
-        try:
-            existing: Receipt | None = Receipt.objects.get(
-                project=project,
-                key=receipt.key,
-                system=receipt.system,
-                external_id=receipt.external_id,
-            )
-        except Receipt.DoesNotExist:
-            existing = None
-        if existing is not None:
+        lock = KeyLock(project, receipt.key)
+        # Unique (receipt_identity_uniq): no ORDER BY, which could lead the planner away.
+        identity = "project_id = %s AND key = %s AND system = %s AND external_id = %s"
+        same = [project.pk, receipt.key, receipt.system, receipt.external_id]
+        sent_before = lock.add(f"{rows.select_sql(Receipt)} WHERE {identity}", same)
+        drawn = lock.add(
+            f"{rows.next_id_sql(Receipt)} WHERE NOT EXISTS "
+            f"(SELECT 1 FROM durability_receipt WHERE {identity})",
+            same,
+        )
+        # The grant the evidence is compared with, read with its effect.
+        grant_of_effect = lock.add(
+            f"{rows.select_sql(Grant, 'g')} JOIN durability_effect e ON e.grant_id = g.id "
+            "WHERE e.project_id = %s AND e.key = %s",
+            [project.pk, receipt.key],
+        )
+        effect = lock.run(trail)
+        if (before := sent_before.one()) is not None:
+            existing = rows.hydrate(Receipt, before)
             if STRENGTH_RANK[strength] > STRENGTH_RANK[Strength(existing.strength)]:
                 # The provider confirms what the agent reported: the same evidence, stronger.
                 trail.add(
@@ -148,11 +156,12 @@ def _receipt_store(
                     strength=strength.value,
                 )
                 existing.strength = strength
-                existing.save(update_fields=["strength"])
+                trail.stage(existing, "strength")
             return ReceiptOutcome(existing, effect, None, created=False)
         row = receipt_row(project, effect, receipt, strength, attempt=receipt.attempt)
+        row.pk = drawn.scalar()
         if effect is None:
-            row.save()
+            trail.stage(row)
             trail.add(AuditAction.RECEIPT, receipt=row.pk, key=receipt.key, orphan=True)
             case = case_open(
                 None,
@@ -165,6 +174,8 @@ def _receipt_store(
                 key=receipt.key,
             )
             return ReceiptOutcome(row, None, case, created=True)
+        grant = grant_of_effect.one()
+        effect.grant = rows.hydrate(Grant, grant) if grant is not None else None
         settled = _receipt_settle(project, effect, row, trail)
         return ReceiptOutcome(row, effect, settled, created=True)
 
@@ -178,7 +189,7 @@ def _receipt_settle(project: Project, effect: Effect, row: Receipt, trail: Trail
 
 
 def orphans_adopt(
-    project: Project, effect: Effect, trail: Trail
+    project: Project, effect: Effect, trail: Trail, orphans: list[Receipt]
 ) -> tuple[Receipt, Case | None] | None:
     """Give a new effect the receipts that arrived before its intent: the first of them and
     the case they call for, or None if there were none.
@@ -188,17 +199,14 @@ def orphans_adopt(
     approval or denied is unauthorized, evidence beyond the grant exceeds it. An orphan
     receipt names only the key, never the request, so any intent with that key adopts it:
     where the receipt and the intent disagree, its case stays open on the effect.
+    `orphans` are the key's receipts without an effect, oldest first, read under its lock.
     """
-    orphans = list(
-        Receipt.objects.filter(project_id=effect.project_id, key=effect.key, effect=None).order_by(
-            "received", "id"
-        )
-    )
     if not orphans:
         return None
     found: Case | None = None
     for row in orphans:
         row.effect = effect
+        trail.stage(row, "effect")
         disputed = _orphan_case_settle(effect, row, trail)
         found = _receipt_settle(project, effect, row, trail) or disputed or found
     return orphans[0], found
@@ -287,12 +295,12 @@ def _receipt_apply(effect: Effect, row: Receipt, trail: Trail) -> Case | None:
     """Apply a new receipt to its locked effect: the transition and the cases it implies."""
     state = State(effect.state)
     if state == S.PENDING:
-        row.save()
+        trail.stage(row)
         apply(effect, Event.RECEIPT, trail, receipt=row.pk)
         return None
     if state in LATE_FROM:
         row.late = effect.late = True
-        row.save()
+        trail.stage(row, "late")
         apply(effect, Event.RECEIPT, trail, receipt=row.pk, late=True)
         uncertain = open_case_of(effect, Reason.UNCERTAIN)
         if uncertain is not None:
@@ -307,7 +315,7 @@ def _receipt_apply(effect: Effect, row: Receipt, trail: Trail) -> Case | None:
             receipt=row,
             was=state.value,
         )
-    row.save()
+    trail.stage(row)
     trail.add(AuditAction.RECEIPT, effect=effect, receipt=row.pk)
     if state in (S.SUCCEEDED, S.COMPENSATED):
         first = effect.receipts.exclude(pk=row.pk).order_by("received", "id").first()
@@ -342,7 +350,7 @@ def failure_record(*, project: Project, actor: str, failure: FailureIn) -> Effec
     """A failed attempt: definitive (nothing happened) or uncertain (treated as a timeout)."""
     failure = redact_input(failure, extras_of(project))
     with audit.trail(project.pk, actor) as trail:
-        effect = locked(project, failure.key)
+        effect = locked(project, failure.key, trail)
         target = S.FAILED if failure.definitive else S.TIMED_OUT
         if effect.state == target:
             return EffectOutcome(effect, open_case_of(effect, Reason.UNCERTAIN), changed=False)
@@ -365,7 +373,7 @@ def timeout_record(*, project: Project, actor: str, timeout: TimeoutIn) -> Effec
     """The agent makes its timeout authoritative: the outcome is now uncertain."""
     timeout = redact_input(timeout, extras_of(project))
     with audit.trail(project.pk, actor) as trail:
-        effect = locked(project, timeout.key)
+        effect = locked(project, timeout.key, trail)
         if effect.state == S.TIMED_OUT:
             return EffectOutcome(effect, open_case_of(effect, Reason.UNCERTAIN), changed=False)
         apply(effect, Event.TIMEOUT, trail, reason=timeout.reason)
@@ -401,6 +409,7 @@ def deadlines_sweep(*, now: datetime | None = None, limit: int = 1000) -> list[E
             )
             if effect is None:
                 continue
+            trail.hold(effect)
             apply(effect, Event.DEADLINE, trail, deadline=when(effect.deadline))
             uncertain_case_open(
                 effect,

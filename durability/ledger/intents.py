@@ -13,17 +13,16 @@ from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
-from django.db import IntegrityError
 from django.utils import timezone
 
-from durability import audit
+from durability import audit, rows
 from durability.api.schemas import IntentIn
 from durability.audit import Trail
 from durability.ledger import authority as grants
 from durability.ledger import evidence
 from durability.ledger.cases import case_close, case_open, open_case_of, uncertain_case_open
 from durability.ledger.decisions import Outcome, approval_where, decide, decision_for
-from durability.ledger.machine import EFFECT_MUTABLE_FIELDS, Event, apply, locked_or_key_locked
+from durability.ledger.machine import EFFECT_MUTABLE_FIELDS, Event, KeyLock, apply
 from durability.ledger.signals import effect_recorded
 from durability.models import (
     Approval,
@@ -33,10 +32,10 @@ from durability.models import (
     Case,
     Decision,
     Effect,
+    Grant,
     Project,
     Reason,
     Receipt,
-    ReconcilerConfig,
     Replay,
     Severity,
     State,
@@ -95,27 +94,85 @@ def _intent_store(*, project: Project, actor: str, intent: IntentIn) -> Outcome:
     claim = fingerprint_of(grants.claim_of(intent))
     intent = redact_input(intent, extras)
     with audit.trail(project.pk, actor) as trail:
-        effect = locked_or_key_locked(project, intent.key)
+        read = _Read(project, intent)
+        effect = read.lock.run(trail)
         if effect is None:
-            outcome = _effect_new(project, intent, fingerprint, claim, trail)
-            if outcome is not None:
-                return outcome
-            # Another intent for this key committed first: answer as a repeat.
-            effect = Effect.objects.select_for_update().get(project=project, key=intent.key)
-        return _answer(effect, intent, fingerprint, claim, trail)
+            return _effect_new(project, intent, fingerprint, claim, trail, read)
+        return _answer(effect, intent, fingerprint, claim, trail, read)
+
+
+class _Read:
+    """What an intent may need, read with the key's lock in one round trip: the effect,
+    a key for it if it is new, the grant the intent names, the receipts that came before
+    it, its latest attempt and first receipt, and whether its target has a reconciler."""
+
+    def __init__(self, project: Project, intent: IntentIn) -> None:
+        self.lock = lock = KeyLock(project, intent.key)
+        self.drawn = lock.key_drawn_if_new()
+        grant_id = (intent.authority or {}).get("grant")
+        self._grant = (
+            lock.add(
+                f"{rows.select_sql(Grant)} WHERE project_id = %s AND id = %s",
+                [project.pk, grant_id],
+            )
+            if grant_id is not None
+            else None
+        )
+        self._orphans = lock.add(
+            f"{rows.select_sql(Receipt)} WHERE project_id = %s AND key = %s AND effect_id IS NULL "
+            "ORDER BY received, id",
+            [project.pk, intent.key],
+        )
+        of_key = "(SELECT id FROM durability_effect WHERE project_id = %s AND key = %s)"
+        self._attempt = lock.add(
+            f"{rows.select_sql(Attempt)} WHERE effect_id = {of_key} ORDER BY number DESC LIMIT 1",
+            [project.pk, intent.key],
+        )
+        self._receipt = lock.add(
+            f"{rows.select_sql(Receipt)} WHERE effect_id = {of_key} ORDER BY received, id LIMIT 1",
+            [project.pk, intent.key],
+        )
+        self._reconciler = (
+            lock.add(
+                "SELECT 1 FROM durability_reconcilerconfig WHERE project_id = %s AND target = %s "
+                "AND enabled",
+                [project.pk, intent.target],
+            )
+            if intent.replay == Replay.RECONCILE.value
+            else None
+        )
+
+    def grant(self) -> Grant | None:
+        row = self._grant.one() if self._grant is not None else None
+        return rows.hydrate(Grant, row) if row is not None else None
+
+    def orphans(self) -> list[Receipt]:
+        return [rows.hydrate(Receipt, row) for row in self._orphans.rows]
+
+    def latest_attempt(self) -> Attempt | None:
+        row = self._attempt.one()
+        return rows.hydrate(Attempt, row) if row is not None else None
+
+    def first_receipt(self) -> Receipt | None:
+        row = self._receipt.one()
+        return rows.hydrate(Receipt, row) if row is not None else None
+
+    def reconciler(self) -> bool:
+        return self._reconciler is not None and bool(self._reconciler.rows)
 
 
 # -- a new key ---------------------------------------------------------------------------
 
 
 def _effect_new(
-    project: Project, intent: IntentIn, fingerprint: str, claim: str, trail: Trail
-) -> Outcome | None:
-    """Record a new effect as its grant check rules; None if another intent recorded the
-    key first."""
-    check = grants.authority_check(project=project, intent=intent)
+    project: Project, intent: IntentIn, fingerprint: str, claim: str, trail: Trail, read: _Read
+) -> Outcome:
+    """Record a new effect as its grant check rules (the key is locked: no other writer
+    can record it meanwhile)."""
+    check = grants.authority_check(project=project, intent=intent, named=read.grant())
     event = ENTRY[check.ruling]
     effect = Effect(
+        pk=read.drawn.scalar(),
         project=project,
         key=intent.key,
         kind=intent.kind,
@@ -142,12 +199,9 @@ def _effect_new(
         # The intent's audit entry keeps the policy that let an ungranted effect proceed.
         authority["policy"] = check.policy.value
     numbered: dict[str, Any] = {"attempt": attempt.number} if attempt else {}
-    try:
-        apply(effect, event, trail, **numbered, fingerprint=fingerprint, **authority)
-    except IntegrityError:
-        return None
-    outcome = _ruled(effect, intent, check, attempt, authority, trail)
-    adopted = evidence.orphans_adopt(project, effect, trail)
+    apply(effect, event, trail, **numbered, fingerprint=fingerprint, **authority)
+    outcome = _ruled(effect, intent, check, attempt, authority, trail, read)
+    adopted = evidence.orphans_adopt(project, effect, trail, read.orphans())
     if adopted is not None:
         _receipt_told(outcome, *adopted)
     return outcome
@@ -160,6 +214,7 @@ def _ruled(
     attempt: Attempt | None,
     authority: dict[str, Any],
     trail: Trail,
+    read: _Read,
 ) -> Outcome:
     """What the grant check's ruling on a new effect opens, and the answer it gives."""
     if check.ruling == grants.Ruling.DENY:
@@ -189,12 +244,11 @@ def _ruled(
         reason = check.reason + approval_where(approval)
         return Outcome(Decision.WAIT, effect, reason, case=case, created=True)
     assert attempt is not None
-    attempt.effect = effect
-    attempt.save()
+    trail.stage(attempt)
     outcome = Outcome(
         Decision.PROCEED,
         effect,
-        "New effect: perform it, then send the receipt." + _reconciler_missing(effect),
+        "New effect: perform it, then send the receipt." + _reconciler_missing(effect, read),
         created=True,
     )
     if check.policy:
@@ -231,15 +285,10 @@ def _receipt_told(outcome: Outcome, receipt: Receipt, case: Case | None) -> None
         outcome.reason = f"{told} {outcome.reason}"
 
 
-def _reconciler_missing(effect: Effect) -> str:
+def _reconciler_missing(effect: Effect, read: _Read) -> str:
     """Replay policy `reconcile` counts on a reconciler; without one the intent is still
     accepted (it may be configured before a timeout), and the agent is told."""
-    if (
-        effect.replay != Replay.RECONCILE
-        or ReconcilerConfig.objects.filter(
-            project_id=effect.project_id, target=effect.target, enabled=True
-        ).exists()
-    ):
+    if effect.replay != Replay.RECONCILE or read.reconciler():
         return ""
     return (
         f" No reconciler is configured for target {effect.target!r}: if this attempt times "
@@ -251,20 +300,22 @@ def _reconciler_missing(effect: Effect) -> str:
 
 
 def _answer(
-    effect: Effect, intent: IntentIn, fingerprint: str, claim: str, trail: Trail
+    effect: Effect, intent: IntentIn, fingerprint: str, claim: str, trail: Trail, read: _Read
 ) -> Outcome:
     """An intent for a recorded effect: the decision rule's answer, acted on."""
     if effect.fingerprint != fingerprint or effect.claim != claim:
         return _conflict(effect, intent, fingerprint, trail)
+    latest = read.latest_attempt()
     if effect.state == S.PENDING and effect.attempt_count > 0:
-        carried_on = _attempt_resumed(effect, intent, trail)
+        assert latest is not None
+        carried_on = _attempt_resumed(effect, latest, intent, trail)
         if carried_on is not None:
             return carried_on
     if decision_for(effect) != Decision.PROCEED:
-        return decide(effect)
+        return decide(effect, first_receipt=read.first_receipt())
     if effect.state == S.PENDING:
         return _first_attempt(effect, intent, trail)
-    return _retry(effect, intent, trail)
+    return _retry(effect, latest, intent, trail)
 
 
 def _conflict(effect: Effect, intent: IntentIn, fingerprint: str, trail: Trail) -> Outcome:
@@ -302,12 +353,12 @@ def _conflict(effect: Effect, intent: IntentIn, fingerprint: str, trail: Trail) 
     )
 
 
-def _attempt_resumed(effect: Effect, intent: IntentIn, trail: Trail) -> Outcome | None:
+def _attempt_resumed(
+    effect: Effect, current: Attempt, intent: IntentIn, trail: Trail
+) -> Outcome | None:
     """An intent while an attempt is in progress: its own worker carries on with it (the
     answer); the same run in another process interrupted it (the effect times out, and
     the rule answers); anything else is left to the rule (None either way)."""
-    current = effect.attempts.order_by("-number").first()
-    assert current is not None
     if intent.worker and current.worker == intent.worker:
         return Outcome(
             Decision.PROCEED,
@@ -334,20 +385,19 @@ def _first_attempt(effect: Effect, intent: IntentIn, trail: Trail) -> Outcome:
     """The first intent after an approval makes the attempt the approval allowed."""
     attempt = _attempt_begin(effect, intent)
     effect.updated = attempt.started
-    effect.save(update_fields=ATTEMPT_FIELDS)
-    attempt.save()
+    trail.stage(effect, *ATTEMPT_FIELDS)
+    trail.stage(attempt)
     trail.add(AuditAction.ATTEMPT, effect=effect, attempt=attempt.number)
     return Outcome(Decision.PROCEED, effect, "Approved: perform the effect, then send the receipt.")
 
 
-def _retry(effect: Effect, intent: IntentIn, trail: Trail) -> Outcome:
+def _retry(effect: Effect, previous: Attempt | None, intent: IntentIn, trail: Trail) -> Outcome:
     """A new attempt at an effect whose last one failed, did not happen or may be replayed."""
-    previous = effect.attempts.order_by("-number").first()
     was = effect.state
     effect.late = False
     attempt = _attempt_begin(effect, intent)
     apply(effect, Event.RETRY, trail, attempt=attempt.number)
-    attempt.save()
+    trail.stage(attempt)
     uncertain = open_case_of(effect, Reason.UNCERTAIN)
     if uncertain is not None:
         case_close(uncertain, "retried", f"replay policy '{effect.replay}' allows a retry", trail)

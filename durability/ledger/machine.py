@@ -1,8 +1,9 @@
 """The effect state machine: the table of allowed transitions and the one function that applies it.
 
 `apply` is the only writer of `Effect.state`, for a new effect (the rows from None) as for a
-recorded one. The ledger's services lock the effect row first (the helpers below), then
-apply at most the transitions the table allows, in the transaction of their audit trail.
+recorded one. The ledger's services lock the effect row first (the helpers below, which the
+trail then holds), then apply at most the transitions the table allows; the trail writes
+the row, its audit entries and the rest of the transaction's rows together at its end.
 """
 
 from __future__ import annotations
@@ -10,9 +11,10 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
-from django.db import transaction
+from django.db import connection
 from django.utils import timezone
 
+from durability import rows
 from durability.audit import Trail
 from durability.models import AuditAction, Effect, Project, State
 
@@ -102,65 +104,97 @@ def can(state: State | None, event: Event) -> bool:
 
 
 def apply(effect: Effect, event: Event, trail: Trail, **data: Any) -> None:
-    """Move a locked effect along the table, or record an unsaved one, and audit the move.
-
-    A new effect is inserted in a savepoint: an IntegrityError (another intent recorded
-    the key first) leaves the caller's transaction and the trail as they were.
-    """
-    current = State(effect.state) if effect.pk else None
+    """Move a locked effect along the table, or record a new one (its key drawn under the
+    key's lock), and audit the move; the trail writes the row at its end."""
+    # A new effect is written at the trail's end; once recorded here, the trail holds it.
+    recorded = not effect._state.adding or trail.held.get(effect.pk) is effect
+    current = State(effect.state) if recorded else None
     target = TRANSITIONS.get((current, event))
     if target is None:
         raise IllegalTransition(effect, event)
     effect.state = target
     effect.updated = timezone.now()
+    trail.stage(effect, *EFFECT_MUTABLE_FIELDS)
     if current is None:
-        with transaction.atomic():
-            effect.save(force_insert=True)
-    else:
-        effect.save(update_fields=EFFECT_MUTABLE_FIELDS)
+        trail.hold(effect)
     trail.add(AuditAction(event), effect=effect, from_state=current or "", to_state=target, **data)
 
 
 # -- locks: every service takes the effect's row lock before it reads the effect ----------
 
 
-def _locked(project: Project, **unique: Any) -> Effect | None:
-    """The effect of a unique lookup, locked, or None.
+def _effect_sql(where: str) -> str:
+    """One effect by a unique lookup, locked. No ORDER BY ... LIMIT 1: with it the planner
+    may walk the project's (project, id) index for a key that does not exist yet instead
+    of the unique index."""
+    lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
+    return f"{rows.select_sql(Effect)} WHERE project_id = %s AND {where}{lock}"
 
-    No ORDER BY ... LIMIT 1 (`.first()`): with it the planner may walk the project's
-    (project, id) index for a key that does not exist yet instead of the unique index.
+
+class KeyLock:
+    """What a service reads under one key's lock, in one round trip: a lock on the key
+    itself, the key's effect locked, and whatever the service `add`s after them.
+
+    Writers of a key are serialised on a transaction-level advisory lock whether or not it
+    has an effect row yet, so an intent adopts every receipt committed before it, a receipt
+    finds the effect of every intent committed before it, and a new effect's row is
+    inserted by one writer only. SQLite runs one writer at a time anyway.
     """
-    try:
-        return Effect.objects.select_for_update().get(project=project, **unique)
-    except Effect.DoesNotExist:
+
+    def __init__(self, project: Project, key: str) -> None:
+        self.project, self.key = project, key
+        self.batch = rows.Batch()
+        if connection.vendor == "postgresql":
+            self.batch.add(
+                "SELECT pg_advisory_xact_lock(hashtextextended(%s, %s))", [key, project.pk]
+            )
+        self._effect = self.batch.add(_effect_sql("key = %s"), [project.pk, key])
+
+    def add(self, sql: str, params: list[Any]) -> rows.Result:
+        return self.batch.add(sql, params)
+
+    def key_drawn_if_new(self) -> rows.Result:
+        """A fresh effect key, drawn only when the key has no effect (after the lock)."""
+        return self.batch.add(
+            f"{rows.next_id_sql(Effect)} WHERE NOT EXISTS (SELECT 1 FROM durability_effect "
+            "WHERE project_id = %s AND key = %s)",
+            [self.project.pk, self.key],
+        )
+
+    def run(self, trail: Trail) -> Effect | None:
+        """Send the reads; the key's effect, locked and held by the trail, or None."""
+        self.batch.run()
+        row = self._effect.one()
+        if row is None:
+            return None
+        effect = rows.hydrate(Effect, row)
+        effect.project = self.project
+        trail.hold(effect)
+        return effect
+
+
+def _locked(project: Project, where: str, value: Any, trail: Trail | None) -> Effect | None:
+    batch = rows.Batch()
+    found = batch.add(_effect_sql(where), [project.pk, value])
+    batch.run()
+    if (row := found.one()) is None:
         return None
+    effect = rows.hydrate(Effect, row)
+    effect.project = project
+    if trail is not None:
+        trail.hold(effect)
+    return effect
 
 
-def locked(project: Project, key: str) -> Effect:
-    effect = _locked(project, key=key)
+def locked(project: Project, key: str, trail: Trail | None = None) -> Effect:
+    effect = _locked(project, "key = %s", key, trail)
     if effect is None:
         raise UnknownEffect(key)
     return effect
 
 
-def locked_by_id(project: Project, effect_id: int) -> Effect:
-    effect = _locked(project, pk=effect_id)
+def locked_by_id(project: Project, effect_id: int, trail: Trail | None = None) -> Effect:
+    effect = _locked(project, "id = %s", effect_id, trail)
     if effect is None:
         raise UnknownEffect(str(effect_id))
     return effect
-
-
-def locked_or_key_locked(project: Project, key: str) -> Effect | None:
-    """The effect with this key, locked; or, while it has none, a lock on the key itself.
-
-    Writers of a key without an effect row are serialised on a transaction-level advisory
-    lock, so an intent adopts every receipt committed before it and a receipt finds the
-    effect of every intent committed before it. SQLite runs one writer at a time anyway.
-    """
-    effect = _locked(project, key=key)
-    connection = transaction.get_connection()
-    if effect is not None or connection.vendor != "postgresql":
-        return effect
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, %s))", [key, project.pk])
-    return _locked(project, key=key)

@@ -49,7 +49,7 @@ def effect_settle(
     if event in EVIDENCE_STRENGTH and evidence is None:
         raise ValueError(f"{event} needs evidence")
     with audit.trail(project.pk, actor) as trail:
-        effect = locked_by_id(project, effect_id)
+        effect = locked_by_id(project, effect_id, trail)
         if not can(State(effect.state), event):
             raise IllegalTransition(effect, event)
         if evidence is not None and event in EVIDENCE_STRENGTH:
@@ -80,7 +80,7 @@ def effect_approval_decide(
     calls this once the decision is final.
     """
     with audit.trail(project.pk, actor) as trail:
-        effect = locked_by_id(project, effect_id)
+        effect = locked_by_id(project, effect_id, trail)
         apply(effect, Event.APPROVE if approve else Event.DENY, trail, note=note)
         evidence = effect.receipts.order_by("received", "id").first()
         if approve and evidence is not None:

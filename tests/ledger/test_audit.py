@@ -74,6 +74,33 @@ def test_a_state_change_whose_audit_entry_fails_is_not_committed(project):
     assert AuditEntry.objects.count() == entries
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_new_effect_whose_audit_entry_fails_at_its_own_commit_leaves_nothing(project):
+    """In its own transaction the trail sends the writes and the COMMIT in one pipeline: an
+    entry refused there fails the request, and the effect and attempt before it are gone."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            CREATE FUNCTION pg_temp.refuse_insert() RETURNS trigger AS $$
+            BEGIN RAISE EXCEPTION 'audit unavailable'; END; $$ LANGUAGE plpgsql;
+            CREATE TRIGGER audit_unavailable BEFORE INSERT ON durability_auditentry
+                FOR EACH ROW EXECUTE FUNCTION pg_temp.refuse_insert();
+            """
+        )
+    try:
+        assert not connection.in_atomic_block
+        with pytest.raises(DatabaseError, match="audit unavailable"):
+            intent(project, "k1")
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER audit_unavailable ON durability_auditentry")
+    assert not Effect.objects.exists()
+    assert not AuditEntry.objects.exists()
+    # The connection is usable again, outside any transaction.
+    assert intent(project, "k1").decision == "proceed"
+    assert first_broken_entry(project) is None
+
+
 def test_the_chain_verifies_after_a_mixed_history(api, project):
     api.receipt("orphan", "re_0")
     for i in range(5):

@@ -1,8 +1,8 @@
 """The hot lookups use their unique index, on a fresh database and on a grown one.
 
 Each plan is PostgreSQL's for the statement the code ran (read back with the values in it):
-an intent's look for its key's effect, a receipt's look for
-the same receipt sent before, and an API key's look by digest.
+an intent's look for its key's effect and the reads beside it, a receipt's look for the same
+receipt sent before, and an API key's look by digest.
 """
 
 from __future__ import annotations
@@ -70,6 +70,11 @@ def database(request: pytest.FixtureRequest, project: Project) -> Project:
             Receipt(project=owner, effect=e, key=e.key, system="stripe", external_id=e.key)
             for e in effects
         )
+        # Receipts whose intent never came (one in twenty): orphans of other keys.
+        Receipt.objects.bulk_create(
+            Receipt(project=owner, key=f"lost-{n}", system="stripe", external_id=f"lost-{n}")
+            for n in range(rows // 40)
+        )
         ApiKey.objects.bulk_create(
             ApiKey(project=owner, prefix="tb_old", digest=f"{owner.pk}-{n}".rjust(64, "0"))
             for n in range(rows // 20)
@@ -80,11 +85,16 @@ def database(request: pytest.FixtureRequest, project: Project) -> Project:
 
 
 def test_an_intent_for_a_new_key_looks_for_it_by_its_unique_index(database: Project) -> None:
-    (by_key,) = _plans(
-        lambda: ledger.intent(database, "k-new"), "SELECT durability_effect FOR UPDATE"
+    by_key, orphans, latest = _plans(
+        lambda: ledger.intent(database, "k-new"),
+        "SELECT durability_effect FOR UPDATE",
+        "SELECT durability_receipt",  # receipts of the key that came before it
+        "SELECT durability_attempt",  # the latest attempt of the key's effect
     )
 
     assert by_key == {"effect_project_key_uniq"}
+    assert orphans == {"receipt_orphans_of_key_idx"}
+    assert latest == {"attempt_effect_number_uniq"}
 
 
 def test_a_receipt_looks_for_itself_by_its_unique_index(database: Project) -> None:

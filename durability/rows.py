@@ -1,0 +1,280 @@
+"""Rows read and written as plain statements, several to a round trip.
+
+The ledger's hot path (an intent, a receipt) is a few reads under the key's lock and a few
+writes before the commit. Through the ORM each is its own round trip and its own SQL
+compilation; here each table's statements are written once per process, and on PostgreSQL
+a `Batch` of them is sent as one pipeline (psycopg's pipeline mode): one round trip for the
+reads, one for the writes and the COMMIT. On SQLite the same statements run one after the
+other.
+
+Values pass through the model fields' own conversions both ways (`get_db_prep_save`, the
+backend's and the field's converters), so a row read here is the instance the ORM would
+have built, and a row written here is the one `save()` would have written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+from django.db import connection, models
+
+
+def _quoted(name: str | None) -> str:
+    assert name is not None
+    return connection.ops.quote_name(name)
+
+
+@cache
+def columns(model: type[models.Model]) -> tuple[models.Field[Any, Any], ...]:
+    return tuple(model._meta.concrete_fields)
+
+
+@cache
+def select_sql(model: type[models.Model], alias: str = "") -> str:
+    """`SELECT <every column> FROM <table> [alias]`, the caller adds the rest."""
+    prefix = f"{alias}." if alias else ""
+    names = ", ".join(prefix + _quoted(f.column) for f in columns(model))
+    table = _quoted(model._meta.db_table)
+    return f"SELECT {names} FROM {table}" + (f" {alias}" if alias else "")
+
+
+@cache
+def _converters(model: type[models.Model]) -> tuple[tuple[Any, list[Any]], ...]:
+    table = model._meta.db_table
+    out = []
+    for f in columns(model):
+        column = f.get_col(table)
+        out.append(
+            (column, connection.ops.get_db_converters(column) + f.get_db_converters(connection))
+        )
+    return tuple(out)
+
+
+def hydrate[M: models.Model](model: type[M], row: Sequence[Any]) -> M:
+    """The instance of a row read with `select_sql(model)`."""
+    values = []
+    for value, (column, converters) in zip(row, _converters(model), strict=True):
+        for converter in converters:
+            value = converter(value, column, connection)
+        values.append(value)
+    return model.from_db(connection.alias, [f.attname for f in columns(model)], values)
+
+
+def next_id_sql(model: type[models.Model]) -> str:
+    """A statement answering a fresh primary key for `model`, to be followed by a
+    condition (`WHERE NOT EXISTS (...)`) so that a key is drawn only when it is needed.
+
+    PostgreSQL draws from the column's sequence. SQLite runs one writer at a time (the
+    settings' IMMEDIATE transactions), so the next key after the table's AUTOINCREMENT
+    high-water mark is the writer's alone.
+    """
+    table = model._meta.db_table
+    pk = model._meta.pk.column
+    if connection.vendor == "postgresql":
+        return f"SELECT nextval(pg_get_serial_sequence('{table}', '{pk}'))"
+    return (
+        "SELECT MAX(COALESCE((SELECT seq FROM sqlite_sequence WHERE name = "
+        f"'{table}'), 0), COALESCE((SELECT MAX({_quoted(pk)}) FROM {_quoted(table)}), 0)) + 1"
+    )
+
+
+# -- batches -------------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    """The rows one statement of a batch answered, once the batch has run."""
+
+    rows: list[tuple[Any, ...]] = field(default_factory=list)
+
+    def one(self) -> tuple[Any, ...] | None:
+        return self.rows[0] if self.rows else None
+
+    def scalar(self) -> Any:
+        return self.rows[0][0] if self.rows else None
+
+
+class Stale(Exception):
+    """The statement sent `ahead` of a request's reads found what a cache answered stale."""
+
+
+@dataclass
+class _Ahead:
+    sql: str
+    params: Sequence[Any]
+    holds: Callable[[Result], bool]
+
+
+_ahead: ContextVar[_Ahead | None] = ContextVar("rows_ahead", default=None)
+
+
+@contextmanager
+def ahead(sql: str, params: Sequence[Any], holds: Callable[[Result], bool]) -> Iterator[None]:
+    """Send `sql` before any other statement of the block: in the same round trip as the
+    block's first `Batch`, or on its own before the first statement that is not one.
+    When `holds` says its answer does not hold, `Stale` is raised before anything the
+    block writes is sent (the batch's reads share its transaction, which rolls back), so
+    the caller may look again and run the block afresh.
+
+    A cache (the API keys') is validated this way without a round trip of its own.
+    """
+    token = _ahead.set(_Ahead(sql, params, holds))
+
+    def first(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        _check_ahead()
+        return execute(sql, params, many, context)
+
+    try:
+        with connection.execute_wrapper(first):
+            yield
+    finally:
+        _ahead.reset(token)
+
+
+def _check_ahead() -> None:
+    pending = _ahead.get()
+    if pending is None:
+        return
+    _ahead.set(None)
+    result = Result()
+    with connection.cursor() as cursor:
+        cursor.execute(pending.sql, pending.params)
+        result.rows = list(cursor.fetchall())
+    if not pending.holds(result):
+        raise Stale(pending.sql)
+
+
+@dataclass
+class Batch:
+    """SELECTs sent together, answered together. Inside a pipeline opened by the caller
+    they are only queued, and answered at its sync: `run` within `pipelined()` is not
+    for batches whose answers the caller reads before the pipeline closes."""
+
+    queued: list[tuple[str, Sequence[Any], Result]] = field(default_factory=list)
+
+    def add(self, sql: str, params: Sequence[Any] = ()) -> Result:
+        result = Result()
+        self.queued.append((sql, params, result))
+        return result
+
+    def run(self) -> None:
+        """Send the batch: on PostgreSQL one pipeline, synced once as it closes, then
+        every answer read from its cursor (after the statement sent `ahead`, if any)."""
+        pending = _ahead.get()
+        if pending is not None:
+            _ahead.set(None)
+            self.queued.insert(0, (pending.sql, pending.params, first := Result()))
+        cursors = []
+        with pipelined():
+            for sql, params, result in self.queued:
+                cursor = connection.cursor()
+                cursor.execute(sql, params)
+                cursors.append((cursor, result))
+        for cursor, result in cursors:
+            # Every statement of a batch is a SELECT.
+            result.rows = list(cursor.fetchall())
+            cursor.close()
+        self.queued = []
+        if pending is not None and not pending.holds(first):
+            raise Stale(pending.sql)
+
+
+def in_pipeline() -> bool:
+    return connection.vendor == "postgresql" and connection.connection._pipeline is not None
+
+
+@contextmanager
+def pipelined() -> Iterator[None]:
+    """psycopg's pipeline mode on PostgreSQL (statements queued, answered at the first
+    fetch or the end of the block); nothing on SQLite."""
+    connection.ensure_connection()
+    if connection.vendor != "postgresql" or in_pipeline():
+        yield
+        return
+    # An error of a queued statement is raised when the pipeline syncs, as the ORM's are.
+    with connection.wrap_database_errors, connection.connection.pipeline():
+        yield
+
+
+# -- writes --------------------------------------------------------------------------------
+
+
+@cache
+def _insert_sql(
+    model: type[models.Model], with_pk: bool
+) -> tuple[str, tuple[models.Field[Any, Any], ...]]:
+    fields = tuple(f for f in columns(model) if with_pk or not f.primary_key)
+    names = ", ".join(_quoted(f.column) for f in fields)
+    marks = ", ".join(["%s"] * len(fields))
+    sql = f"INSERT INTO {_quoted(model._meta.db_table)} ({names}) VALUES ({marks})"
+    if not with_pk:
+        sql += f" RETURNING {_quoted(model._meta.pk.column)}"
+    return sql, fields
+
+
+@cache
+def _update_sql(model: type[models.Model], names: frozenset[str]) -> tuple[str, tuple[Any, ...]]:
+    fields = tuple(f for f in columns(model) if f.name in names or f.attname in names)
+    sets = ", ".join(f"{_quoted(f.column)} = %s" for f in fields)
+    pk = _quoted(model._meta.pk.column)
+    return f"UPDATE {_quoted(model._meta.db_table)} SET {sets} WHERE {pk} = %s", fields
+
+
+@dataclass
+class Writes:
+    """Rows to insert or update at the end of a transaction, each written once with its
+    final values, in the order they were first staged."""
+
+    staged: dict[int, tuple[models.Model, set[str] | None]] = field(default_factory=dict)
+
+    def stage(self, obj: models.Model, *fields: str) -> None:
+        """Insert `obj` (if it was never saved) or update the named fields of its row."""
+        held = self.staged.get(id(obj))
+        if obj._state.adding:
+            self.staged[id(obj)] = (obj, None)
+        elif held is None:
+            self.staged[id(obj)] = (obj, set(fields))
+        elif held[1] is not None:
+            held[1].update(fields)
+
+    def send(self) -> list[tuple[models.Model | None, Any]]:
+        """Execute every staged write (queued, inside a pipeline). Returns each statement's
+        cursor, with the row whose key the database draws (else None), for `keys_take`
+        once the pipeline has synced."""
+        sent: list[tuple[models.Model | None, Any]] = []
+        for obj, names in self.staged.values():
+            obj._prepare_related_fields_for_save(operation_name="save")  # type: ignore[attr-defined]
+            if names is None:
+                sql, fields = _insert_sql(type(obj), obj.pk is not None)
+                params = [_value(obj, f, add=True) for f in fields]
+                drawn = obj.pk is None
+                obj._state.adding = False
+            elif names:
+                sql, fields = _update_sql(type(obj), frozenset(names))
+                params = [*(_value(obj, f, add=False) for f in fields), obj.pk]
+                drawn = False
+            else:
+                continue
+            cursor = connection.cursor()
+            cursor.execute(sql, params)
+            sent.append((obj if drawn else None, cursor))
+        self.staged = {}
+        return sent
+
+
+def keys_take(sent: list[tuple[models.Model | None, Any]]) -> None:
+    """Give the inserted rows the keys the database drew for them (after the sync), and
+    close the statements' cursors."""
+    for obj, cursor in sent:
+        if obj is not None:
+            obj.pk = cursor.fetchone()[0]
+        cursor.close()
+
+
+def _value(obj: models.Model, f: models.Field[Any, Any], *, add: bool) -> Any:
+    return f.get_db_prep_save(f.pre_save(obj, add), connection)
