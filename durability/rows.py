@@ -277,4 +277,26 @@ def keys_take(sent: list[tuple[models.Model | None, Any]]) -> None:
 
 
 def _value(obj: models.Model, f: models.Field[Any, Any], *, add: bool) -> Any:
+    if type(f) in _HELD_TYPES:
+        return getattr(obj, f.attname)
     return f.get_db_prep_save(f.pre_save(obj, add), connection)
+
+
+# Fields whose value is stored as it is held (their `pre_save` and `get_db_prep_save` change
+# nothing for a value of their own type; exact types, so no subclass with its own conversion
+# is taken for one): read straight from the instance.
+_HELD_TYPES = frozenset(
+    {
+        models.AutoField,
+        models.BigAutoField,
+        models.BooleanField,
+        models.CharField,
+        models.IntegerField,
+        models.BigIntegerField,
+        models.PositiveIntegerField,
+        models.PositiveBigIntegerField,
+        models.PositiveSmallIntegerField,
+        models.TextField,
+        models.ForeignKey,
+    }
+)
