@@ -182,6 +182,15 @@ def json_loads(body: bytes | str) -> Any:
     return document
 
 
+def unescaped(body: bytes) -> bool:
+    """Whether JSON text has no `\\u` escape, so that no string `json_loads` reads from it
+    (a key or a value) holds what PostgreSQL cannot store (`storable_text`): JSON refuses
+    raw control characters, NUL among them, and UTF-8 has no surrogates; only an escape
+    spells either. An escaped backslash before a `u` counts too: a false alarm only costs
+    the full check."""
+    return b"\\u" not in body
+
+
 type Path = tuple[str | int, ...]
 
 

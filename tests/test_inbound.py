@@ -137,3 +137,30 @@ def test_unstorable_at_gives_the_path_of_the_first_key_or_string_postgresql_refu
     assert found is not None and found[:2] == (("a", "\ud800"), True)
     assert "surrogate" in found[2]
     assert inbound.unstorable_at({"a": [1.5, None, "fine"], "b": True}) is None
+
+
+# Any text: NUL, other control characters and lone surrogates among it.
+ANY_JSON = st.recursive(
+    st.none() | st.integers() | st.text(),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@settings(derandomize=True, max_examples=300, deadline=None)
+@given(ANY_JSON, st.booleans())
+def test_json_text_without_a_unicode_escape_holds_only_storable_strings(document, ascii_only):
+    try:
+        body = json.dumps(document, ensure_ascii=ascii_only).encode()
+    except UnicodeEncodeError:  # a lone surrogate has no UTF-8: no request can carry it raw
+        return
+    if inbound.unescaped(body):
+        assert inbound.unstorable_at(inbound.json_loads(body)) is None
+
+
+def test_a_unicode_escape_or_an_escaped_backslash_before_u_is_not_taken_as_storable():
+    assert not inbound.unescaped(b'{"a": "\\u0000"}')
+    assert not inbound.unescaped(b'{"a": "C:\\\\users"}')
+    assert inbound.unescaped('{"a": "é\\n"}'.encode())
