@@ -67,12 +67,8 @@ def test_a_page_of_the_table_looks_up_only_its_rows_evidence(evidenced: Project)
 
     scans = _table_plan(lambda: report.page(evidenced, query, None))
 
-    receipt_effect = Receipt._meta.get_field("effect")
-    index = connection.schema_editor()._create_index_name(
-        Receipt._meta.db_table, [receipt_effect.column], suffix=""
-    )
     assert scans
-    assert {scan.split(" on ")[-1] for scan in scans} == {index}, scans
+    assert set(scans) == {"Index Scan on receipt_effect_idx"}, scans
 
 
 def test_the_page_shows_the_newest_effects_first_with_their_evidence(evidenced: Project) -> None:
