@@ -7,8 +7,9 @@ Times, in alternating rounds, the decorator's `_parse` of each body (what a requ
 between reading its body and calling its view) and, beside it, its parts: inbound's
 `json_loads` alone and pydantic's `model_validate_json` alone. Prints the median µs per
 call over the rounds. The intent carries what an agent's SDK sends (request arguments,
-context, authority, amount, trace ids); one more intent has a `\\u` escape in a string,
-the case where each field is also checked for what PostgreSQL cannot store.
+context, authority, amount, trace ids); two more have a non-ASCII target as the SDK's
+`json.dumps` escapes it: an é (`\\u00e9`), and an emoji (a surrogate pair, `\\ud83d...`), the
+case where each field is also checked for what PostgreSQL cannot store.
 """
 
 from __future__ import annotations
@@ -87,10 +88,10 @@ def main() -> None:
     from durability.api.schemas import FailureIn, IntentIn, ReceiptIn
     from durability.inbound import json_loads
 
-    escaped = {**INTENT, "target": "stripé"}
     bodies: dict[str, tuple[type[BaseModel], bytes]] = {
         "intent": (IntentIn, json.dumps(INTENT).encode()),
-        "intent, a \\u escape": (IntentIn, json.dumps(escaped).encode()),
+        "intent, an é": (IntentIn, json.dumps({**INTENT, "target": "stripé"}).encode()),
+        "intent, an emoji": (IntentIn, json.dumps({**INTENT, "target": "stripe 💳"}).encode()),
         "receipt": (ReceiptIn, json.dumps(RECEIPT).encode()),
         "failure": (FailureIn, json.dumps(FAILURE).encode()),
     }

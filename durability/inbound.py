@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -182,13 +183,17 @@ def json_loads(body: bytes | str) -> Any:
     return document
 
 
-def unescaped(body: bytes) -> bool:
-    """Whether JSON text has no `\\u` escape, so that no string `json_loads` reads from it
-    (a key or a value) holds what PostgreSQL cannot store (`storable_text`): JSON refuses
-    raw control characters, NUL among them, and UTF-8 has no surrogates; only an escape
-    spells either. An escaped backslash before a `u` counts too: a false alarm only costs
-    the full check."""
-    return b"\\u" not in body
+# The only escapes that spell what PostgreSQL cannot store: NUL and the surrogates.
+_UNSTORABLE_ESCAPE = re.compile(rb"\\u(?:0000|[dD][89a-fA-F])")
+
+
+def storable_strings(body: bytes) -> bool:
+    """Whether every string `json_loads` reads from JSON text (a key or a value) is one
+    PostgreSQL can store (`storable_text`), known from the text alone: JSON refuses raw
+    control characters, NUL among them, and UTF-8 has no surrogates, so only an escape
+    (`\\u0000`, `\\ud800`-`\\udfff`) spells either. An escaped backslash before such a
+    `u` counts too: a false alarm only costs the full check."""
+    return _UNSTORABLE_ESCAPE.search(body) is None
 
 
 type Path = tuple[str | int, ...]

@@ -12,7 +12,7 @@ from django.views.decorators.csrf import csrf_exempt
 from pydantic import BaseModel, ValidationError
 
 from durability.api.schemas import STORABLE, ErrorOut
-from durability.inbound import json_loads, unescaped
+from durability.inbound import json_loads, storable_strings
 from durability.models import ApiKey, Project
 
 MiB = 1024 * 1024
@@ -116,8 +116,8 @@ def _parse[M: BaseModel](request: HttpRequest, body: bytes, schema: type[M]) -> 
     # One parse: inbound's, which refuses what pydantic's would let through (a duplicate key
     # keeps its last value, nesting has no bound, 1e400 is infinity); pydantic validates the
     # document it read in strict mode, whose rules the schemas are written for either way
-    # (a time is ISO 8601 text, not a number). Without a \u escape in the body, no field
-    # needs its check for what PostgreSQL cannot store (schemas.STORABLE).
+    # (a time is ISO 8601 text, not a number). Unless the body escapes a NUL or a surrogate,
+    # no field needs its check for what PostgreSQL cannot store (schemas.STORABLE).
     try:
         document = json_loads(body)
     except ValueError as exc:
@@ -125,7 +125,7 @@ def _parse[M: BaseModel](request: HttpRequest, body: bytes, schema: type[M]) -> 
     if not isinstance(document, dict):
         raise Refused(error("The body must be a JSON object", 400, {"body": "Expected an object"}))
     try:
-        return schema.model_validate(document, context=STORABLE if unescaped(body) else None)
+        return schema.model_validate(document, context=STORABLE if storable_strings(body) else None)
     except ValidationError as exc:
         raise Refused(error("Invalid request", 400, field_errors(exc))) from None
 

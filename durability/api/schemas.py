@@ -126,10 +126,10 @@ def _storable(value: Any) -> None:
             raise ValueError("numbers must be finite") from None
 
 
-# The validation context of a document that `inbound.json_loads` read from text without a
-# `\u` escape (`inbound.unescaped`): none of its strings can hold what PostgreSQL cannot
-# store and its numbers are finite, so its fields skip that check, the costliest of their
-# validation (the API's front door passes it).
+# The validation context of a document that `inbound.json_loads` read from text that
+# escapes no NUL and no surrogate (`inbound.storable_strings`): none of its strings can hold
+# what PostgreSQL cannot store and its numbers are finite, so its fields skip that check,
+# the costliest of their validation (the API's front door passes it).
 STORABLE: dict[str, Any] = {"storable": True}
 
 
