@@ -26,7 +26,14 @@ WEEK = 7 * 24 * 3600
 sys.path.insert(0, str(ROOT))
 
 # The queue benchmark's helpers build the data set.
-from benchmarks.queue_page import _fresh_database, _insert_select, _p95, django_on  # noqa: E402
+from benchmarks.queue_page import (  # noqa: E402
+    _fresh_database,
+    _insert_select,
+    _p95,
+    bulk,
+    django_on,
+    effect_rows,
+)
 
 
 def _fill(project: Any, limited: Any, effects: int) -> None:
@@ -35,21 +42,16 @@ def _fill(project: Any, limited: Any, effects: int) -> None:
 
     from durability.models import Effect, Receipt
 
-    effect_sql, effect_params = _insert_select(
-        Effect,
-        "generate_series(1, %s) AS g",
+    effect_sql, effect_params = effect_rows(
+        project,
         {
-            "project_id": str(project.pk),
-            "key": "'bench:' || g",
             "kind": "'payment'",
             "target": "'stripe'",
-            "fingerprint": "md5(g::text)",
             "state": "CASE WHEN g %% 10 < 6 THEN 'succeeded' WHEN g %% 10 < 9 THEN 'pending' "
             "ELSE 'denied' END",
             "grant_id": f"CASE WHEN g %% 5 = 0 THEN NULL ELSE {limited.pk} END",
             "amount": "CASE WHEN g %% 5 = 0 THEN NULL ELSE 0.01 END",
             "currency": "CASE WHEN g %% 5 = 0 THEN '' ELSE 'EUR' END",
-            "attempt_count": "1",
             "created": f"now() - make_interval(secs => g * {WEEK - 60}.0 / {effects})",
             "updated": "now()",
         },
@@ -69,11 +71,12 @@ def _fill(project: Any, limited: Any, effects: int) -> None:
         },
     )
     receipt_sql += " WHERE e.state = 'succeeded' AND e.project_id = %s"
-    with transaction.atomic(), connection.cursor() as cursor:
-        started = time.perf_counter()
+    tables = [Effect._meta.db_table, Receipt._meta.db_table]
+    started = time.perf_counter()
+    with transaction.atomic(), bulk(tables), connection.cursor() as cursor:
         cursor.execute(effect_sql, [*effect_params, effects])
         cursor.execute(receipt_sql, [*receipt_params, project.pk])
-        print(f"filled in {time.perf_counter() - started:.1f}s", file=sys.stderr)
+    print(f"filled in {time.perf_counter() - started:.1f}s", file=sys.stderr)
     with connection.cursor() as cursor:
         cursor.execute("VACUUM ANALYZE")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -180,6 +181,19 @@ def json_loads(body: bytes | str) -> Any:
     if text.count("[") + text.count("{") > MAX_DEPTH:
         _depth_within(document)
     return document
+
+
+# The only escapes that spell what PostgreSQL cannot store: NUL and the surrogates.
+_UNSTORABLE_ESCAPE = re.compile(rb"\\u(?:0000|[dD][89a-fA-F])")
+
+
+def storable_strings(body: bytes) -> bool:
+    """Whether every string `json_loads` reads from JSON text (a key or a value) is one
+    PostgreSQL can store (`storable_text`), known from the text alone: JSON refuses raw
+    control characters, NUL among them, and UTF-8 has no surrogates, so only an escape
+    (`\\u0000`, `\\ud800`-`\\udfff`) spells either. An escaped backslash before such a
+    `u` counts too: a false alarm only costs the full check."""
+    return _UNSTORABLE_ESCAPE.search(body) is None
 
 
 type Path = tuple[str | int, ...]

@@ -425,7 +425,12 @@ class Receipt(models.Model):
     )
     # Null for an orphan receipt: evidence for a key no intent has named (yet).
     effect = models.ForeignKey(
-        Effect, models.CASCADE, null=True, blank=True, related_name="receipts"
+        Effect,
+        models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="receipts",
+        db_index=False,  # receipt_effect_idx
     )
     key = models.CharField(max_length=255)
     system = models.CharField(max_length=100)
@@ -457,6 +462,9 @@ class Receipt(models.Model):
             ),
         ]
         indexes = [
+            # An effect's receipts: the authority report's strongest evidence of each row of
+            # its page, the effect page, the evidence step's second-receipt check.
+            models.Index(fields=["effect"], name="receipt_effect_idx"),
             # Every intent for a new key: the receipts that came before it (orphans, rare),
             # oldest first, found without walking the effect_id index's NULLs.
             models.Index(

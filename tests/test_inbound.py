@@ -137,3 +137,41 @@ def test_unstorable_at_gives_the_path_of_the_first_key_or_string_postgresql_refu
     assert found is not None and found[:2] == (("a", "\ud800"), True)
     assert "surrogate" in found[2]
     assert inbound.unstorable_at({"a": [1.5, None, "fine"], "b": True}) is None
+
+
+# Any text: NUL, other control characters and lone surrogates among it.
+ANY_JSON = st.recursive(
+    st.none() | st.integers() | st.text(),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@settings(derandomize=True, max_examples=300, deadline=None)
+@given(ANY_JSON, st.booleans())
+def test_json_text_that_escapes_no_nul_or_surrogate_holds_only_storable_strings(
+    document, ascii_only
+):
+    try:
+        body = json.dumps(document, ensure_ascii=ascii_only).encode()
+    except UnicodeEncodeError:  # a lone surrogate has no UTF-8: no request can carry it raw
+        return
+    if inbound.storable_strings(body):
+        assert inbound.unstorable_at(inbound.json_loads(body)) is None
+
+
+@pytest.mark.parametrize(
+    ("body", "storable"),
+    [
+        (b'{"a": "\\u0000"}', False),
+        (b'{"a": "\\ud83d\\ude00"}', False),
+        (b'{"\\uDFFF": 1}', False),
+        (b'{"a": "C:\\\\u0000"}', False),  # an escaped backslash: a false alarm, the full check
+        (b'{"a": "stripe\\u00e9 \\u4e2d\\u0001"}', True),  # what json.dumps escapes by default
+        ('{"a": "\u00e9\\n"}'.encode(), True),
+    ],
+)
+def test_only_an_escaped_nul_or_surrogate_calls_for_the_full_check(body, storable):
+    assert inbound.storable_strings(body) is storable
