@@ -18,9 +18,11 @@ def open_case_of(effect: Effect, reason: Reason) -> Case | None:
     """The effect's open case of this reason; there is at most one (a unique index), found
     without `.first()`'s ORDER BY id, which could lead the planner away from that index."""
     try:
-        return Case.objects.get(effect=effect, reason=reason, closed=None)
+        case = Case.objects.get(effect=effect, reason=reason, closed=None)
     except Case.DoesNotExist:
         return None
+    case.effect = effect  # the caller's (locked) instance, not a second read of it
+    return case
 
 
 def case_open(
