@@ -41,7 +41,8 @@ def imports_of(path: Path, root: Path = ROOT) -> Iterator[tuple[int, str]]:
 # (a folder ends with /); a room may always import its own modules. `may_import`: dotted
 # prefixes of what else it may import: a module, or one name of a module.
 CORE = tuple(
-    f"durability.{name}" for name in ("models", "audit", "redaction", "inbound", "site", "jobs")
+    f"durability.{name}"
+    for name in ("models", "audit", "redaction", "inbound", "site", "jobs", "tallies")
 )
 LEDGER = ("durability.ledger",)
 ACCOUNTS = ("durability.accounts",)

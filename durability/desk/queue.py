@@ -13,15 +13,7 @@ from urllib.parse import urlencode
 
 from django import forms
 from django.contrib.auth.models import User
-from django.db.models import (
-    BooleanField,
-    Count,
-    ExpressionWrapper,
-    OuterRef,
-    Q,
-    QuerySet,
-    Subquery,
-)
+from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
 from django.db.models.fields.json import KT
 
 from durability.models import Attempt, Case, Project, Reason, Severity
@@ -110,15 +102,9 @@ def open_cases(
     if "target" in v:
         qs = qs.filter(effect__target=v["target"])
     if "workflow" in v:
-        # One subquery per case on its current attempt (an index probe each): an EXISTS or
-        # a join here is planned as a scan of every attempt or effect of the project.
+        # The agent, workflow or run its latest intent named (copied onto the effect).
         name = v["workflow"]
-        named = ExpressionWrapper(
-            Q(context__workflow=name) | Q(context__agent=name) | Q(run_id=name),
-            output_field=BooleanField(),
-        )
-        current = _latest_attempt().annotate(named=named).values("named")[:1]
-        qs = qs.alias(named=Subquery(current)).filter(named=True)
+        qs = qs.filter(Q(effect__workflow=name) | Q(effect__agent=name) | Q(effect__run_id=name))
     if "assignee" in v:
         who = v["assignee"]
         if who == "me":

@@ -383,6 +383,14 @@ def _place(effect: Effect, intent: IntentIn) -> None:
     effect.tool_call_id = intent.tool_call_id or ""
     effect.trace_id = intent.trace_id or ""
     effect.span_id = intent.span_id or ""
+    # Who made it, for the pages' filters and counts: the agent named, else the workflow.
+    context = _context_of(intent)
+    effect.workflow = _named(context.get("workflow"))
+    effect.agent = _named(context.get("agent")) or effect.workflow
+
+
+def _named(value: Any) -> str:
+    return value[:255] if isinstance(value, str) else ""
 
 
 def _attempt_begin(effect: Effect, intent: IntentIn) -> Attempt:

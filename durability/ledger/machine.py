@@ -80,6 +80,8 @@ EFFECT_MUTABLE_FIELDS = [
     "tool_call_id",
     "trace_id",
     "span_id",
+    "agent",
+    "workflow",
 ]
 
 
