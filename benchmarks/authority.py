@@ -26,7 +26,13 @@ WEEK = 7 * 24 * 3600
 sys.path.insert(0, str(ROOT))
 
 # The queue benchmark's helpers build the data set.
-from benchmarks.queue_page import _fresh_database, _insert_select, _p95, django_on  # noqa: E402
+from benchmarks.queue_page import (  # noqa: E402
+    _fresh_database,
+    _insert_select,
+    _p95,
+    django_on,
+    tally,
+)
 
 
 def _fill(project: Any, limited: Any, effects: int) -> None:
@@ -76,6 +82,7 @@ def _fill(project: Any, limited: Any, effects: int) -> None:
         print(f"filled in {time.perf_counter() - started:.1f}s", file=sys.stderr)
     with connection.cursor() as cursor:
         cursor.execute("VACUUM ANALYZE")
+    tally()
 
 
 def _times(run: Callable[[int], Any], n: int) -> list[float]:
