@@ -86,7 +86,7 @@ def _fill(effects: int, open_cases: int) -> dict[str, Any]:
     from django.contrib.auth.models import User
     from django.db import connection, transaction
 
-    from durability.models import Attempt, Case, Effect, Membership, Project, Role
+    from durability.models import CASE_NAMES, Attempt, Case, Effect, Membership, Project, Role
 
     project = Project.objects.create(name="bench")
     operator = User.objects.create_user("operator")
@@ -144,6 +144,7 @@ def _fill(effects: int, open_cases: int) -> dict[str, Any]:
             "closed": f"CASE WHEN g > {open_cases} THEN now() ELSE NULL END",
             "assignee_id": f"CASE WHEN g %% 10 = 3 THEN {operator.pk} ELSE NULL END",
             "version": "1",
+            **{name: f"e.{name}" for name in CASE_NAMES},
         },
     )
     with transaction.atomic(), connection.cursor() as cursor:

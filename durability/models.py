@@ -270,6 +270,10 @@ class Decision(models.TextChoices):
 EFFECT_NAMES_TRAJECTORY = ~Q(trace_id="") | ~Q(tool_call_id="") | ~Q(run_id="")
 
 
+# The effect's columns its cases copy: the queue filters on them.
+CASE_NAMES = ("kind", "target", "agent", "workflow", "run_id")
+
+
 class Effect(models.Model):
     project = models.ForeignKey(
         Project,
@@ -361,6 +365,10 @@ class Effect(models.Model):
 
     def get_absolute_url(self) -> str:
         return reverse("effect", args=[self.pk])
+
+    def case_names(self) -> dict[str, str]:
+        """What a case of this effect copies from it (see Case.kind)."""
+        return {name: getattr(self, name) for name in CASE_NAMES}
 
 
 class Attempt(models.Model):
@@ -525,6 +533,13 @@ class Case(models.Model):
     )
     reason = models.CharField(max_length=32, choices=Reason.choices)
     severity = models.PositiveSmallIntegerField(choices=Severity.choices)
+    # The effect's kind and target and who made its latest intent (Effect.case_names), kept
+    # here so that the queue filters and counts its open cases without reading effects.
+    kind = models.CharField(max_length=100, blank=True)
+    target = models.CharField(max_length=255, blank=True)
+    agent = models.CharField(max_length=255, blank=True)
+    workflow = models.CharField(max_length=255, blank=True)
+    run_id = models.CharField(max_length=255, blank=True)
     # One sentence a person can read: why the case was opened.
     summary = models.TextField()
     detail = models.JSONField(default=dict, blank=True)
@@ -563,6 +578,8 @@ class Case(models.Model):
                 name="case_queue_reason_idx",
                 condition=Q(closed__isnull=True),
             ),
+            # The overview's last day: cases of a reason opened since, open or closed.
+            models.Index(fields=["project", "reason", "opened"], name="case_reason_opened_idx"),
         ]
         # Granted to the roles' groups (durability.accounts.roles); checked per project membership.
         permissions = [

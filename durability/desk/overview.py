@@ -1,7 +1,8 @@
 """The overview, the landing page: what needs a person, and what the agents have been doing.
 
 Scoped to the user's current project. Each panel is one aggregate query (GROUP BY in
-the database, never a loop of queries), and every number links to the list it counts:
+the database, never a loop of queries), or for effects two: the whole hours the tallies
+hold, and the rest live (`durability.tallies`); every number links to the list it counts:
 the queue for open cases, the effects list for effects.
 """
 
@@ -325,16 +326,16 @@ def last_day_effects(project: Project, since: datetime, tallied: datetime | None
     ]
     agents = _busiest(found.per("agent"))
     targets = _busiest(found.per("target"))
+    # The open cases (their partial index), by the agent and target copied onto them.
     open_cases = Case.objects.filter(project=project, closed=None).order_by()
-    # From the open cases (their partial index) to their effects by primary key.
     agent_cases = dict(
-        open_cases.filter(effect__agent__in=[name for name, _ in agents])
-        .values_list("effect__agent")
+        open_cases.filter(agent__in=[name for name, _ in agents])
+        .values_list("agent")
         .annotate(n=Count("id"))
     )
     target_cases = dict(
-        open_cases.filter(effect__target__in=[name for name, _ in targets])
-        .values_list("effect__target")
+        open_cases.filter(target__in=[name for name, _ in targets])
+        .values_list("target")
         .annotate(n=Count("id"))
     )
     return LastDay(

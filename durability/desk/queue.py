@@ -97,14 +97,15 @@ def open_cases(
         qs = qs.filter(reason=v["reason"])
     if "severity" in v:
         qs = qs.filter(severity__gte=v["severity"])
+    # The effect's kind, target and who made its latest intent, as copied onto the case:
+    # the open cases are filtered and counted without reading an effect.
     if "kind" in v:
-        qs = qs.filter(effect__kind=v["kind"])
+        qs = qs.filter(kind=v["kind"])
     if "target" in v:
-        qs = qs.filter(effect__target=v["target"])
+        qs = qs.filter(target=v["target"])
     if "workflow" in v:
-        # The agent, workflow or run its latest intent named (copied onto the effect).
         name = v["workflow"]
-        qs = qs.filter(Q(effect__workflow=name) | Q(effect__agent=name) | Q(effect__run_id=name))
+        qs = qs.filter(Q(workflow=name) | Q(agent=name) | Q(run_id=name))
     if "assignee" in v:
         who = v["assignee"]
         if who == "me":
@@ -169,13 +170,11 @@ def counts_by_reason(qs: QuerySet[Case]) -> dict[str, int]:
 
 
 def _with_row_facts(qs: QuerySet[Case]) -> QuerySet[Case]:
-    """What a queue row shows: the effect, the assignee, and the current attempt's
-    workflow, workflow version and agent (evaluated only for the rows returned)."""
+    """What a queue row shows: the effect, the assignee, and the current attempt's workflow
+    version (evaluated only for the rows returned; the workflow and agent are the case's)."""
     latest = _latest_attempt()
     return qs.select_related("effect", "assignee").annotate(
-        workflow=Subquery(latest.values(name=KT("context__workflow"))[:1]),
         workflow_version=Subquery(latest.values(v=KT("context__workflow_version"))[:1]),
-        agent=Subquery(latest.values(a=KT("context__agent"))[:1]),
     )
 
 

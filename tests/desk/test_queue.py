@@ -99,6 +99,18 @@ def test_a_filter_on_the_agent_named_in_the_context_matches(project, desk):
     assert _shown(desk.get("/queue/?workflow=billing-agent")) == [case.pk]
 
 
+def test_a_filter_on_the_workflow_follows_a_retry_under_another_one(project, desk):
+    ledger.intent(project, "k1", context={"workflow": "refund-bot"}, replay="safe")
+    ledger.intent(project, "k1", context={"workflow": "refund-bot"}, request={"other": 1})
+    conflict = Case.objects.get(reason=Reason.KEY_REUSE_CONFLICT)
+    assert _shown(desk.get("/queue/?workflow=refund-bot")) == [conflict.pk]
+    ledger.failure(project, "k1", definitive=True)
+    ledger.intent(project, "k1", context={"workflow": "refund-bot-2"})
+    retried = set(_shown(desk.get("/queue/?workflow=refund-bot-2")))
+    assert conflict.pk in retried
+    assert _shown(desk.get("/queue/?workflow=refund-bot")) == []
+
+
 def test_an_invalid_filter_is_reported_and_ignored(desk, mixed):
     r = desk.get("/queue/?reason=bogus&severity=9&after=x")
     assert r.status_code == 200

@@ -7,7 +7,6 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.apps import apps
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -131,28 +130,3 @@ def test_the_overview_costs_the_same_queries_for_few_effects_or_many(project, al
     for hours_ago in (1, 7, 30, 100):
         _spread(project, f"bot-{hours_ago}", 5, hours_ago, target=f"t{hours_ago}")
     assert queries() == few
-
-
-def test_an_effect_names_the_agent_of_its_latest_intent(project):
-    ledger.intent(project, "k1", context={"workflow": "refund-bot"}, replay="safe")
-    ledger.failure(project, "k1", definitive=True)
-    ledger.intent(project, "k1", context={"workflow": "refund-bot", "agent": "refund-v2"})
-    effect = Effect.objects.get(key="k1")
-    assert (effect.agent, effect.workflow) == ("refund-v2", "refund-bot")
-
-
-def test_the_migration_fills_in_the_agent_of_effects_recorded_before_it(project):
-    ledger.intent(project, "old:1", context={"agent": "billing-agent", "workflow": "billing"})
-    ledger.intent(project, "old:2", context={"workflow": "release-bot"})
-    ledger.intent(project, "old:3")
-    Effect.objects.update(agent="", workflow="")
-    migration = __import__(
-        "durability.migrations.0018_pages_effect_agent_hours", fromlist=["agents_backfill"]
-    )
-    migration.agents_backfill(apps, None)
-    assert dict(Effect.objects.values_list("key", "agent")) == {
-        "old:1": "billing-agent",
-        "old:2": "release-bot",
-        "old:3": "",
-    }
-    assert Effect.objects.get(key="old:1").workflow == "billing"
