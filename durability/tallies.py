@@ -3,9 +3,11 @@ job so that a page's cost is the number of hours it shows, not the number of eff
 
 `hours_tally` (scheduled every minute) replaces whole hours' `EffectHour` rows with counts
 from the effects: the hours up to the current one that it has not tallied yet, and the
-tallied hours holding an effect that an audit entry since its previous run names (a state
-that changed, a receipt, a retry under another agent). It is idempotent: a second run, or
-two at once (they take the project's advisory lock in turn), leave the same rows.
+tallied hours holding an effect that an audit entry since shortly before its previous run
+names (a state that changed, a receipt, a retry under another agent: looking back one run
+further catches a transaction that committed after that run counted). It is idempotent: a
+second run, or two at once (they take the project's advisory lock in turn), leave the same
+rows.
 
 `tally` answers a page: the tallied whole hours of its range from `EffectHour`, the rest
 (the partial hours at its edges, and the hours not tallied yet) live from the effects over
@@ -29,6 +31,8 @@ from durability.models import AuditEntry, Effect, EffectHour, EffectHourMark, Pr
 from durability.models import Strength as StrengthChoice
 
 HOUR = timedelta(hours=1)
+# Longer than any ledger transaction: the first run's look back for entries still in flight.
+MARGIN = timedelta(minutes=10)
 # The columns an hour's rows are grouped by, as named on the effect and on EffectHour.
 GROUPS = ("state", "kind", "target", "agent", "grant_id")
 STRENGTHS = tuple(StrengthChoice.values)
@@ -71,10 +75,19 @@ def _hours_replace(project: Project, hours: Iterable[datetime]) -> int:
     if not hours:
         return 0
     EffectHour.objects.filter(project=project, hour__in=hours).delete()
+    # Runs of consecutive hours, each one range of effect_project_created_idx.
+    runs: list[list[datetime]] = []
+    for hour in hours:
+        if runs and runs[-1][1] == hour:
+            runs[-1][1] = hour + HOUR
+        else:
+            runs.append([hour, hour + HOUR])
+    created = Q()
+    for start, end in runs:
+        created |= Q(created__gte=start, created__lt=end)
     grouped = (
-        Effect.objects.filter(project=project, created__gte=hours[0], created__lt=hours[-1] + HOUR)
+        Effect.objects.filter(created, project=project)
         .annotate(hour=Trunc("created", "hour", tzinfo=UTC))
-        .filter(hour__in=hours)
         .values("hour", *GROUPS)
         .annotate(**_measured(MEASURES))
         .order_by()
@@ -98,17 +111,22 @@ def hours_tally(*, project: Project, now: datetime | None = None) -> int:
         if mark is None:
             first = Effect.objects.filter(project=project).aggregate(first=Min("created"))
             start = _floor(first["first"]) if first["first"] else cut
-            since_id = 0
+            # The next run looks again from entries made a while before this one: any of
+            # them may belong to a transaction that commits after these counts.
+            looked_from = (
+                AuditEntry.objects.filter(project=project, at__lt=timezone.now() - MARGIN)
+                .order_by("-id")
+                .values_list("id", flat=True)
+                .first()
+            ) or 0
         else:
             start = mark.until
-            # From the previous run's mark too: an entry numbered before it may have
-            # committed after that run counted.
-            since_id = mark.audit_from
+            looked_from = mark.audit_id
             changed = (
                 Effect.objects.filter(
                     project=project,
                     created__lt=start,
-                    pk__in=AuditEntry.objects.filter(project=project, id__gt=since_id)
+                    pk__in=AuditEntry.objects.filter(project=project, id__gt=mark.audit_from)
                     .exclude(effect=None)
                     .values("effect_id"),
                 )
@@ -126,7 +144,7 @@ def hours_tally(*, project: Project, now: datetime | None = None) -> int:
             project=project,
             defaults={
                 "until": max(cut, start),
-                "audit_from": mark.audit_id if mark else 0,
+                "audit_from": looked_from,
                 "audit_id": seen,
                 "tallied": timezone.now(),
             },
