@@ -3,10 +3,11 @@
     .venv/bin/python benchmarks/queue_page.py [--effects 1000000] [--open 10000] [--repeat 40]
 
 Creates (dropping it first) the PostgreSQL database named by --db, migrates it, fills it
-with generate_series SQL (effects, their attempts, open and closed cases), then requests
-the queue page through Django's test client with a logged-in operator, for each filter
-and sort, and prints the median and p95 of the server time (view, queries and template;
-no network). --explain prints the plans of the page's queries.
+with generate_series SQL (effects, their attempts, open and closed cases), runs the hourly
+tallies' job as the scheduler would (twice, timed: its first run, then one a minute later),
+then requests the queue page through Django's test client with a logged-in operator, for
+each filter and sort, and prints the median and p95 of the server time (view, queries and
+template; no network). --explain prints the plans of the page's queries.
 """
 
 from __future__ import annotations
