@@ -33,6 +33,7 @@ from benchmarks.queue_page import (  # noqa: E402
     bulk,
     django_on,
     effect_rows,
+    tally,
 )
 
 
@@ -79,6 +80,7 @@ def _fill(project: Any, limited: Any, effects: int) -> None:
     print(f"filled in {time.perf_counter() - started:.1f}s", file=sys.stderr)
     with connection.cursor() as cursor:
         cursor.execute("VACUUM ANALYZE")
+    tally()
 
 
 def _times(run: Callable[[int], Any], n: int) -> list[float]:

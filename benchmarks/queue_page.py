@@ -4,7 +4,8 @@
 
 Creates (dropping it first) the PostgreSQL database named by --db, migrates it, fills it
 with generate_series SQL (effects, their attempts, open and closed cases; the keys and
-indexes made after the rows: about 35 s at 1M on two cores), then requests
+indexes made after the rows: about 35 s at 1M on two cores), runs the hourly tallies' job as
+the scheduler would (twice, timed: its first run, then one a minute later), then requests
 the queue page through Django's test client with a logged-in operator, for each filter
 and sort, and prints the median and p95 of the server time (view, queries and template;
 no network). --explain prints the plans of the page's queries.
@@ -102,6 +103,9 @@ def effect_rows(project: Any, overrides: dict[str, str]) -> tuple[str, list[Any]
         "request": "jsonb_build_object('order', g, 'amount', 1250)",
         "state": "'succeeded'",
         "run_id": "'run-' || (g %% 50000)",
+        # As its attempt's context names them (the ledger copies them onto the effect).
+        "agent": f"(ARRAY{AGENTS!r})[1 + g %% {len(AGENTS)}]",
+        "workflow": f"(ARRAY{WORKFLOWS!r})[1 + g %% {len(WORKFLOWS)}]",
         "attempt_count": "1",
         "created": "now() - make_interval(secs => g)",
         "updated": "now() - make_interval(secs => g)",
@@ -151,7 +155,7 @@ def _fill(effects: int, open_cases: int) -> dict[str, Any]:
     from django.contrib.auth.models import User
     from django.db import connection, transaction
 
-    from durability.models import Attempt, Case, Effect, Membership, Project, Role
+    from durability.models import CASE_NAMES, Attempt, Case, Effect, Membership, Project, Role
 
     project = Project.objects.create(name="bench")
     operator = User.objects.create_user("operator")
@@ -198,6 +202,7 @@ def _fill(effects: int, open_cases: int) -> dict[str, Any]:
             "closed": f"CASE WHEN g > {open_cases} THEN now() ELSE NULL END",
             "assignee_id": f"CASE WHEN g %% 10 = 3 THEN {operator.pk} ELSE NULL END",
             "version": "1",
+            **{name: f"e.{name}" for name in CASE_NAMES},
         },
     )
     tables = [model._meta.db_table for model in (Effect, Attempt, Case)]
@@ -209,7 +214,24 @@ def _fill(effects: int, open_cases: int) -> dict[str, Any]:
     print(f"filled in {time.perf_counter() - started:.1f}s", file=sys.stderr)
     with connection.cursor() as cursor:
         cursor.execute("VACUUM ANALYZE")
+    tally()
     return {"operator": operator, "project": project}
+
+
+def tally() -> None:
+    """Run the hourly tallies' job as the scheduler would: the first run over every hour,
+    then a second (what a run every minute costs), each timed on stderr."""
+    from django.db import connection
+
+    from durability import tallies
+
+    for run in ("first", "second"):
+        started = time.perf_counter()
+        rows = tallies.projects_tally()
+        took = time.perf_counter() - started
+        print(f"tallies, {run} run: {rows:,} rows in {took:.2f}s", file=sys.stderr)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE durability_effecthour")
 
 
 def _paths(client: Any) -> dict[str, str]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from rq.cron import register
 
+from durability import tallies
 from durability.desk import jobs as desk_jobs
 from durability.ledger import jobs as ledger_jobs
 from durability.reconcilers import jobs as reconciler_jobs
@@ -20,6 +21,7 @@ SCHEDULE = [
     (desk_jobs.alert, 60),
     (desk_jobs.bulks_resume, 60),
     (trajectories_jobs.links_repair, 60),
+    (tallies.projects_tally, 60),
 ]
 for job, interval in SCHEDULE:
     register(job, queue_name="default", interval=interval)

@@ -294,6 +294,10 @@ class Decision(models.TextChoices):
 EFFECT_NAMES_TRAJECTORY = ~Q(trace_id="") | ~Q(tool_call_id="") | ~Q(run_id="")
 
 
+# The effect's columns its cases copy: the queue filters on them.
+CASE_NAMES = ("kind", "target", "agent", "workflow", "run_id")
+
+
 class Effect(models.Model):
     project = models.ForeignKey(
         Project,
@@ -332,6 +336,10 @@ class Effect(models.Model):
     tool_call_id = models.CharField(max_length=255, blank=True)
     trace_id = models.CharField(max_length=32, blank=True)
     span_id = models.CharField(max_length=16, blank=True)
+    # Who made the latest intent, from its context: the agent it names, else its workflow;
+    # and the workflow. Copied here so the pages filter and count without reading attempts.
+    agent = models.CharField(max_length=255, blank=True)
+    workflow = models.CharField(max_length=255, blank=True)
     attempt_count = models.PositiveIntegerField(default=0)
     created = models.DateTimeField(default=timezone.now)
     updated = models.DateTimeField(default=timezone.now)
@@ -381,6 +389,10 @@ class Effect(models.Model):
 
     def get_absolute_url(self) -> str:
         return reverse("effect", args=[self.pk])
+
+    def case_names(self) -> dict[str, str]:
+        """What a case of this effect copies from it (see Case.kind)."""
+        return {name: getattr(self, name) for name in CASE_NAMES}
 
 
 class Attempt(models.Model):
@@ -478,6 +490,62 @@ class Receipt(models.Model):
         return f"{self.system}:{self.external_id}"
 
 
+class EffectHour(models.Model):
+    """The effects created in one hour of a project, counted per state, kind, target, agent
+    and grant: what the overview and the authority report count, so that their cost is the
+    number of hours shown, not of effects. Written only by `tallies.hours_tally` (a job),
+    which replaces an hour's rows whole; the pages count hours it has not reached live."""
+
+    project = models.ForeignKey(
+        Project,
+        models.CASCADE,
+        related_name="+",
+        db_index=False,  # effect_hour_uniq leads with it
+    )
+    hour = models.DateTimeField()
+    state = models.CharField(max_length=20, choices=State.choices)
+    kind = models.CharField(max_length=100)
+    target = models.CharField(max_length=255)
+    agent = models.CharField(max_length=255, blank=True)
+    grant = models.ForeignKey(
+        "Grant", models.CASCADE, null=True, blank=True, related_name="+", db_index=False
+    )
+    n = models.PositiveIntegerField()
+    # Of those, the effects with any receipt, and with a receipt of each strength.
+    evidenced = models.PositiveIntegerField()
+    agent_reported = models.PositiveIntegerField()
+    provider_confirmed = models.PositiveIntegerField()
+    operator_attested = models.PositiveIntegerField()
+
+    class Meta:
+        constraints = [
+            # One row per hour and group; also the pages' index: a project's hours in a range.
+            models.UniqueConstraint(
+                fields=["project", "hour", "state", "kind", "target", "agent", "grant"],
+                name="effect_hour_uniq",
+                nulls_distinct=False,
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.hour:%Y-%m-%d %H}h {self.state} {self.n}"
+
+
+class EffectHourMark(models.Model):
+    """How far a project's hours are tallied: every hour before `until`, as of the audit
+    entries up to `audit_id` (the job looks again from `audit_from`, its previous mark, for
+    effects of tallied hours that changed since)."""
+
+    project = models.OneToOneField(Project, models.CASCADE, primary_key=True, related_name="+")
+    until = models.DateTimeField()
+    audit_id = models.BigIntegerField(default=0)
+    audit_from = models.BigIntegerField(default=0)
+    tallied = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"{self.project_id} until {self.until:%Y-%m-%d %H}h"
+
+
 class Reason(models.TextChoices):
     UNCERTAIN = "uncertain"
     LATE_SUCCESS = "late_success"
@@ -506,6 +574,13 @@ class Case(models.Model):
     )
     reason = models.CharField(max_length=32, choices=Reason.choices)
     severity = models.PositiveSmallIntegerField(choices=Severity.choices)
+    # The effect's kind and target and who made its latest intent (Effect.case_names), kept
+    # here so that the queue filters and counts its open cases without reading effects.
+    kind = models.CharField(max_length=100, blank=True)
+    target = models.CharField(max_length=255, blank=True)
+    agent = models.CharField(max_length=255, blank=True)
+    workflow = models.CharField(max_length=255, blank=True)
+    run_id = models.CharField(max_length=255, blank=True)
     # One sentence a person can read: why the case was opened.
     summary = models.TextField()
     detail = models.JSONField(default=dict, blank=True)
@@ -544,6 +619,8 @@ class Case(models.Model):
                 name="case_queue_reason_idx",
                 condition=Q(closed__isnull=True),
             ),
+            # The overview's last day: cases of a reason opened since, open or closed.
+            models.Index(fields=["project", "reason", "opened"], name="case_reason_opened_idx"),
         ]
         # Granted to the roles' groups (durability.accounts.roles); checked per project membership.
         permissions = [

@@ -6,8 +6,9 @@ still awaiting approval; it *has evidence* when any receipt names it. Orphan rec
 nothing authorized them; they only open `orphan_receipt` (not `unauthorized_effect`)
 since their intent may still arrive and be checked then.
 
-Counts are one aggregate query; the table is one query whatever its length (the
-strongest receipt and the mismatch are subqueries, not per-row look-ups).
+Counts come from the hourly tallies (`durability.tallies`); the table is one query
+whatever its length (the strongest receipt and the mismatch are subqueries, not per-row
+look-ups).
 """
 
 from __future__ import annotations
@@ -18,11 +19,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.models import (
-    BooleanField,
     Case,
-    Count,
     Exists,
-    ExpressionWrapper,
     IntegerField,
     OuterRef,
     Q,
@@ -36,6 +34,7 @@ from django.utils import timezone
 from durability.ledger.evidence import STRENGTH_RANK
 from durability.models import Case as LedgerCase
 from durability.models import Effect, Project, Reason, Receipt, State
+from durability.tallies import tallied_until, tally
 
 PAGE_SIZE = 100
 DEFAULT_SPAN = timedelta(days=7)
@@ -134,25 +133,31 @@ def _orphans(project: Project, query: ReportQuery) -> QuerySet[Receipt]:
     )
 
 
-def _by_authority(effects: QuerySet[Effect]) -> dict[bool, int]:
-    authorized = ExpressionWrapper(AUTHORIZED, output_field=BooleanField())
-    grouped = effects.annotate(authorized=authorized).values_list("authorized")
-    return {bool(yes): n for yes, n in grouped.annotate(n=Count("pk")).order_by()}
-
-
 def quadrant_counts(project: Project, query: ReportQuery) -> dict[str, int]:
     """Effects per quadrant (orphan receipts added to evidence without authority).
 
-    Two grouped counts, each a scan or a hash semi-join whatever the range's size, with
-    no look-up per effect: the effects by authority, and those with evidence.
+    The effects per grant and state, with how many have evidence: from the hourly tallies
+    for whole hours, live for the rest (`tallies.tally`), whatever the range's size.
     """
-    effects = _by_authority(_matching(project, query))
-    evidenced = _by_authority(_matching(project, query).filter(_evidence()))
-    counts = {
-        name: (evidenced if has_evidence else effects).get(yes, 0)
-        - (0 if has_evidence else evidenced.get(yes, 0))
-        for (yes, has_evidence), name in QUADRANT_OF.items()
+    filters: dict[str, Any] = {
+        name: value
+        for name, value in (("kind", query.kind), ("target", query.target), ("grant", query.grant))
+        if value
     }
+    found = tally(
+        project,
+        query.since,
+        query.until,
+        by=("grant", "state"),
+        measures=("n", "evidenced"),
+        tallied=tallied_until(project),
+        **filters,
+    )
+    counts = dict.fromkeys(QUADRANT_LABEL, 0)
+    for (grant, state), measured in found.groups.items():
+        yes = _authorized(grant, state)
+        counts[QUADRANT_OF[yes, True]] += measured["evidenced"]
+        counts[QUADRANT_OF[yes, False]] += measured["n"] - measured["evidenced"]
     counts[Quadrant.EVIDENCE_UNAUTHORIZED] += _orphans(project, query).count()
     return counts
 
@@ -216,11 +221,12 @@ def orphan_rows(project: Project, query: ReportQuery, limit: int = PAGE_SIZE) ->
     return list(_orphans(project, query).order_by("-received", "-id")[:limit])
 
 
+def _authorized(grant_id: int | None, state: str) -> bool:
+    return grant_id is not None and state not in (State.DENIED, State.AWAITING_APPROVAL)
+
+
 def authorized(effect: Effect) -> bool:
-    return effect.grant_id is not None and effect.state not in (
-        State.DENIED,
-        State.AWAITING_APPROVAL,
-    )
+    return _authorized(effect.grant_id, effect.state)
 
 
 def evidenced(effect: Any) -> bool:

@@ -13,11 +13,9 @@ from urllib.parse import urlencode
 
 from django import forms
 from django.db.models import Exists, OuterRef, QuerySet
-from django.db.models.fields.json import KT
-from django.db.models.functions import Coalesce
 from django.urls import reverse
 
-from durability.models import Attempt, Case, Effect, Reason, Receipt, State, Strength
+from durability.models import Case, Effect, Reason, Receipt, State, Strength
 
 # The filter's fields, in the order a query string names them.
 FIELDS = ("project", "state", "target", "agent", "case", "strength", "since")
@@ -28,7 +26,7 @@ class EffectFilter(forms.Form):
     state = forms.ChoiceField(choices=[("", "any state"), *State.choices], required=False)
     target = forms.CharField(max_length=255, required=False)
     agent = forms.CharField(
-        max_length=255, required=False, help_text="The agent (or workflow) of the first attempt."
+        max_length=255, required=False, help_text="The agent (or workflow) the latest intent named."
     )
     case = forms.ChoiceField(
         choices=[("", "any"), *Reason.choices],
@@ -44,12 +42,6 @@ class EffectFilter(forms.Form):
         required=False,
         help_text="Effects created since then; with `case`, whose case was opened since then.",
     )
-
-
-def agent_of_attempt() -> Coalesce:
-    """The agent an attempt ran for: its context's agent, else its workflow (as the SDK's
-    `tb.run(workflow)` names it)."""
-    return Coalesce(KT("context__agent"), KT("context__workflow"))
 
 
 @dataclass
@@ -78,12 +70,9 @@ class EffectQuery:
 
     def apply(self, qs: QuerySet[Effect]) -> QuerySet[Effect]:
         v = self.values
-        for field in ("project", "state", "target"):
+        for field in ("project", "state", "target", "agent"):
             if field in v:
                 qs = qs.filter(**{f"{field}_id" if field == "project" else field: v[field]})
-        if "agent" in v:
-            first = Attempt.objects.filter(effect=OuterRef("pk"), number=1)
-            qs = qs.filter(Exists(first.alias(agent=agent_of_attempt()).filter(agent=v["agent"])))
         since: datetime | None = v.get("since")
         if "case" in v:
             cases = Case.objects.filter(effect=OuterRef("pk"), reason=v["case"])

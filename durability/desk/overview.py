@@ -1,18 +1,20 @@
 """The overview, the landing page: what needs a person, and what the agents have been doing.
 
 Scoped to the user's current project. Each panel is one aggregate query (GROUP BY in
-the database, never a loop of queries), and every number links to the list it counts:
+the database, never a loop of queries), or for effects two: the whole hours the tallies
+hold, and the rest live (`durability.tallies`); every number links to the list it counts:
 the queue for open cases, the effects list for effects.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib.auth.decorators import login_required
-from django.db.models import Count, F, Min, Q
+from django.db.models import Count, Min, Q
 from django.db.models.functions import Trunc
 from django.http import HttpResponse
 from django.shortcuts import render
@@ -22,9 +24,10 @@ from django.views.decorators.http import require_GET
 
 from durability.accounts.access import AuthedRequest, project_access
 from durability.accounts.roles import Perm
-from durability.desk.effect_filter import agent_of_attempt, effects_url
+from durability.desk.effect_filter import effects_url
 from durability.desk.queue import QueueQuery
-from durability.models import Attempt, Case, Effect, Project, Reason, Receipt, Severity, State
+from durability.models import Case, Effect, Project, Reason, Severity, State
+from durability.tallies import STRENGTHS, tallied_until, tally
 
 DAY = timedelta(days=1)
 BUSIEST = 5
@@ -180,22 +183,30 @@ def _nice_ceiling(n: int) -> int:
         magnitude *= 10
 
 
-def effects_chart(project: Project, range_name: str, now: datetime) -> Chart:
+def effects_chart(
+    project: Project, range_name: str, now: datetime, tallied: datetime | None = None
+) -> Chart:
     """Effects created in the range, per time bucket, stacked by the state they are in now.
 
-    One GROUP BY on (truncated created, state) over effect_project_created_idx; the
-    database's minutes or hours are folded into the chart's buckets here.
+    Hours from the tallies (and the hours not tallied, live), or for the last hour one
+    GROUP BY on (minute created, state) over effect_project_created_idx; the database's
+    minutes or hours are folded into the chart's buckets here.
     """
     span, step, trunc = RANGES[range_name]
     end = _floor(now, step) + step
     start = end - span
-    rows = (
-        Effect.objects.filter(project=project, created__gte=start)
-        .annotate(at=Trunc("created", trunc))
-        .values_list("at", "state")
-        .annotate(n=Count("id"))
-        .order_by()
-    )
+    rows: Iterable[tuple[datetime, str, int]]
+    if trunc == "hour":
+        found = tally(project, start, None, by=("hour", "state"), tallied=tallied)
+        rows = [(hour, state, counts["n"]) for (hour, state), counts in found.groups.items()]
+    else:
+        rows = (
+            Effect.objects.filter(project=project, created__gte=start)
+            .annotate(at=Trunc("created", trunc))
+            .values_list("at", "state")
+            .annotate(n=Count("id"))
+            .order_by()
+        )
     buckets = int(span / step)
     grid: list[dict[str, int]] = [{} for _ in range(buckets)]
     per_state: dict[str, int] = {}
@@ -270,21 +281,6 @@ def last_day(project: Project, since: datetime) -> list[tuple[str, Number, Numbe
     ]
 
 
-def evidence_strengths(project: Project, since: datetime) -> list[tuple[str, Number]]:
-    """Effects created since `since` with a receipt of each strength (an effect may count
-    under several)."""
-    found = dict(
-        Receipt.objects.filter(project=project, effect__created__gte=since)
-        .values_list("strength")
-        .annotate(n=Count("effect", distinct=True))
-        .order_by()
-    )
-    return [
-        (strength, Number(n, effects_url(project=project.pk, strength=strength, since=since)))
-        for strength, n in sorted(found.items())
-    ]
-
-
 @dataclass
 class Busy:
     name: str
@@ -292,65 +288,75 @@ class Busy:
     open_cases: Number
 
 
-def busiest_agents(project: Project, since: datetime) -> list[Busy]:
-    """The agents with the most effects created since `since` (by their first attempt),
-    with their open cases (by the current attempt, as the queue's agent filter sees it)."""
-    top = list(
-        Attempt.objects.filter(effect__project=project, number=1, effect__created__gte=since)
-        .annotate(agent=agent_of_attempt())
-        .exclude(agent=None)
+@dataclass
+class LastDay:
+    """The effects created since `since`: by receipt strength, the busiest agents and
+    targets (one tally)."""
+
+    strengths: list[tuple[str, Number]]
+    agents: list[Busy]
+    targets: list[Busy]
+
+
+def _busiest(counts: dict[str, int]) -> list[tuple[str, int]]:
+    ranked = sorted(((name, n) for name, n in counts.items() if name and n), key=_by_count)
+    return ranked[:BUSIEST]
+
+
+def _by_count(item: tuple[str, int]) -> tuple[int, str]:
+    return -item[1], item[0]
+
+
+def last_day_effects(project: Project, since: datetime, tallied: datetime | None) -> LastDay:
+    """Effects with a receipt of each strength (an effect may count under several), and the
+    agents and target systems with the most effects, each with its open cases (as the
+    queue filtered by that agent or target counts them)."""
+    found = tally(
+        project,
+        since,
+        None,
+        by=("agent", "target"),
+        measures=("n", *STRENGTHS),
+        tallied=tallied,
+    )
+    strengths = [
+        (strength, Number(n, effects_url(project=project.pk, strength=strength, since=since)))
+        for strength in sorted(STRENGTHS)
+        if (n := found.total(strength))
+    ]
+    agents = _busiest(found.per("agent"))
+    targets = _busiest(found.per("target"))
+    # The open cases (their partial index), by the agent and target copied onto them.
+    open_cases = Case.objects.filter(project=project, closed=None).order_by()
+    agent_cases = dict(
+        open_cases.filter(agent__in=[name for name, _ in agents])
         .values_list("agent")
         .annotate(n=Count("id"))
-        .order_by("-n", "agent")[:BUSIEST]
     )
-    # Open cases by the agent of their effect's current attempt: from the open cases (their
-    # partial index) to the effect, to the attempt by (effect, number).
-    open_counts = dict(
-        Attempt.objects.filter(
-            effect__cases__project=project,
-            effect__cases__closed=None,
-            number=F("effect__attempt_count"),
-        )
-        .annotate(agent=agent_of_attempt())
-        .filter(agent__in=[name for name, _ in top])
-        .values_list("agent")
-        .annotate(n=Count("effect__cases"))
-        .order_by()
-    )
-    return [
-        Busy(
-            name,
-            Number(n, effects_url(project=project.pk, agent=name, since=since)),
-            Number(open_counts.get(name, 0), queue_url(workflow=name)),
-        )
-        for name, n in top
-    ]
-
-
-def busiest_targets(project: Project, since: datetime) -> list[Busy]:
-    """The target systems with the most effects created since `since`, with open cases."""
-    top = list(
-        Effect.objects.filter(project=project, created__gte=since)
+    target_cases = dict(
+        open_cases.filter(target__in=[name for name, _ in targets])
         .values_list("target")
         .annotate(n=Count("id"))
-        .order_by("-n", "target")[:BUSIEST]
     )
-    open_counts = dict(
-        Case.objects.filter(
-            project=project, closed=None, effect__target__in=[name for name, _ in top]
-        )
-        .values_list("effect__target")
-        .annotate(n=Count("id"))
-        .order_by()
+    return LastDay(
+        strengths,
+        [
+            Busy(
+                name,
+                Number(n, effects_url(project=project.pk, agent=name, since=since)),
+                Number(agent_cases.get(name, 0), queue_url(workflow=name)),
+            )
+            for name, n in agents
+        ],
+        [
+            Busy(
+                name,
+                Number(n, effects_url(project=project.pk, target=name, since=since)),
+                Number(target_cases.get(name, 0), queue_url(target=name)),
+            )
+            for name, n in targets
+        ],
     )
-    return [
-        Busy(
-            name,
-            Number(n, effects_url(project=project.pk, target=name, since=since)),
-            Number(open_counts.get(name, 0), queue_url(target=name)),
-        )
-        for name, n in top
-    ]
 
 
 # -- the page --------------------------------------------------------------------------------
@@ -367,7 +373,9 @@ def index(request: AuthedRequest) -> HttpResponse:
     if range_name not in RANGES:
         range_name = default_range(project, now)
     day_ago = now - DAY
+    tallied = tallied_until(project)
     reasons, severity_totals = open_cases_table(project)
+    effects = last_day_effects(project, day_ago, tallied)
     context = {
         "project": project,
         "reasons": reasons,
@@ -375,10 +383,10 @@ def index(request: AuthedRequest) -> HttpResponse:
         "severity_totals": severity_totals,
         "open_total": severity_totals[-1],
         "oldest": oldest_open_case(project),
-        "chart": effects_chart(project, range_name, now),
+        "chart": effects_chart(project, range_name, now, tallied),
         "last_day": last_day(project, day_ago),
-        "strengths": evidence_strengths(project, day_ago),
-        "agents": busiest_agents(project, day_ago),
-        "targets": busiest_targets(project, day_ago),
+        "strengths": effects.strengths,
+        "agents": effects.agents,
+        "targets": effects.targets,
     }
     return render(request, "durability/desk/overview.html", context)

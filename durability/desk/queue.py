@@ -13,15 +13,7 @@ from urllib.parse import urlencode
 
 from django import forms
 from django.contrib.auth.models import User
-from django.db.models import (
-    BooleanField,
-    Count,
-    ExpressionWrapper,
-    OuterRef,
-    Q,
-    QuerySet,
-    Subquery,
-)
+from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
 from django.db.models.fields.json import KT
 
 from durability.models import Attempt, Case, Project, Reason, Severity
@@ -105,20 +97,15 @@ def open_cases(
         qs = qs.filter(reason=v["reason"])
     if "severity" in v:
         qs = qs.filter(severity__gte=v["severity"])
+    # The effect's kind, target and who made its latest intent, as copied onto the case:
+    # the open cases are filtered and counted without reading an effect.
     if "kind" in v:
-        qs = qs.filter(effect__kind=v["kind"])
+        qs = qs.filter(kind=v["kind"])
     if "target" in v:
-        qs = qs.filter(effect__target=v["target"])
+        qs = qs.filter(target=v["target"])
     if "workflow" in v:
-        # One subquery per case on its current attempt (an index probe each): an EXISTS or
-        # a join here is planned as a scan of every attempt or effect of the project.
         name = v["workflow"]
-        named = ExpressionWrapper(
-            Q(context__workflow=name) | Q(context__agent=name) | Q(run_id=name),
-            output_field=BooleanField(),
-        )
-        current = _latest_attempt().annotate(named=named).values("named")[:1]
-        qs = qs.alias(named=Subquery(current)).filter(named=True)
+        qs = qs.filter(Q(workflow=name) | Q(agent=name) | Q(run_id=name))
     if "assignee" in v:
         who = v["assignee"]
         if who == "me":
@@ -183,13 +170,11 @@ def counts_by_reason(qs: QuerySet[Case]) -> dict[str, int]:
 
 
 def _with_row_facts(qs: QuerySet[Case]) -> QuerySet[Case]:
-    """What a queue row shows: the effect, the assignee, and the current attempt's
-    workflow, workflow version and agent (evaluated only for the rows returned)."""
+    """What a queue row shows: the effect, the assignee, and the current attempt's workflow
+    version (evaluated only for the rows returned; the workflow and agent are the case's)."""
     latest = _latest_attempt()
     return qs.select_related("effect", "assignee").annotate(
-        workflow=Subquery(latest.values(name=KT("context__workflow"))[:1]),
         workflow_version=Subquery(latest.values(v=KT("context__workflow_version"))[:1]),
-        agent=Subquery(latest.values(a=KT("context__agent"))[:1]),
     )
 
 

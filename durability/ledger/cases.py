@@ -54,6 +54,7 @@ def case_open(
         severity=severity,
         summary=summary,
         detail=detail,
+        **(effect.case_names() if effect else {}),
     )
     trail.add(AuditAction.CASE_OPENED, effect=effect, case=case, reason=reason.value)
     return case

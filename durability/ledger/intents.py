@@ -428,11 +428,23 @@ def _context_of(intent: IntentIn) -> dict[str, Any]:
 
 
 def _place(effect: Effect, intent: IntentIn) -> None:
-    """Where in a run and trace the intent was made; the caller saves the effect."""
+    """Where in a run and trace the intent was made, and who made it (the agent named, else
+    the workflow), copied onto the effect's open cases if that changed; the caller saves
+    the effect."""
+    was = effect.case_names()
     effect.run_id = intent.run_id or effect.run_id
     effect.tool_call_id = intent.tool_call_id or ""
     effect.trace_id = intent.trace_id or ""
     effect.span_id = intent.span_id or ""
+    context = _context_of(intent)
+    effect.workflow = _named(context.get("workflow"))
+    effect.agent = _named(context.get("agent")) or effect.workflow
+    if not effect._state.adding and effect.case_names() != was:
+        Case.objects.filter(effect=effect, closed=None).update(**effect.case_names())
+
+
+def _named(value: Any) -> str:
+    return value[:255] if isinstance(value, str) else ""
 
 
 def _attempt_begin(effect: Effect, intent: IntentIn) -> Attempt:

@@ -82,6 +82,8 @@ EFFECT_MUTABLE_FIELDS = [
     "tool_call_id",
     "trace_id",
     "span_id",
+    "agent",
+    "workflow",
 ]
 
 

@@ -14,6 +14,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from durability import tallies
 from durability.api.schemas import AmountIn, ReceiptIn
 from durability.authority.report import PAGE_SIZE
 from durability.ledger import evidence
@@ -213,3 +214,26 @@ def test_older_effects_open_as_the_next_page_keeping_the_filter(project, alice):
     assert "k000" in second and "k100" not in second
     again = re.search(r'<tr class="more">', second)
     assert again is None
+
+
+def test_the_quadrants_count_the_same_from_the_hourly_tallies(project, alice, week):
+    client = logged_in(alice)
+    for hours_ago, key in ((3, "ok:1"), (30, "waiting:1"), (100, "rogue:2"), (150, "asked:1")):
+        then = timezone.now() - timedelta(hours=hours_ago)
+        Effect.objects.filter(key=key).update(created=then)
+    since = (timezone.now() - timedelta(days=40)).strftime("%Y-%m-%dT%H:%M")
+    views = [{}, {"since": since}, {"kind": "payment"}, {"quadrant": "authorized_waiting"}]
+
+    def counted() -> list[dict[str, int]]:
+        return [_counts(client.get(PAGE, view).content.decode()) for view in views]
+
+    live = counted()
+    assert live[0] == week
+    tallies.projects_tally()
+    assert counted() == live
+    # Evidence for an effect of an hour already tallied counts once the job runs again.
+    ledger.receipt(project, "waiting:1", "re_late")
+    tallies.projects_tally()
+    assert counted()[0] == week | {"authorized_evidence": 4, "authorized_waiting": 0}
+    tallies.projects_tally()
+    assert counted()[0]["authorized_evidence"] == 4

@@ -7,6 +7,8 @@ import re
 from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from durability.desk import services as cases
@@ -99,6 +101,18 @@ def test_a_filter_on_the_agent_named_in_the_context_matches(project, desk):
     assert _shown(desk.get("/queue/?workflow=billing-agent")) == [case.pk]
 
 
+def test_a_filter_on_the_workflow_follows_a_retry_under_another_one(project, desk):
+    ledger.intent(project, "k1", context={"workflow": "refund-bot"}, replay="safe")
+    ledger.intent(project, "k1", context={"workflow": "refund-bot"}, request={"other": 1})
+    conflict = Case.objects.get(reason=Reason.KEY_REUSE_CONFLICT)
+    assert _shown(desk.get("/queue/?workflow=refund-bot")) == [conflict.pk]
+    ledger.failure(project, "k1", definitive=True)
+    ledger.intent(project, "k1", context={"workflow": "refund-bot-2"})
+    retried = set(_shown(desk.get("/queue/?workflow=refund-bot-2")))
+    assert conflict.pk in retried
+    assert _shown(desk.get("/queue/?workflow=refund-bot")) == []
+
+
 def test_an_invalid_filter_is_reported_and_ignored(desk, mixed):
     r = desk.get("/queue/?reason=bogus&severity=9&after=x")
     assert r.status_code == 200
@@ -189,3 +203,32 @@ def test_the_current_project_is_switchable_and_remembered(project, desk, alice):
     assert '<span class="role" title="Your role in this project">viewer</span>' in page
     r = desk.post("/projects/switch/", {"project": project.pk, "next": "https://evil.example/"})
     assert r["Location"] == "/queue/"
+
+
+QUEUE_VIEWS = [
+    "/queue/",
+    "/queue/?sort=severity",
+    "/queue/?workflow=refund-bot",
+    "/queue/?kind=payment&target=stripe&reason=uncertain",
+]
+
+
+def test_the_queue_runs_the_same_queries_for_few_cases_or_many(project, desk):
+    def queries() -> list[list[str]]:
+        counted = []
+        for path in QUEUE_VIEWS:
+            with CaptureQueriesContext(connection) as captured:
+                assert desk.get(path).status_code == 200
+            counted.append([q["sql"] for q in captured.captured_queries])
+        return counted
+
+    uncertain_case(project, "a-0", context={"workflow": "refund-bot"})
+    few = queries()
+    for n in range(1, 12):
+        uncertain_case(project, f"a-{n}", context={"workflow": "refund-bot"})
+    many = queries()
+    assert [len(sqls) for sqls in many] == [len(sqls) for sqls in few]
+    # Its counts read the open cases alone, whatever the filter: no effect, no attempt.
+    for sqls in many:
+        counts = [sql for sql in sqls if sql.startswith('SELECT "durability_case"."reason"')]
+        assert counts and all("durability_effect" not in sql for sql in counts)
