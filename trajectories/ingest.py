@@ -386,44 +386,34 @@ def _span_values(
     )
 
 
-# The spans, new or re-sent, each in the run its key names, and then the tool calls the
-# model spans asked for, joined to the ids the upsert returns: one statement, whose rows
-# come as one JSON parameter (`_rows_json`), so that it is sent in the same round trip as
-# the runs' statements; no second look-up of the spans just written. A run the batch did
-# not write fails the statement (its run_id is null), never a span left out.
-_RECORD = {
-    "trace_id": "text",
-    "span_id": "text",
-    "parent_span_id": "text",
-    "kind": "text",
-    "operation": "text",
-    "name": "text",
+# The row's columns that are not JSON text, after project_id, with their types as read back.
+_SCALARS = SPAN_COLUMNS[1:18]
+_SCALAR_TYPES = {
     "start": "timestamptz",
     "end": "timestamptz",
-    "status": "text",
-    "status_message": "text",
-    "provider": "text",
-    "request_model": "text",
-    "response_model": "text",
     "input_tokens": "bigint",
     "output_tokens": "bigint",
-    "tool_call_id": "text",
-    "tool_name": "text",
-    "attributes": "jsonb",
-    "resource": "jsonb",
-    "input": "jsonb",
-    "output": "jsonb",
-    "capped": "jsonb",
-    "run_key": "text",
-    "requested": "jsonb",
 }
-# The row's columns that are not JSON text, after project_id: `_rows_json` encodes them.
-_SCALARS = SPAN_COLUMNS[1:18]
+_JSON_TEXTS = SPAN_COLUMNS[18:23]
+# The spans, new or re-sent, each in the run its key names, and then the tool calls the
+# model spans asked for, joined to the ids the upsert returns: one statement, no second
+# look-up of the spans just written. Its rows come as JSON arrays in lockstep (`_rows_json`),
+# parameters rather than a COPY, so that the statement is sent in the runs' round trip. A run
+# the batch did not write fails the statement (its run_id is null), never a span left out.
 SPAN_UPSERT = (
-    "WITH staged AS (SELECT * FROM json_to_recordset(%s::json) AS staged("
-    + ", ".join(f'"{name}" {kind}' for name, kind in _RECORD.items())
-    + "))"
-    ", stored AS ("
+    "WITH staged AS (SELECT "
+    + ", ".join(
+        f'(batch.row ->> {n})::{_SCALAR_TYPES.get(c, "text")} AS "{c}"'
+        for n, c in enumerate(_SCALARS)
+    )
+    + f", batch.row ->> {len(_SCALARS)} AS run_key"
+    + f", NULLIF(batch.row -> {len(_SCALARS) + 1}, 'null') AS requested, "
+    + ", ".join(f'NULLIF(batch."{c}", \'null\') AS "{c}"' for c in _JSON_TEXTS)
+    + " FROM ROWS FROM ("
+    + ", ".join(["jsonb_array_elements(%s::jsonb)"] * (1 + len(_JSON_TEXTS)))
+    + ") AS batch(row, "
+    + ", ".join(f'"{c}"' for c in _JSON_TEXTS)
+    + ")), stored AS ("
     f'INSERT INTO trajectories_span ("run_id", {", ".join(f'"{c}"' for c in SPAN_COLUMNS)}) '
     "SELECT (SELECT run.id FROM trajectories_run run "
     "WHERE run.project_id = %s AND run.run_id = staged.run_key), %s, "
@@ -441,23 +431,24 @@ SPAN_UPSERT = (
 )
 
 
-def _rows_json(rows: list[tuple[Any, ...]], spans: list[SpanData]) -> str:
-    """The rows as SPAN_UPSERT reads them: a JSON array of objects, with each span's run key
-    and the calls it asks for. The JSON columns are JSON text already, spliced in as they are
-    (not encoded a second time as strings)."""
-    parts = []
-    for row, s in zip(rows, spans, strict=True):
-        values = dict(zip(_SCALARS, row[1:18], strict=True))
-        values["start"] = row[7].isoformat()
-        values["end"] = None if row[8] is None else row[8].isoformat()
-        values["run_key"] = s.run_key
-        scalars = json.dumps(values)
-        parts.append(
-            f'{scalars[:-1]}, "attributes": {row[18]}, "resource": {row[19]}, '
-            f'"input": {row[20] or "null"}, "output": {row[21] or "null"}, '
-            f'"capped": {row[22]}, "requested": {json.dumps(s.requested_calls)}}}'
-        )
-    return f"[{', '.join(parts)}]"
+def _rows_json(rows: list[tuple[Any, ...]], spans: list[SpanData]) -> list[str]:
+    """The rows as SPAN_UPSERT reads them: one JSON array of each row's other columns (with
+    the span's run key and the calls it asks for), and one of each JSON column, whose texts
+    are spliced in as they are rather than encoded again."""
+    others = json.dumps(
+        [
+            [
+                *row[1:7],
+                row[7].isoformat(),
+                None if row[8] is None else row[8].isoformat(),
+                *row[9:18],
+                s.run_key,
+                s.requested_calls or None,
+            ]
+            for row, s in zip(rows, spans, strict=True)
+        ]
+    )
+    return [others] + [f"[{', '.join([row[n] or 'null' for row in rows])}]" for n in range(18, 23)]
 
 
 def _spans_upsert(
@@ -468,7 +459,7 @@ def _spans_upsert(
     if connection.vendor == "postgresql":
         now = rows[0][-1]
         cursor.execute(
-            SPAN_UPSERT, [_rows_json(rows, spans), project.pk, project.pk, now, project.pk]
+            SPAN_UPSERT, [*_rows_json(rows, spans), project.pk, project.pk, now, project.pk]
         )
     else:
         _spans_create(project, rows, spans)
