@@ -24,9 +24,7 @@ def events(request: PayloadRequest[EventBatchIn]) -> JsonResponse:
         with ingest.slot(request.project):
             outcome = ingest.events_ingest(project=request.project, events=request.payload.events)
     except ingest.Overloaded as exc:
-        response = error(str(exc), exc.status)
-        response["Retry-After"] = str(exc.retry_after)
-        return response
+        return error(str(exc), exc.status, retry_after=exc.retry_after)
     links.links_refresh(project_id=request.project.pk, touched=outcome.touched)
     return JsonResponse(outcome.to_dict(), status=207)
 
