@@ -123,13 +123,14 @@ SLOT_UNLOCK = "SELECT pg_advisory_unlock(%s, %s)"
 @contextmanager
 def slot(project: Project) -> Iterator[Slot]:
     """One of the project's ingest slots, held from before a request's body is inflated and
-    decoded until its answer: a flood is turned away at the door, not served by a thread.
+    decoded until its answer (a batch of spans gives it back with its last statements,
+    before its COMMIT: a round trip less): a flood is turned away at the door, not served by
+    a thread.
 
     A PostgreSQL session advisory lock: shared by every web process, let go by a process
     that dies with its connection, and no Redis on the write path (it needs a session of
     its own: no transaction-pooling proxy in between). Raises Overloaded: 429 when every
-    slot is taken, 503 when the database does not answer. `spans_ingest` gives it back with
-    its last statements, a round trip less than after the answer.
+    slot is taken, 503 when the database does not answer.
     """
     held = Slot()
     if connection.vendor != "postgresql":
