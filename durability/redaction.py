@@ -375,12 +375,14 @@ def suspect(text: str, extras: Extras = NONE) -> bool:
 
     A few substring searches in C are far cheaper than walking every value with regexes.
     """
+    # Plain loops: a generator's frame per call would cost more than most of these searches.
     for marker in _CASED_MARKERS:
         if marker in text:
             return True
     lowered = text.lower()
-    if any(marker in lowered for marker in _LOWER_MARKERS):
-        return True
+    for marker in _LOWER_MARKERS:
+        if marker in lowered:
+            return True
     if extras.keys and any(key in lowered for key in extras.keys):
         return True
     return any(pattern.search(text) for pattern in extras.patterns)

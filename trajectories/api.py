@@ -24,9 +24,7 @@ def events(request: PayloadRequest[EventBatchIn]) -> JsonResponse:
         with ingest.slot(request.project):
             outcome = ingest.events_ingest(project=request.project, events=request.payload.events)
     except ingest.Overloaded as exc:
-        response = error(str(exc), exc.status)
-        response["Retry-After"] = str(exc.retry_after)
-        return response
+        return error(str(exc), exc.status, retry_after=exc.retry_after)
     links.links_refresh(project_id=request.project.pk, touched=outcome.touched)
     return JsonResponse(outcome.to_dict(), status=207)
 
@@ -45,7 +43,7 @@ def traces(request: ApiRequest) -> HttpResponse:
         # The gate and the slot first: a flood is turned away before its bodies cost anything.
         with (
             ingest.large_batch(otlp.is_large(request.body, encoding)),
-            ingest.slot(request.project),
+            ingest.slot(request.project) as held,
         ):
             try:
                 body = otlp.inflate(request.body, encoding)
@@ -54,7 +52,7 @@ def traces(request: ApiRequest) -> HttpResponse:
                 return otlp.status_response(content_type, 400, str(exc))
             except otlp.TooLarge as exc:
                 return otlp.status_response(content_type, 413, str(exc))
-            touched = ingest.spans_ingest(project=request.project, spans=decoded.spans)
+            touched = ingest.spans_ingest(project=request.project, spans=decoded.spans, slot=held)
     except ingest.Overloaded as exc:
         return otlp.status_response(content_type, exc.status, str(exc), exc.retry_after)
     links.links_refresh(project_id=request.project.pk, touched=touched)

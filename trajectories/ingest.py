@@ -104,20 +104,38 @@ def _slot_key(project: Project, slot: int) -> int:
     return (project.pk * SLOTS_PER_PROJECT + slot) % 2147483647
 
 
+@dataclass
+class Slot:
+    """An ingest slot held: the key of its advisory lock, None once given back."""
+
+    key: int | None = None
+
+    def give_back(self, cursor: Any) -> None:
+        """Run the unlock on `cursor` (in a pipeline, it goes with the statements before it);
+        `key` stays set until the caller knows it ran."""
+        if self.key is not None:
+            cursor.execute(SLOT_UNLOCK, [SLOT_LOCK_CLASS, self.key])
+
+
+SLOT_UNLOCK = "SELECT pg_advisory_unlock(%s, %s)"
+
+
 @contextmanager
-def slot(project: Project) -> Iterator[None]:
+def slot(project: Project) -> Iterator[Slot]:
     """One of the project's ingest slots, held from before a request's body is inflated and
-    decoded until its answer: a flood is turned away at the door, not served by a thread.
+    decoded until its answer (a batch of spans gives it back with its last statements,
+    before its COMMIT: a round trip less): a flood is turned away at the door, not served by
+    a thread.
 
     A PostgreSQL session advisory lock: shared by every web process, let go by a process
     that dies with its connection, and no Redis on the write path (it needs a session of
     its own: no transaction-pooling proxy in between). Raises Overloaded: 429 when every
     slot is taken, 503 when the database does not answer.
     """
+    held = Slot()
     if connection.vendor != "postgresql":
-        yield
+        yield held
         return
-    taken = None
     try:
         with connection.cursor() as cursor:
             for n in range(SLOTS_PER_PROJECT):
@@ -126,27 +144,25 @@ def slot(project: Project) -> Iterator[None]:
                 )
                 row = cursor.fetchone()
                 if row is not None and row[0]:
-                    taken = n
+                    held.key = _slot_key(project, n)
                     break
     except OperationalError as exc:
         raise Overloaded(DATABASE_AWAY, status=503, retry_after=DATABASE_RETRY_AFTER) from exc
-    if taken is None:
+    if held.key is None:
         raise Overloaded(
             f"{SLOTS_PER_PROJECT} batches of this project are being stored; retry shortly",
             status=429,
             retry_after=1,
         )
     try:
-        yield
+        yield held
     finally:
-        try:
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    "SELECT pg_advisory_unlock(%s, %s)",
-                    [SLOT_LOCK_CLASS, _slot_key(project, taken)],
-                )
-        except (OperationalError, InterfaceError):
-            pass  # the connection is gone, and its locks with it
+        if held.key is not None:
+            try:
+                with connection.cursor() as cursor:
+                    held.give_back(cursor)
+            except (OperationalError, InterfaceError):
+                pass  # the connection is gone, and its locks with it
 
 
 @contextmanager
@@ -176,29 +192,55 @@ def large_batch(large: bool) -> Iterator[None]:
         gate.release()
 
 
+# The first statement of every ingest transaction: its waits bounded.
+BOUND_WAITS = (
+    "SELECT set_config('statement_timeout', %s, true), set_config('lock_timeout', %s, true)"
+)
+
+
+def _bound_waits(cursor: Any) -> None:
+    if connection.vendor == "postgresql":
+        cursor.execute(BOUND_WAITS, [STATEMENT_TIMEOUT, LOCK_TIMEOUT])
+
+
 @contextmanager
 def _ingest_transaction() -> Iterator[None]:
-    """A transaction with bounded waits; Overloaded (503) when the database is too slow."""
+    """A transaction, whose first statement must be `_bound_waits`; Overloaded (503) when
+    the database is too slow."""
     try:
         with transaction.atomic():
-            if connection.vendor == "postgresql":
-                with connection.cursor() as cursor:
-                    cursor.execute(
-                        "SELECT set_config('statement_timeout', %s, true),"
-                        " set_config('lock_timeout', %s, true)",
-                        [STATEMENT_TIMEOUT, LOCK_TIMEOUT],
-                    )
             yield
     except OperationalError as exc:
         raise Overloaded(DATABASE_AWAY, status=503, retry_after=DATABASE_RETRY_AFTER) from exc
 
 
+@contextmanager
+def _pipeline() -> Iterator[None]:
+    """PostgreSQL's pipeline mode: the statements run inside go in one round trip, at its end
+    (read their results after it). Elsewhere (SQLite) they simply run one by one."""
+    if connection.vendor != "postgresql":
+        yield
+        return
+    connection.ensure_connection()
+    # An error is raised when the pipeline is sent, here: made Django's, as the cursor's are.
+    with connection.wrap_database_errors, connection.connection.pipeline():
+        yield
+
+
+def _in(column: str, values: Iterable[Any]) -> tuple[str, list[Any]]:
+    """`column` among `values`: one array parameter on PostgreSQL (one statement text
+    whatever their number, so prepared once), a list of parameters elsewhere."""
+    values = list(values)
+    if connection.vendor == "postgresql":
+        return f"{column} = ANY(%s)", [values]
+    return f"{column} IN ({', '.join(['%s'] * len(values)) or 'NULL'})", values
+
+
 # -- spans -------------------------------------------------------------------------------
 
-# The span columns written by ingest, in COPY order.
+# The span columns of a row, in `_span_values` order (the run is found by its key at the upsert).
 SPAN_COLUMNS = (
     "project_id",
-    "run_id",
     "trace_id",
     "span_id",
     "parent_span_id",
@@ -225,7 +267,9 @@ SPAN_COLUMNS = (
 )
 JSON_COLUMNS = frozenset({"attributes", "resource", "input", "output", "capped"})
 # Identity columns are not updated when a span is re-sent.
-SPAN_UPDATED = [c for c in SPAN_COLUMNS if c not in ("project_id", "trace_id", "span_id")]
+SPAN_UPDATED = [
+    c for c in ("run_id", *SPAN_COLUMNS) if c not in ("project_id", "trace_id", "span_id")
+]
 RUN_HINTS = ["agent", "workflow", "workflow_version", "conversation_id"]
 # The columns of a span's names and ids that `distinct` keeps within, in `_span_values` order.
 _ID_LIMITS = [
@@ -244,7 +288,6 @@ _ID_LIMITS = [
 
 def _span_values(
     project_id: int,
-    run_pk: int,
     s: SpanData,
     now: datetime,
     resource: tuple[str, dict[str, int]],
@@ -252,8 +295,10 @@ def _span_values(
 ) -> tuple[Any, ...]:
     """A span's row in SPAN_COLUMNS order: secrets redacted, long values cut and recorded.
 
-    JSON columns are JSON text, ready for COPY; `resource` is the span's resource as
-    `attributes_text` returns it, computed once for all the spans that share it.
+    JSON columns are JSON text, ready to splice (`_rows_json`); `resource` is the span's resource as
+    `attributes_text` returns it, computed once for all the spans that share it. The span's
+    identities (its run, its tool call, the calls it asks for) are redacted in place, as the
+    ledger stores its own: a secret in one becomes its digest, so links still find effects.
     """
     attributes_json = json.dumps(s.attributes)
     io_json = [
@@ -272,7 +317,17 @@ def _span_values(
     ]
     # One search over all of the span's text: most spans hold nothing to redact or clean.
     checked = not suspect(
-        "\n".join([*texts, attributes_json, io_json[0] or "", io_json[1] or ""]), extras
+        "\n".join(
+            [
+                *texts,
+                s.run_key,
+                *s.requested_calls,
+                attributes_json,
+                io_json[0] or "",
+                io_json[1] or "",
+            ]
+        ),
+        extras,
     )
     if not checked:
         # The rest are names and ids: a secret in one is replaced by its digest, so that a
@@ -282,6 +337,11 @@ def _span_values(
             scrub_text(texts[1], extras),
             *(distinct(t, extras, limit) for t, limit in zip(texts[2:], _ID_LIMITS, strict=True)),
         ]
+    if not checked or extras.patterns:
+        # A project's pattern may be anchored (`^...$`): its identities are searched alone.
+        texts[6] = s.tool_call_id = distinct(s.tool_call_id, extras, _ID_LIMITS[4])
+        s.run_key = distinct(s.run_key, extras)
+        s.requested_calls = [distinct(c, extras) for c in s.requested_calls]
     capped: dict[str, Any] = {}
     attributes, cut = attributes_text(
         s.attributes, ATTRIBUTE_CAP, attributes_json, checked=checked, extras=extras
@@ -301,7 +361,6 @@ def _span_values(
     name, status_message, operation, provider, request_model, response_model, call, tool = texts
     return (
         project_id,
-        run_pk,
         s.trace_id,
         s.span_id,
         s.parent_span_id,
@@ -328,25 +387,44 @@ def _span_values(
     )
 
 
-STAGING = "trajectories_span_staging"
-# A per-connection scratch table for COPY; emptied at every commit.
-STAGING_DDL = (
-    f"CREATE TEMP TABLE IF NOT EXISTS {STAGING} ON COMMIT DELETE ROWS AS "
-    f"SELECT {', '.join(f'"{c}"' for c in SPAN_COLUMNS)}, NULL::jsonb AS requested "
-    "FROM trajectories_span WITH NO DATA"
-)
-# The spans, new or re-sent, and then the tool calls the model spans asked for, joined to
-# the ids the upsert returns: one statement, no second look-up of the spans just written.
+# The row's columns that are not JSON text, after project_id, with their types as read back.
+_SCALARS = SPAN_COLUMNS[1:18]
+_SCALAR_TYPES = {
+    "start": "timestamptz",
+    "end": "timestamptz",
+    "input_tokens": "bigint",
+    "output_tokens": "bigint",
+}
+_JSON_TEXTS = SPAN_COLUMNS[18:23]
+# The spans, new or re-sent, each in the run its key names, and then the tool calls the
+# model spans asked for, joined to the ids the upsert returns: one statement, no second
+# look-up of the spans just written. Its rows come as JSON arrays in lockstep (`_rows_json`),
+# parameters rather than a COPY, so that the statement is sent in the runs' round trip. A run
+# the batch did not write fails the statement (its run_id is null), never a span left out.
 SPAN_UPSERT = (
-    "WITH stored AS ("
-    f"INSERT INTO trajectories_span ({', '.join(f'"{c}"' for c in SPAN_COLUMNS)}) "
-    f"SELECT {', '.join(f'"{c}"' for c in SPAN_COLUMNS)} FROM {STAGING} "
+    "WITH staged AS (SELECT "
+    + ", ".join(
+        f'(batch.row ->> {n})::{_SCALAR_TYPES.get(c, "text")} AS "{c}"'
+        for n, c in enumerate(_SCALARS)
+    )
+    + f", batch.row ->> {len(_SCALARS)} AS run_key"
+    + f", NULLIF(batch.row -> {len(_SCALARS) + 1}, 'null') AS requested, "
+    + ", ".join(f'NULLIF(batch."{c}", \'null\') AS "{c}"' for c in _JSON_TEXTS)
+    + " FROM ROWS FROM ("
+    + ", ".join(["jsonb_array_elements(%s::jsonb)"] * (1 + len(_JSON_TEXTS)))
+    + ") AS batch(row, "
+    + ", ".join(f'"{c}"' for c in _JSON_TEXTS)
+    + ")), stored AS ("
+    f'INSERT INTO trajectories_span ("run_id", {", ".join(f'"{c}"' for c in SPAN_COLUMNS)}) '
+    "SELECT (SELECT run.id FROM trajectories_run run "
+    "WHERE run.project_id = %s AND run.run_id = staged.run_key), %s, "
+    + ", ".join(f'staged."{c}"' for c in SPAN_COLUMNS[1:-1])
+    + ", %s FROM staged "
     "ON CONFLICT (project_id, trace_id, span_id) DO UPDATE SET "
     + ", ".join(f'"{c}" = EXCLUDED."{c}"' for c in SPAN_UPDATED)
     + " RETURNING id, trace_id, span_id) "
     "INSERT INTO trajectories_requestedtoolcall (project_id, tool_call_id, span_id) "
-    "SELECT staged.project_id, call.id, stored.id "
-    f"FROM {STAGING} staged "
+    "SELECT %s, call.id, stored.id FROM staged "
     "JOIN stored ON stored.trace_id = staged.trace_id AND stored.span_id = staged.span_id "
     "CROSS JOIN LATERAL jsonb_array_elements_text(staged.requested) AS call(id) "
     "WHERE staged.requested IS NOT NULL "
@@ -354,30 +432,52 @@ SPAN_UPSERT = (
 )
 
 
-def _spans_upsert(rows: list[tuple[Any, ...]], requested: list[list[str]]) -> None:
-    """Insert spans, or update them in place (same id) when re-sent, with the calls asked for.
+def _rows_json(rows: list[tuple[Any, ...]], spans: list[SpanData]) -> list[str]:
+    """The rows as SPAN_UPSERT reads them: one JSON array of each row's other columns (with
+    the span's run key and the calls it asks for), and one of each JSON column, whose texts
+    are spliced in as they are rather than encoded again."""
+    others = json.dumps(
+        [
+            [
+                *row[1:7],
+                row[7].isoformat(),
+                None if row[8] is None else row[8].isoformat(),
+                *row[9:18],
+                s.run_key,
+                s.requested_calls or None,
+            ]
+            for row, s in zip(rows, spans, strict=True)
+        ]
+    )
+    return [others] + [f"[{', '.join([row[n] or 'null' for row in rows])}]" for n in range(18, 23)]
 
-    PostgreSQL: COPY into a scratch table, then one statement (SPAN_UPSERT); the ORM's
-    bulk_create elsewhere (SQLite, for the demo).
-    """
+
+def _spans_upsert(
+    cursor: Any, project: Project, rows: list[tuple[Any, ...]], spans: list[SpanData]
+) -> None:
+    """Insert spans, or update them in place (same id) when re-sent, with the calls asked for:
+    SPAN_UPSERT on PostgreSQL, the ORM's bulk_create elsewhere (SQLite, for the demo)."""
     if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            # Empty already, unless an enclosing transaction stored a batch before.
-            cursor.execute(f"{STAGING_DDL}; DELETE FROM {STAGING}")
-            columns = ", ".join(f'"{c}"' for c in (*SPAN_COLUMNS, "requested"))
-            with cursor.cursor.copy(f"COPY {STAGING} ({columns}) FROM STDIN") as copy:
-                for row, calls in zip(rows, requested, strict=True):
-                    copy.write_row((*row, json.dumps(calls) if calls else None))
-            cursor.execute(SPAN_UPSERT)
-        return
-    spans = []
-    for row in rows:
+        now = rows[0][-1]
+        cursor.execute(
+            SPAN_UPSERT, [*_rows_json(rows, spans), project.pk, project.pk, now, project.pk]
+        )
+    else:
+        _spans_create(project, rows, spans)
+
+
+def _spans_create(project: Project, rows: list[tuple[Any, ...]], spans: list[SpanData]) -> None:
+    """Elsewhere (SQLite, for the demo): the ORM's bulk_create, in the runs the keys name."""
+    keys = {s.run_key for s in spans}
+    run_pks = dict(Run.objects.filter(project=project, run_id__in=keys).values_list("run_id", "pk"))
+    created = []
+    for row, s in zip(rows, spans, strict=True):
         values = dict(zip(SPAN_COLUMNS, row, strict=True))
         for name in JSON_COLUMNS:
             values[name] = None if values[name] is None else json.loads(values[name])
-        spans.append(Span(**values))
+        created.append(Span(run_id=run_pks[s.run_key], **values))
     Span.objects.bulk_create(
-        spans,
+        created,
         update_conflicts=True,
         unique_fields=["project", "trace_id", "span_id"],
         update_fields=[c.removesuffix("_id") if c == "run_id" else c for c in SPAN_UPDATED],
@@ -385,67 +485,93 @@ def _spans_upsert(rows: list[tuple[Any, ...]], requested: list[list[str]]) -> No
     RequestedToolCall.objects.bulk_create(
         [
             RequestedToolCall(project_id=span.project_id, tool_call_id=call_id, span=span)
-            for span, calls in zip(spans, requested, strict=True)
-            for call_id in calls
+            for span, s in zip(created, spans, strict=True)
+            for call_id in s.requested_calls
         ],
         ignore_conflicts=True,
     )
 
 
-def _runs_of(project: Project, spans: list[SpanData], touched: Touched) -> dict[str, Run]:
-    """The (locked) run of every span by its run key, creating runs inferred from traces.
+# The runs a batch names, created when new and locked in key order either way (the update
+# takes the row lock, which a conflict ignored would not), as `_runs_write` lists them.
+RUNS_UPSERT = (
+    "INSERT INTO trajectories_run (project_id, run_id, inferred, agent, workflow, "
+    "workflow_version, conversation_id, status, started, attributes, span_count, "
+    "error_count, input_tokens, output_tokens, updated) VALUES {rows} "
+    "ON CONFLICT (project_id, run_id) DO UPDATE SET updated = EXCLUDED.updated"
+)
+_RUN_ROW = "(%s, %s, %s, '', '', '', '', 'running', %s, '{}', 0, 0, 0, 0, %s)"
+# A trace joins the run its key names unless it has one already.
+TRACES_CLAIM = (
+    "INSERT INTO trajectories_runtrace (project_id, trace_id, run_id) VALUES {rows} "
+    "ON CONFLICT (project_id, trace_id) DO NOTHING"
+)
+_CLAIM_ROW = "(%s, %s, (SELECT id FROM trajectories_run WHERE project_id = %s AND run_id = %s))"
+
+
+def _runs_write(
+    cursor: Any,
+    project: Project,
+    first_start: dict[str, datetime],
+    inferred: set[str],
+    now: datetime,
+) -> None:
+    """Create the runs {key: first start} that are new (`inferred` those named after their
+    trace), and lock them all, in key order: one statement."""
+    params: list[Any] = []
+    for key in sorted(first_start):
+        params += [project.pk, key, key in inferred, first_start[key], now]
+    cursor.execute(RUNS_UPSERT.format(rows=", ".join([_RUN_ROW] * len(first_start))), params)
+
+
+def _traces_claim(cursor: Any, project: Project, claims: dict[str, str]) -> None:
+    """Give each trace {trace_id: run key} to that run, unless the trace has a run already."""
+    if not claims:
+        return
+    params: list[Any] = []
+    for trace_id, key in sorted(claims.items()):
+        params += [project.pk, trace_id, project.pk, key]
+    cursor.execute(TRACES_CLAIM.format(rows=", ".join([_CLAIM_ROW] * len(claims))), params)
+
+
+def _owners(cursor: Any, project: Project, traces: Iterable[str]) -> None:
+    """Run the look-up of the traces' runs on `cursor`: (trace_id, run key, inferred) rows."""
+    where, params = _in("trace.trace_id", traces)
+    cursor.execute(
+        "SELECT trace.trace_id, run.run_id, run.inferred FROM trajectories_runtrace trace "
+        "JOIN trajectories_run run ON run.id = trace.run_id "
+        f"WHERE trace.project_id = %s AND {where}",
+        [project.pk, *params],
+    )
+
+
+def _run_keys(
+    spans: list[SpanData], owners: dict[str, tuple[str, bool]]
+) -> tuple[dict[str, str], list[tuple[str, str, str]]]:
+    """Give every span its run key; returns the claims of traces new to this project
+    {trace_id: run key} and the merges (trace_id, inferred run, named run) to make.
 
     A span names its run, or joins the run its trace belongs to, or starts a run named
-    after its trace. A trace first inferred as its own run and later named by a span
-    of a named run is merged into that run.
+    after its trace. A trace first inferred as its own run and now named by a span of a
+    named run is merged into that run, with the spans of the batch that name none.
     """
-    traces = {s.trace_id for s in spans}
-    owners = {
-        trace_id: (run_id, inferred)
-        for trace_id, run_id, inferred in RunTrace.objects.filter(
-            project=project, trace_id__in=traces
-        ).values_list("trace_id", "run__run_id", "run__inferred")
-    }
     named = {s.trace_id: s.run_key for s in spans if s.run_key}
-    first_start: dict[str, Any] = {}
+    of_trace: dict[str, str] = {}
+    claims: dict[str, str] = {}
+    merges: list[tuple[str, str, str]] = []
+    for trace_id in {s.trace_id for s in spans}:
+        owner = owners.get(trace_id)
+        if owner is None:
+            of_trace[trace_id] = claims[trace_id] = named.get(trace_id, trace_id)
+        elif owner[1] and named.get(trace_id, owner[0]) != owner[0]:
+            merges.append((trace_id, owner[0], named[trace_id]))
+            of_trace[trace_id] = named[trace_id]
+        else:
+            of_trace[trace_id] = owner[0]
     for s in spans:
         if not s.run_key:
-            owner = owners.get(s.trace_id)
-            s.run_key = owner[0] if owner else named.get(s.trace_id, s.trace_id)
-        if s.run_key not in first_start or s.start < first_start[s.run_key]:
-            first_start[s.run_key] = s.start
-    inferred_keys = {s.trace_id for s in spans if s.run_key == s.trace_id}
-    keys = sorted(first_start)
-    Run.objects.bulk_create(
-        [
-            Run(project=project, run_id=k, inferred=k in inferred_keys, started=first_start[k])
-            for k in keys
-        ],
-        ignore_conflicts=True,
-    )
-    runs = {
-        r.run_id: r
-        for r in Run.objects.select_for_update()
-        .filter(project=project, run_id__in=keys)
-        .order_by("pk")
-    }
-    claims = {s.trace_id: runs[s.run_key] for s in spans if s.trace_id not in owners}
-    _traces_claim(project, claims)
-    for s in spans:
-        owner = owners.get(s.trace_id)
-        if owner and owner[1] and owner[0] != s.run_key:
-            _run_merge(project, trace_id=s.trace_id, source_key=owner[0], target=runs[s.run_key])
-            owners[s.trace_id] = (s.run_key, False)
-            touched.run_keys.add(owner[0])
-    touched.run_keys.update(keys)
-    return runs
-
-
-def _traces_claim(project: Project, claims: dict[str, Run]) -> None:
-    RunTrace.objects.bulk_create(
-        [RunTrace(project=project, trace_id=t, run=run) for t, run in sorted(claims.items())],
-        ignore_conflicts=True,
-    )
+            s.run_key = of_trace[s.trace_id]
+    return claims, sorted(merges)
 
 
 def _run_merge(project: Project, *, trace_id: str, source_key: str, target: Run) -> None:
@@ -459,14 +585,14 @@ def _run_merge(project: Project, *, trace_id: str, source_key: str, target: Run)
     if not Span.objects.filter(run=source).exists():
         source.delete()
     else:
-        _runs_refresh([source], {})
+        with connection.cursor() as cursor:
+            _runs_refresh(cursor, project, {source_key: []})
 
 
 # Aggregates of runs over their spans. A run inferred from spans takes its end and status
 # from its root spans; a named run keeps what its run events said. Blank names are filled
-# from what the spans just stored say about their run (the `hint` rows).
-RUNS_REFRESH = """
-UPDATE trajectories_run SET
+# from what the spans just stored say about their run (the `hint` rows, by run key).
+RUNS_REFRESH = """UPDATE trajectories_run SET
     span_count = agg.n,
     error_count = agg.errors,
     input_tokens = agg.tokens_in,
@@ -481,17 +607,20 @@ UPDATE trajectories_run SET
     {fills},
     updated = %s
 FROM (
-    SELECT run_id,
+    SELECT span.run_id, run.run_id AS run_key,
         count(*) AS n,
-        sum(CASE WHEN status = 'error' THEN 1 ELSE 0 END) AS errors,
-        coalesce(sum(input_tokens), 0) AS tokens_in,
-        coalesce(sum(output_tokens), 0) AS tokens_out,
-        min(start) AS first,
-        max("end") AS last,
-        sum(CASE WHEN parent_span_id = '' AND "end" IS NOT NULL THEN 1 ELSE 0 END) AS roots_ended,
-        sum(CASE WHEN parent_span_id = '' AND status = 'error' THEN 1 ELSE 0 END) AS root_errors
-    FROM trajectories_span WHERE run_id IN ({runs}) GROUP BY run_id
-) AS agg JOIN ({hints}) AS hint ON hint.run = agg.run_id
+        sum(CASE WHEN span.status = 'error' THEN 1 ELSE 0 END) AS errors,
+        coalesce(sum(span.input_tokens), 0) AS tokens_in,
+        coalesce(sum(span.output_tokens), 0) AS tokens_out,
+        min(span.start) AS first,
+        max(span."end") AS last,
+        sum(CASE WHEN span.parent_span_id = '' AND span."end" IS NOT NULL
+            THEN 1 ELSE 0 END) AS roots_ended,
+        sum(CASE WHEN span.parent_span_id = '' AND span.status = 'error'
+            THEN 1 ELSE 0 END) AS root_errors
+    FROM trajectories_run run JOIN trajectories_span span ON span.run_id = run.id
+    WHERE run.project_id = %s AND {runs} GROUP BY span.run_id, run.run_id
+) AS agg JOIN ({hints}) AS hint ON hint.run = agg.run_key
 WHERE trajectories_run.id = agg.run_id
 """
 _FILLS = ",\n    ".join(
@@ -503,34 +632,28 @@ _HINT_ROW = "SELECT %s AS run, " + ", ".join(f"%s AS {name}" for name in RUN_HIN
 
 
 def _runs_refresh(
-    runs: Iterable[Run], hints: dict[int, list[SpanData]], extras: Extras = NONE
+    cursor: Any, project: Project, hints: dict[str, list[SpanData]], extras: Extras = NONE
 ) -> None:
-    """Recompute the runs' aggregates from their spans; fill blank names from span hints.
+    """Recompute the aggregates of the runs {key: spans just stored in it} from their spans;
+    fill blank names from those spans' hints.
 
     One statement. Rescans each run's spans (one index range per run), so counts stay
     right however often a span is re-sent.
     """
-    runs = list(runs)
-    if not runs:
+    if not hints:
         return
     hint_values: list[Any] = []
-    for run in runs:
+    for key, spans in hints.items():
         # Roots and agent spans speak for the run before the spans below them.
         ordered = sorted(
-            hints.get(run.pk, []),
-            key=lambda s: (bool(s.parent_span_id), s.kind != SpanKind.AGENT, s.start),
+            spans, key=lambda s: (bool(s.parent_span_id), s.kind != SpanKind.AGENT, s.start)
         )
-        hint_values += [
-            run.pk,
-            *(distinct(_hint(ordered, name), extras)[:255] for name in RUN_HINTS),
-        ]
+        hint_values += [key, *(distinct(_hint(ordered, name), extras)[:255] for name in RUN_HINTS)]
+    runs, keys = _in("run.run_id", hints)
     sql = RUNS_REFRESH.format(
-        fills=_FILLS,
-        runs=", ".join(["%s"] * len(runs)),
-        hints=" UNION ALL ".join([_HINT_ROW] * len(runs)),
+        fills=_FILLS, runs=runs, hints=" UNION ALL ".join([_HINT_ROW] * len(hints))
     )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [timezone.now(), *(run.pk for run in runs), *hint_values])
+    cursor.execute(sql, [timezone.now(), project.pk, *keys, *hint_values])
 
 
 def _hint(spans: list[SpanData], name: str) -> str:
@@ -541,51 +664,92 @@ def _hint(spans: list[SpanData], name: str) -> str:
     return str(value)
 
 
-def _spans_store(project: Project, spans: list[SpanData], touched: Touched) -> None:
+def _spans_store(
+    project: Project, spans: list[SpanData], touched: Touched, held: Slot | None = None
+) -> None:
+    """Store spans in the transaction begun, and let go of the slot `held` with the last
+    statements.
+
+    On PostgreSQL in two pipelined round trips, whatever the number of spans: the waits'
+    bounds with the look-up of the traces' runs; then the runs, the traces they claim, the
+    spans, the runs' aggregates and the slot. Merging an inferred run into a named one, rare,
+    costs a few more.
+    """
     if not spans:
         return
     # The last copy of a span re-sent within one batch wins.
     spans = list({(s.trace_id, s.span_id): s for s in spans}.values())
     extras = extras_of(project)
-    for s in spans:
-        # Identities, stored as the ledger stores its own: a secret in one becomes its
-        # digest, the same for the same secret, so links still find their effects.
-        s.run_key = distinct(s.run_key, extras)
-        s.tool_call_id = distinct(s.tool_call_id, extras)
-        s.requested_calls = [distinct(c, extras) for c in s.requested_calls]
-    runs = _runs_of(project, spans, touched)
     now = timezone.now()
     # Spans of one OTLP resource share its attributes dict: encode it once.
     resources: dict[int, tuple[str, dict[str, int]]] = {}
     for s in spans:
         if id(s.resource) not in resources:
             resources[id(s.resource)] = attributes_text(s.resource, ATTRIBUTE_CAP, extras=extras)
-    # Model.pk is a property: looked up once per run, not once per span.
-    project_pk, run_pks = project.pk, {key: run.pk for key, run in runs.items()}
-    rows = [
-        _span_values(project_pk, run_pks[s.run_key], s, now, resources[id(s.resource)], extras)
-        for s in spans
-    ]
-    # distinct() above has dropped any NUL from the requested calls' ids.
-    _spans_upsert(rows, [s.requested_calls for s in spans])
-    hints: dict[int, list[SpanData]] = defaultdict(list)
+    project_pk = project.pk
+    rows = [_span_values(project_pk, s, now, resources[id(s.resource)], extras) for s in spans]
+    with connection.cursor() as first, connection.cursor() as found:
+        with _pipeline():
+            _bound_waits(first)
+            _owners(found, project, {s.trace_id for s in spans})
+        owners = {trace_id: (key, inferred) for trace_id, key, inferred in found.fetchall()}
+    claims, merges = _run_keys(spans, owners)
+    first_start: dict[str, datetime] = {}
+    inferred: set[str] = set()
+    hints: dict[str, list[SpanData]] = defaultdict(list)
     for s in spans:
-        hints[run_pks[s.run_key]].append(s)
+        if s.run_key not in first_start or s.start < first_start[s.run_key]:
+            first_start[s.run_key] = s.start
+        if s.run_key == s.trace_id:
+            inferred.add(s.run_key)
+        hints[s.run_key].append(s)
         touched.trace_ids.add(s.trace_id)
         if s.tool_call_id:
             touched.tool_call_ids.add(s.tool_call_id)
         touched.tool_call_ids.update(s.requested_calls)
-    _runs_refresh(runs.values(), hints, extras)
+    touched.run_keys.update(first_start)
+    with connection.cursor() as cursor:
+        with _pipeline():
+            _runs_write(cursor, project, first_start, inferred, now)
+            _traces_claim(cursor, project, claims)
+            if not merges:
+                _spans_write(cursor, project, rows, spans, hints, extras, held)
+        if merges:
+            # Rare: the merges read what the statements above wrote.
+            for trace_id, source_key, target_key in merges:
+                target = Run.objects.get(project=project, run_id=target_key)
+                _run_merge(project, trace_id=trace_id, source_key=source_key, target=target)
+                touched.run_keys.add(source_key)
+            with _pipeline():
+                _spans_write(cursor, project, rows, spans, hints, extras, held)
+    if held is not None:
+        held.key = None  # the unlock has run: nothing left for `slot` to do
 
 
-def spans_ingest(*, project: Project, spans: list[SpanData]) -> Touched:
+def _spans_write(
+    cursor: Any,
+    project: Project,
+    rows: list[tuple[Any, ...]],
+    spans: list[SpanData],
+    hints: dict[str, list[SpanData]],
+    extras: Extras,
+    held: Slot | None,
+) -> None:
+    _spans_upsert(cursor, project, rows, spans)
+    _runs_refresh(cursor, project, hints, extras)
+    if held is not None:
+        held.give_back(cursor)
+
+
+def spans_ingest(*, project: Project, spans: list[SpanData], slot: Slot | None = None) -> Touched:
     """Store spans (new or re-sent) and the runs they belong to, in one transaction.
 
-    Raises Overloaded when the database is slow; the caller holds one of the project's slots.
+    Raises Overloaded when the database is slow. The caller holds one of the project's
+    slots, `slot`, which is let go with the batch's last statements (before its COMMIT).
     """
     touched = Touched()
     with _ingest_transaction():
-        _spans_store(project, spans, touched)
+        _spans_store(project, spans, touched, slot)
     return touched
 
 
@@ -730,13 +894,17 @@ def _run_events_store(project: Project, events: list[RunEventIn], touched: Touch
                 project=project, trace_id__in=event.trace_ids
             ).values_list("trace_id", "run__run_id", "run__inferred")
         }
-        _traces_claim(project, {t: run for t in event.trace_ids if t not in owners})
+        with connection.cursor() as cursor:
+            _traces_claim(
+                cursor, project, {t: run.run_id for t in event.trace_ids if t not in owners}
+            )
         for trace_id, (owner, inferred) in owners.items():
             if inferred and owner != run.run_id:
                 _run_merge(project, trace_id=trace_id, source_key=owner, target=run)
                 touched.run_keys.add(owner)
         if owners:
-            _runs_refresh([run], {})
+            with connection.cursor() as cursor:
+                _runs_refresh(cursor, project, {run.run_id: []})
         touched.run_keys.add(run.run_id)
         touched.trace_ids.update(event.trace_ids)
 
@@ -759,6 +927,8 @@ def events_ingest(*, project: Project, events: list[Any]) -> EventsOutcome:
             valid[checked.id] = (index, checked)
     touched = Touched()
     with _ingest_transaction():
+        with connection.cursor() as cursor:
+            _bound_waits(cursor)
         new = _events_claim(project, list(valid))
         fresh = [event for event_id, (_, event) in valid.items() if event_id in new]
         _run_events_store(project, [e for e in fresh if isinstance(e, RunEventIn)], touched)

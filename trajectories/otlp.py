@@ -169,6 +169,20 @@ def _refuse_unstorable(texts: dict[str, Any]) -> None:
         raise BadSpan(f"{_shown(path, is_key)}: {why}")
 
 
+def _without_nul(name: str, status_message: str, attributes: dict[str, Any]) -> bool:
+    """Whether a protobuf span's texts surely hold no NUL, the one thing its valid UTF-8 (the
+    decoder refuses any other) can hold that PostgreSQL cannot store; found without encoding
+    them. False also for an attribute that nests (an array, a map): left to the full search."""
+    if "\x00" in name or "\x00" in status_message:
+        return False
+    for key, value in attributes.items():
+        if "\x00" in key or (type(value) is str and "\x00" in value):
+            return False
+        if type(value) is list or type(value) is dict:
+            return False
+    return True
+
+
 def _hex_id(raw: str, size: int, name: str, *, optional: bool = False) -> str:
     """A validated lowercase hex id of `size` bytes, or "" for an empty optional one."""
     if not raw and optional:
@@ -195,15 +209,20 @@ def _span(
     status_code: int,
     status_message: str,
     attributes: dict[str, Any],
+    utf8: bool = False,
 ) -> None:
-    """Check the times and texts and keep the span; its ids are valid lowercase hex already."""
+    """Check the times and texts and keep the span; its ids are valid lowercase hex already,
+    its texts valid UTF-8 when `utf8` (protobuf's)."""
     if start_ns <= 0:
         raise BadSpan("startTimeUnixNano is required")
     start = _time(start_ns, "startTimeUnixNano")
     end = _time(end_ns, "endTimeUnixNano") if end_ns else None
     if end is not None and end < start:
         raise BadSpan("endTimeUnixNano is before startTimeUnixNano")
-    _refuse_unstorable({"name": name, "status.message": status_message, "attributes": attributes})
+    if not (utf8 and _without_nul(name, status_message, attributes)):
+        _refuse_unstorable(
+            {"name": name, "status.message": status_message, "attributes": attributes}
+        )
     try:
         mapped = span_from_otel(
             trace_id=trace_id,
@@ -325,6 +344,7 @@ def _pb_span(decoded: Decoded, resource: dict[str, Any], span: PbSpan) -> None:
         status_code=span.status.code,
         status_message=span.status.message,
         attributes=_pb_attributes(span.attributes),
+        utf8=True,
     )
 
 

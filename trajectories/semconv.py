@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from durability.inbound import decimal_digits, json_loads
+from durability.inbound import decimal_digits, json_loads, unstorable_at
 from trajectories.models import SpanKind
 
 MODEL_OPERATIONS = frozenset({"chat", "text_completion", "generate_content", "embeddings"})
@@ -168,9 +168,13 @@ def _json(value: Any) -> tuple[Any, str | None]:
     """
     if isinstance(value, str) and value[:1] in ("{", "["):
         try:
-            return json_loads(value), value
+            parsed = json_loads(value)
         except ValueError:  # not JSON, or JSON we refuse (too deep, duplicate keys): text
             return value, None
+        # An escaped lone surrogate ("\ud800") is JSON, but not JSON PostgreSQL stores.
+        if ("\\ud" in value or "\\uD" in value) and unstorable_at(parsed) is not None:
+            return value, None
+        return parsed, value
     return value, None
 
 

@@ -44,13 +44,22 @@ DATABASE_RETRY_AFTER = 2
 
 
 def database_away() -> JsonResponse:
-    answer = error(DATABASE_AWAY, 503)
-    answer["Retry-After"] = str(DATABASE_RETRY_AFTER)
-    return answer
+    return error(DATABASE_AWAY, 503, retry_after=DATABASE_RETRY_AFTER)
 
 
-def error(message: str, status: int, fields: dict[str, str] | None = None) -> JsonResponse:
-    return answer(ErrorOut(error=message, fields=fields or None), status, exclude_none=True)
+def error(
+    message: str,
+    status: int,
+    fields: dict[str, str] | None = None,
+    *,
+    retry_after: int | None = None,
+) -> JsonResponse:
+    """An `ErrorOut`; with Retry-After when the client should send the same request again
+    after that many seconds (a 429, a 503)."""
+    response = answer(ErrorOut(error=message, fields=fields or None), status, exclude_none=True)
+    if retry_after is not None:
+        response["Retry-After"] = str(retry_after)
+    return response
 
 
 def answer(body: BaseModel, status: int = 200, *, exclude_none: bool = False) -> JsonResponse:

@@ -180,10 +180,13 @@ def _receipt_store(
         return ReceiptOutcome(row, effect, settled, created=True)
 
 
-def _receipt_settle(project: Project, effect: Effect, row: Receipt, trail: Trail) -> Case | None:
+def _receipt_settle(
+    project: Project, effect: Effect, row: Receipt, trail: Trail, first: Receipt | None = None
+) -> Case | None:
     """The evidence step every receipt for an effect passes, in order or adopted: the
-    transition and its cases, then the comparison with the effect's grant."""
-    settled = _receipt_apply(effect, row, trail)
+    transition and its cases, then the comparison with the effect's grant. `first` is the
+    effect's first receipt where the caller holds it unwritten (an adoption's first orphan)."""
+    settled = _receipt_apply(effect, row, trail, first)
     flagged = _authority_of_evidence(project, effect, row, trail)
     return settled or flagged
 
@@ -208,7 +211,9 @@ def orphans_adopt(
         row.effect = effect
         trail.stage(row, "effect")
         disputed = _orphan_case_settle(effect, row, trail)
-        found = _receipt_settle(project, effect, row, trail) or disputed or found
+        # The orphans after the first are duplicates of it, whose adoption is staged only.
+        first = orphans[0] if row is not orphans[0] else None
+        found = _receipt_settle(project, effect, row, trail, first) or disputed or found
     return orphans[0], found
 
 
@@ -291,7 +296,9 @@ def _authority_of_evidence(
     )
 
 
-def _receipt_apply(effect: Effect, row: Receipt, trail: Trail) -> Case | None:
+def _receipt_apply(
+    effect: Effect, row: Receipt, trail: Trail, first: Receipt | None = None
+) -> Case | None:
     """Apply a new receipt to its locked effect: the transition and the cases it implies."""
     state = State(effect.state)
     if state == S.PENDING:
@@ -318,7 +325,7 @@ def _receipt_apply(effect: Effect, row: Receipt, trail: Trail) -> Case | None:
     trail.stage(row)
     trail.add(AuditAction.RECEIPT, effect=effect, receipt=row.pk)
     if state in (S.SUCCEEDED, S.COMPENSATED):
-        first = effect.receipts.exclude(pk=row.pk).order_by("received", "id").first()
+        first = first or effect.receipts.exclude(pk=row.pk).order_by("received", "id").first()
         return case_open(
             effect,
             Reason.DUPLICATE_EFFECT,

@@ -125,6 +125,10 @@ def test_two_orphan_receipts_with_different_ids_are_a_duplicate_effect(api):
     assert body["receipt"]["external_id"] == "re_1"
     assert _open_cases() == {("duplicate_effect", "critical")}
     assert Receipt.objects.filter(effect=None).count() == 0
+    duplicate = Case.objects.get(reason="duplicate_effect")
+    first = Receipt.objects.get(external_id="re_1")
+    assert duplicate.detail["first"] == first.pk
+    assert "differs from the first (stripe:re_1)" in duplicate.summary
 
 
 def test_an_orphan_receipt_that_disagrees_with_the_later_intent_keeps_its_case_open(api, alice):

@@ -161,6 +161,15 @@ def test_json_deep_inside_a_message_attribute_is_kept_as_text(api):
     assert Span.objects.get().output == deep[: len(Span.objects.get().output)]
 
 
+def test_json_escaping_a_lone_surrogate_in_a_message_attribute_is_kept_as_text(api):
+    # Valid JSON, which jsonb refuses: stored as the text it came as, the batch not lost.
+    lone = '[{"role": "user", "content": "\\ud800"}]'
+    attributes = {"gen_ai.operation.name": "chat", "gen_ai.input.messages": lone}
+    r = post_traces(api.client, api.key, request(span(GOOD, attributes=attributes)))
+    assert partial(r, as_json=False) == (0, "")
+    assert Span.objects.get().input == lone
+
+
 @pytest.mark.parametrize(
     "body",
     [

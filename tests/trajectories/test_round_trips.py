@@ -1,0 +1,101 @@
+"""What one OTLP batch costs in PostgreSQL, pinned: the same few round trips whatever its
+size (issue 13: at most 8), from the API key's check to the links the spans may complete."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import close_old_connections, connection
+
+from tests.conftest import Api
+from tests.round_trips import Cost, cost
+from tests.trajectories.support import chat, post_traces, request, span, tool
+from trajectories.models import RequestedToolCall, Run, Span
+
+pytestmark = pytest.mark.django_db(transaction=True)  # real BEGIN and COMMIT, as served
+
+# A batch's statements, as trajectories.api.traces runs them; the two pipelines count one
+# round trip each.
+BATCH = [
+    "SELECT durability_keysversion",  # the key and its project cached here still hold
+    "SELECT pg_try_advisory_lock",  # one of the project's ingest slots
+    "BEGIN",
+    "SELECT set_config",  # pipelined: the waits' bounds,
+    "SELECT trace.trace_id, run.run_id",  # and the runs the batch's traces belong to
+    "INSERT INTO trajectories_run",  # pipelined: the runs, created or locked,
+    "INSERT INTO trajectories_runtrace",  # the traces new to them,
+    "WITH staged AS",  # the spans and the tool calls they ask for,
+    "UPDATE trajectories_run SET",  # the runs' aggregates,
+    "SELECT pg_advisory_unlock",  # and the slot given back
+    "COMMIT",
+    "SELECT effect_id FROM",  # the effects' links the spans may complete
+]
+
+
+def _trace(salt: int, t: int) -> str:
+    return f"{salt:04x}{t + 1:028x}"
+
+
+def _batch(spans: int, *, salt: int = 0) -> bytes:
+    """`spans` spans in traces of 50 (an agent root, then model calls asking for tools and
+    the tool calls): as many runs inferred as there are traces."""
+    made = []
+    for n in range(spans):
+        t, i = divmod(n, 50)
+        trace, span_id = _trace(salt, t), f"{salt:04x}{t:04x}{i + 1:08x}"
+        root = f"{salt:04x}{t:04x}{1:08x}"
+        if i == 0:
+            made.append(span(span_id, "invoke_agent", trace_id=trace, duration_ms=900))
+        elif i % 2:
+            made.append(chat(span_id, calls=(f"call_{t}_{i}",), trace_id=trace, parent=root))
+        else:
+            made.append(tool(span_id, f"call_{t}_{i - 1}", trace_id=trace, parent=root))
+    return request(*made).SerializeToString()
+
+
+def _named(spent: Cost) -> list[str]:
+    """The statements by the first words BATCH gives them (their texts grow with a batch)."""
+    return [
+        max((b for b in BATCH if sql.startswith(b)), key=len, default=sql)
+        for sql in spent.statements
+    ]
+
+
+def _posted(api: Api, body: bytes) -> Cost:
+    with cost() as spent:
+        close_old_connections()  # as every request served starts (the test client skips it)
+        r = post_traces(api.client, api.key, body)
+        assert r.status_code == 200
+        assert r.content == b""  # every span stored
+    return spent
+
+
+def _warmed(api: Api) -> None:
+    """Batches first, until psycopg prepared every statement, on a connection of the test's
+    own (as tests/api/test_round_trips.py explains)."""
+    connection.close()
+    for n in range(connection.settings_dict["OPTIONS"]["prepare_threshold"] + 2):
+        _posted(api, _batch(60, salt=0xF000 + n))
+
+
+def test_an_otlp_batch_costs_the_same_few_round_trips_whatever_its_size(api: Api) -> None:
+    _warmed(api)
+
+    small = _posted(api, _batch(10, salt=1))
+    large = _posted(api, _batch(2_000, salt=2))
+
+    assert _named(small) == _named(large) == BATCH
+    assert small.round_trips == large.round_trips == len(BATCH) - 5 <= 8
+    assert Span.objects.filter(span_id__startswith="0002").count() == 2_000
+    assert RequestedToolCall.objects.filter(span__span_id__startswith="0002").count() == 1_000
+
+
+def test_a_resent_batch_costs_no_more_round_trips_than_a_new_one(api: Api) -> None:
+    _warmed(api)
+    body = _batch(200, salt=3)
+
+    first = _posted(api, body)
+    again = _posted(api, body)
+
+    assert again.round_trips == first.round_trips
+    assert Span.objects.filter(span_id__startswith="0003").count() == 200
+    assert Run.objects.get(run_id=_trace(3, 0)).span_count == 50
