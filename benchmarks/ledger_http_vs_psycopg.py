@@ -137,9 +137,10 @@ def _raw_worker(
                     "INSERT INTO durability_effect (project_id, key, kind, target, fingerprint, "
                     "request, replay, state, late, timeout_s, deadline, authority, run_id, "
                     "tool_call_id, trace_id, span_id, attempt_count, created, updated, audit_seq, "
-                    "audit_head, currency, grant_id, claim) VALUES (%s, %s, 'payment', 'stripe', "
-                    "%s, %s, 'never', 'pending', false, 300, now() + interval '300 seconds', %s, "
-                    "'', '', '', '', 1, now(), now(), 0, repeat('0', 64), '', %s, %s) "
+                    "audit_head, currency, grant_id, claim, agent, workflow) VALUES (%s, %s, "
+                    "'payment', 'stripe', %s, %s, 'never', 'pending', false, 300, "
+                    "now() + interval '300 seconds', %s, '', '', '', '', 1, now(), now(), 0, "
+                    "repeat('0', 64), '', %s, %s, 'bench', 'bench') "
                     "RETURNING id",
                     (project_id, key, fingerprint, request, authority, grant, claim),
                 )
