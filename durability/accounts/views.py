@@ -1,8 +1,10 @@
-"""The project settings page (/settings/): members and their roles, API keys, the policy,
-the project's own secret patterns.
+"""The project settings page (/settings/): members and their roles (added, or invited with
+a one-time set-password link), API keys, the policy, the project's own secret patterns;
+and each member's own choice of emails (/settings/notifications/).
 
-Admins only (the `manage_project` permission): other members get 403, strangers to a
-project 404, a user in no project the landing page.
+The project's settings are for admins only (the `manage_project` permission): other members
+get 403, strangers to a project 404, a user in no project the landing page. Every member
+sets their own notifications.
 The page shows the user's current project; each action names its project in the URL,
 so a project switched in another tab cannot redirect a change to the wrong project.
 Services (durability.accounts.services) make the changes and audit them.
