@@ -4,12 +4,15 @@ a comment mentions; each sent by a job after the commit, as each member chose.""
 from __future__ import annotations
 
 import logging
+import os
 import socket
 from datetime import timedelta
 
+import django_rq
 import pytest
 from django.core import mail
 from django.utils import timezone
+from rq import SimpleWorker
 
 from durability import notices
 from durability.desk import jobs as desk_jobs
@@ -197,6 +200,27 @@ def test_an_overdue_case_with_no_assignee_or_one_who_opted_out_sends_nothing(
     _prefer(alice_mail, project, notify_overdue=False)
     assert overdue_announce(now=nobodys.opened + 2 * HOUR) == 0
     assert mail.outbox == []
+
+
+@pytest.fixture
+def worker_queue(settings):
+    """The RQ queue on this run's Redis (undoing `inline`), empty."""
+    settings.REDIS_URL = os.environ["REDIS_URL"]
+    queue = django_rq.get_queue("default")
+    queue.connection.flushdb()
+    yield queue
+    queue.connection.flushdb()
+
+
+def test_with_workers_the_email_goes_out_when_the_job_runs(
+    project, ada, alice_mail, case, worker_queue, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks(execute=True):
+        assert _assign(logged_in(ada), case, "alice").status_code == 302
+    assert worker_queue.count == 1 and mail.outbox == []
+    SimpleWorker([worker_queue], connection=worker_queue.connection).work(burst=True)
+    assert [e.to for e in mail.outbox] == [["alice@example.com"]]
+    assert Notice.objects.get().sent is not None
 
 
 def _closed_port() -> int:
