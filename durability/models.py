@@ -865,6 +865,7 @@ class CaseAlert(models.Model):
 
 class NoticeKind(models.TextChoices):
     ASSIGNED = "assigned", "assigned to you"
+    ASSIGNED_MANY = "assigned_many", "assigned cases to you"
     MENTIONED = "mentioned", "mentioned you"
     OVERDUE = "overdue", "overdue"
     INVITED = "invited", "invited you"
@@ -881,6 +882,10 @@ class Notice(models.Model):
     comment = models.ForeignKey(
         Comment, models.CASCADE, null=True, blank=True, related_name="notices"
     )
+    # The bulk assignment an `assigned_many` notice sums up, in one email for all its cases.
+    bulk = models.ForeignKey(
+        BulkAction, models.CASCADE, null=True, blank=True, related_name="notices"
+    )
     # Who caused it ("user:ada"); empty for the scheduler (overdue).
     actor = models.CharField(max_length=150, blank=True)
     created = models.DateTimeField(default=timezone.now)
@@ -896,7 +901,10 @@ class Notice(models.Model):
                 fields=["case"], condition=Q(kind="overdue"), name="notice_overdue_once"
             ),
             models.CheckConstraint(
-                condition=Q(kind="invited") | Q(case__isnull=False), name="notice_case_named"
+                condition=Q(kind="invited")
+                | Q(kind="assigned_many", bulk__isnull=False)
+                | Q(case__isnull=False),
+                name="notice_case_named",
             ),
         ]
         indexes = [

@@ -27,7 +27,7 @@ from django.utils.http import urlsafe_base64_encode
 from django.utils.timesince import timesince
 
 from durability.jobs import enqueue
-from durability.models import Case, Comment, Notice, NoticeKind, Project
+from durability.models import BulkAction, Case, Comment, Notice, NoticeKind, Project
 from durability.site import site_url
 
 logger = logging.getLogger(__name__)
@@ -55,12 +55,13 @@ def notice_add(
     actor: str = "",
     case: Case | None = None,
     comment: Comment | None = None,
+    bulk: BulkAction | None = None,
 ) -> Notice | None:
     """Write an email to `user` and send it after the commit; None if they have no address."""
     if not user.email:
         return None
     notice = Notice.objects.create(
-        project=project, user=user, kind=kind, actor=actor, case=case, comment=comment
+        project=project, user=user, kind=kind, actor=actor, case=case, comment=comment, bulk=bulk
     )
     enqueue(notice_deliver, notice.pk)
     return notice
@@ -91,6 +92,8 @@ def message(notice: Notice, *, now: datetime | None = None) -> EmailMessage:
             else ""
         ),
         "login_url": base + reverse("login"),
+        "queue_url": base + reverse("queue") + "?assignee=me",
+        "cases": _bulk_cases(notice, base),
         "link_days": settings.PASSWORD_RESET_TIMEOUT // (24 * 60 * 60),
     }
     subject = render_to_string("durability/notices/subject.txt", context)
@@ -98,6 +101,19 @@ def message(notice: Notice, *, now: datetime | None = None) -> EmailMessage:
     return EmailMessage(
         subject=" ".join(subject.split()), body=body.strip() + "\n", to=[notice.user.email]
     )
+
+
+# An email summing up a bulk assignment lists at most this many of its cases.
+BULK_LISTED = 20
+
+
+def _bulk_cases(notice: Notice, base: str) -> list[tuple[Case, str]]:
+    """The cases of a bulk assignment still with its assignee, oldest first, with links."""
+    if notice.bulk is None:
+        return []
+    cases = Case.objects.filter(pk__in=notice.bulk.case_ids, assignee=notice.user)
+    listed = cases.select_related("effect").order_by("opened", "id")[:BULK_LISTED]
+    return [(case, base + case.get_absolute_url()) for case in listed]
 
 
 def notice_deliver(notice_id: int, *, now: datetime | None = None) -> bool:
@@ -108,7 +124,7 @@ def notice_deliver(notice_id: int, *, now: datetime | None = None) -> bool:
     with transaction.atomic():
         notice = (
             Notice.objects.select_for_update(skip_locked=True, of=("self",))
-            .select_related("project", "user", "case__effect", "comment")
+            .select_related("project", "user", "case__effect", "comment", "bulk")
             .filter(pk=notice_id, sent=None)
             .first()
         )

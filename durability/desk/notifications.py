@@ -15,7 +15,15 @@ from django.utils import timezone
 
 from durability import notices
 from durability.desk import alerts
-from durability.models import Case, Comment, Membership, Notice, NoticeKind, Project
+from durability.models import (
+    BulkAction,
+    Case,
+    Comment,
+    Membership,
+    Notice,
+    NoticeKind,
+    Project,
+)
 
 # `@name` where name is a Django username (letters, digits and @ . + - _), not inside an
 # email address; a sentence's full stop after it is not part of it.
@@ -37,6 +45,24 @@ def case_assigned(project: Project, case: Case, *, actor: str) -> Notice | None:
         return None
     return notices.notice_add(
         project=project, user=assignee, kind=NoticeKind.ASSIGNED, actor=actor, case=case
+    )
+
+
+def bulk_assigned(bulk: BulkAction) -> Notice | None:
+    """Tell the assignee of a finished bulk assignment once, for all its cases."""
+    assignee = bulk.assignee
+    if assignee is None or bulk.done == 0 or bulk.actor == f"user:{assignee.get_username()}":
+        return None
+    if not Membership.objects.filter(
+        project_id=bulk.project_id, user=assignee, notify_assigned=True
+    ).exists():
+        return None
+    return notices.notice_add(
+        project=bulk.project,
+        user=assignee,
+        kind=NoticeKind.ASSIGNED_MANY,
+        actor=bulk.actor,
+        bulk=bulk,
     )
 
 

@@ -317,7 +317,7 @@ def _bulk_one(bulk: BulkAction, case: Case) -> bool:
                     version=case.version,
                     actor=bulk.actor,
                     assignee=bulk.assignee,
-                    # One email per case of a bulk action would bury the assignee.
+                    # One email for the whole action when it finishes, not one per case.
                     notify=False,
                 )
             elif bulk.verb == BulkVerb.NOT_HAPPENED:
@@ -364,6 +364,8 @@ def bulk_run(*, bulk_id: int) -> BulkAction:
                 if bulk.finished is None:
                     bulk.finished = timezone.now()
                     bulk.save(update_fields=["finished"])
+                    if bulk.verb == BulkVerb.ASSIGN:
+                        notifications.bulk_assigned(bulk)
                 return bulk
             chunk = bulk.case_ids[position : position + BULK_CHUNK]
             found = Case.objects.filter(project=bulk.project, pk__in=chunk, closed=None)

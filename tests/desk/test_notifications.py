@@ -107,22 +107,44 @@ def test_an_assignee_who_turned_assignments_off_gets_no_email(
     assert mail.outbox == [] and not Notice.objects.exists()
 
 
-def test_a_bulk_assignment_sends_no_email_per_case(
-    project, ada, alice_mail, django_capture_on_commit_callbacks
+def _bulk_assign(project, cases, assignee, actor="user:ada"):
+    bulk = services.bulk_start(
+        project=project,
+        actor=actor,
+        verb=BulkVerb.ASSIGN,
+        case_ids=[c.pk for c in cases],
+        note="the Stripe outage",
+        assignee=assignee,
+    )
+    services.bulk_run(bulk_id=bulk.pk)
+    services.bulk_run(bulk_id=bulk.pk)  # a job delivered twice
+    return bulk
+
+
+def test_a_bulk_assignment_sends_one_email_listing_its_cases(
+    project, ada, alice_mail, settings, django_capture_on_commit_callbacks
 ):
     first, second = uncertain_case(project, "k1"), uncertain_case(project, "k2")
     with django_capture_on_commit_callbacks(execute=True):
-        bulk = services.bulk_start(
-            project=project,
-            actor="user:ada",
-            verb=BulkVerb.ASSIGN,
-            case_ids=[first.pk, second.pk],
-            note="",
-            assignee=alice_mail,
-        )
-        services.bulk_run(bulk_id=bulk.pk)
-    bulk.refresh_from_db()
-    assert bulk.done == 2 and mail.outbox == []
+        _bulk_assign(project, [first, second], alice_mail)
+    (email,) = mail.outbox
+    assert email.subject == "[Tallybook · alpha] ada assigned you 2 cases"
+    assert "ada assigned you 2 cases in alpha at once: the Stripe outage" in email.body
+    for case in (first, second):
+        assert f"- #{case.pk} uncertain · high · {case.effect.key}" in email.body
+        assert f"{settings.SITE_URL}/cases/{case.pk}/" in email.body
+    assert f"{settings.SITE_URL}/queue/?assignee=me" in email.body
+
+
+def test_a_bulk_assignment_to_oneself_or_to_one_who_opted_out_sends_nothing(
+    project, ada, alice_mail, django_capture_on_commit_callbacks
+):
+    first, second = uncertain_case(project, "k1"), uncertain_case(project, "k2")
+    _prefer(alice_mail, project, notify_assigned=False)
+    with django_capture_on_commit_callbacks(execute=True):
+        _bulk_assign(project, [first], alice_mail)
+        _bulk_assign(project, [second], ada)
+    assert mail.outbox == [] and not Notice.objects.exists()
 
 
 def test_a_mention_emails_the_member_named_with_the_comment(
