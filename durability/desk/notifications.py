@@ -30,9 +30,10 @@ from durability.models import (
 MENTION = re.compile(r"(?<![\w@.+-])@([\w.@+-]+)")
 
 
-def _wants(case: Case, user: User, preference: str) -> bool:
+def _wants(project_id: int, user: User, preference: str) -> bool:
+    """Whether `user`, a member of the project, chose to receive this kind of email."""
     return Membership.objects.filter(
-        project_id=case.project_id, user=user, **{preference: True}
+        project_id=project_id, user=user, **{preference: True}
     ).exists()
 
 
@@ -41,7 +42,7 @@ def case_assigned(project: Project, case: Case, *, actor: str) -> Notice | None:
     assignee = case.assignee
     if assignee is None or actor == f"user:{assignee.get_username()}":
         return None
-    if not _wants(case, assignee, "notify_assigned"):
+    if not _wants(case.project_id, assignee, "notify_assigned"):
         return None
     return notices.notice_add(
         project=project, user=assignee, kind=NoticeKind.ASSIGNED, actor=actor, case=case
@@ -53,9 +54,7 @@ def bulk_assigned(bulk: BulkAction) -> Notice | None:
     assignee = bulk.assignee
     if assignee is None or bulk.done == 0 or bulk.actor == f"user:{assignee.get_username()}":
         return None
-    if not Membership.objects.filter(
-        project_id=bulk.project_id, user=assignee, notify_assigned=True
-    ).exists():
+    if not _wants(bulk.project_id, assignee, "notify_assigned"):
         return None
     return notices.notice_add(
         project=bulk.project,
