@@ -19,6 +19,7 @@ from durability.models import (
     Effect,
     Grant,
     Membership,
+    Notice,
     Probe,
     Project,
     Receipt,
@@ -134,6 +135,12 @@ class ProbeAdmin(ReadOnly):
 @admin.register(CaseAlert)
 class CaseAlertAdmin(ReadOnly):
     list_display = ["case", "created", "sent", "tries", "error"]
+
+
+@admin.register(Notice)
+class NoticeAdmin(ReadOnly):
+    list_display = ["kind", "user", "case", "created", "sent", "tries", "error"]
+    list_filter = ["kind", "project"]
 
 
 # Grants, approvals and webhook sources change through the authority pages, audited.

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from rq.cron import register
 
-from durability import tallies
+from durability import notices, tallies
 from durability.desk import jobs as desk_jobs
 from durability.ledger import jobs as ledger_jobs
 from durability.reconcilers import jobs as reconciler_jobs
@@ -19,6 +19,8 @@ SCHEDULE = [
     (ledger_jobs.sweep, 5),
     (reconciler_jobs.probe_scan, 60),
     (desk_jobs.alert, 60),
+    (desk_jobs.overdue_notify, 60),
+    (notices.notices_retry, 60),
     (desk_jobs.bulks_resume, 60),
     (trajectories_jobs.links_repair, 60),
     (tallies.projects_tally, 60),

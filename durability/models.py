@@ -82,6 +82,10 @@ class Membership(models.Model):
     user = models.ForeignKey(settings.AUTH_USER_MODEL, models.CASCADE)
     role = models.CharField(max_length=16, choices=Role.choices, default=Role.VIEWER)
     created = models.DateTimeField(default=timezone.now)
+    # Which emails about this project's cases the member receives (durability.notices).
+    notify_assigned = models.BooleanField("a case is assigned to me", default=True)
+    notify_mentioned = models.BooleanField("a comment mentions me (@name)", default=True)
+    notify_overdue = models.BooleanField("a case of mine goes overdue", default=True)
 
     class Meta:
         constraints = [
@@ -744,6 +748,8 @@ class AuditAction(models.TextChoices):
     MEMBER_ADDED = "member_added", "Member added"
     MEMBER_ROLE_CHANGED = "member_role_changed", "Member role changed"
     MEMBER_REMOVED = "member_removed", "Member removed"
+    MEMBER_INVITED = "member_invited", "Member invited"
+    NOTIFICATIONS_SET = "notifications_set", "Notifications set"
     APIKEY_CREATED = "apikey_created", "Apikey created"
     APIKEY_REVOKED = "apikey_revoked", "Apikey revoked"
     AUTHORITY_POLICY_SET = "authority_policy_set", "Authority policy set"
@@ -932,6 +938,59 @@ class CaseAlert(models.Model):
 
     def __str__(self) -> str:
         return f"alert for case {self.case_id}"
+
+
+class NoticeKind(models.TextChoices):
+    ASSIGNED = "assigned", "assigned to you"
+    ASSIGNED_MANY = "assigned_many", "assigned cases to you"
+    MENTIONED = "mentioned", "mentioned you"
+    OVERDUE = "overdue", "overdue"
+    INVITED = "invited", "invited you"
+
+
+class Notice(models.Model):
+    """An email to one person, written in the transaction of what caused it and sent by a
+    job after the commit (durability.notices); `sent` once the mail server took it."""
+
+    project = models.ForeignKey(Project, models.CASCADE, related_name="notices")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, models.CASCADE, related_name="notices")
+    kind = models.CharField(max_length=16, choices=NoticeKind.choices)
+    case = models.ForeignKey(Case, models.CASCADE, null=True, blank=True, related_name="notices")
+    comment = models.ForeignKey(
+        Comment, models.CASCADE, null=True, blank=True, related_name="notices"
+    )
+    # The bulk assignment an `assigned_many` notice sums up, in one email for all its cases.
+    bulk = models.ForeignKey(
+        BulkAction, models.CASCADE, null=True, blank=True, related_name="notices"
+    )
+    # Who caused it ("user:ada"); empty for the scheduler (overdue).
+    actor = models.CharField(max_length=150, blank=True)
+    created = models.DateTimeField(default=timezone.now)
+    sent = models.DateTimeField(null=True, blank=True)
+    tries = models.PositiveIntegerField(default=0)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        constraints = [
+            # The overdue scan's marker: a case is announced overdue once, however often
+            # (and however many schedulers at once) the scan runs.
+            models.UniqueConstraint(
+                fields=["case"], condition=Q(kind="overdue"), name="notice_overdue_once"
+            ),
+            models.CheckConstraint(
+                condition=Q(kind="invited")
+                | Q(kind="assigned_many", bulk__isnull=False)
+                | Q(case__isnull=False),
+                name="notice_case_named",
+            ),
+        ]
+        indexes = [
+            # The scheduled pass: emails not sent yet, oldest first.
+            models.Index(fields=["created"], name="notice_unsent_idx", condition=Q(sent=None)),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} to {self.user_id}"
 
 
 class Grant(models.Model):

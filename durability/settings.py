@@ -188,6 +188,39 @@ TALLYBOOK_ALERT_AFTER = {
     }.items()
 }
 
+# Email to people about their cases (durability/notices.py): through SMTP when EMAIL_HOST
+# is set, otherwise printed on the console (the demo needs no mail server); EMAIL_BACKEND
+# names another backend. Sent by jobs after the commit: a mail server that is down or slow
+# never holds or fails an operator's action.
+_email_host = env_str("EMAIL_HOST")
+_email_port = env_int("EMAIL_PORT", 587)
+MAILERS: dict[str, dict[str, Any]] = {
+    "default": {
+        "BACKEND": env_str(
+            "EMAIL_BACKEND",
+            "django.core.mail.backends.smtp.EmailBackend"
+            if _email_host
+            else "django.core.mail.backends.console.EmailBackend",
+        ),
+        "OPTIONS": {
+            "host": _email_host,
+            "port": _email_port,
+            "username": env_str("EMAIL_HOST_USER"),
+            "password": env_str("EMAIL_HOST_PASSWORD"),
+            "use_tls": env_bool("EMAIL_USE_TLS", _email_port == 587),
+            "use_ssl": env_bool("EMAIL_USE_SSL", _email_port == 465),
+            "timeout": env_int("EMAIL_TIMEOUT", 10),
+        }
+        if _email_host
+        else {},
+    }
+}
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "Tallybook <tallybook@localhost>")
+# An email that failed is tried again by the scheduled pass, at most this many times in all.
+TALLYBOOK_NOTICE_TRIES = env_int("TALLYBOOK_NOTICE_TRIES", 5)
+# A one-time set-password link (an invitation) works this long: Django's reset tokens.
+PASSWORD_RESET_TIMEOUT = env_int("PASSWORD_RESET_TIMEOUT", 3 * 24 * 60 * 60)
+
 # Large OTLP batches (trajectories.otlp.LARGE_BODY) one web process works on at once; one more
 # is answered 429 with Retry-After. 0: no such limit.
 TALLYBOOK_INGEST_LARGE_PER_PROCESS = env_int("TALLYBOOK_INGEST_LARGE_PER_PROCESS", 1)

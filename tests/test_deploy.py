@@ -24,6 +24,7 @@ SECURE = [
     "SECURE_HSTS_SECONDS",
     "SECURE_HSTS_INCLUDE_SUBDOMAINS",
     "SECURE_HSTS_PRELOAD",
+    "EMAIL_HOST",
 ]
 # A request to the login page through Django's test client, in the process those settings
 # configure; prints what the browser would be told.
@@ -43,9 +44,10 @@ print(json.dumps({{
 
 def _production(**env: str) -> dict[str, str]:
     """This environment as a production start has it: none of the tests' plain-HTTP
-    overrides, DEBUG unset, a real secret key; then `env`."""
+    overrides, DEBUG unset, a real secret key, a mail server; then `env`."""
     clean = {k: v for k, v in os.environ.items() if k not in SECURE}
-    return {**clean, "SECRET_KEY": secrets.token_urlsafe(50), **env}
+    production = {"SECRET_KEY": secrets.token_urlsafe(50), "EMAIL_HOST": "smtp.example.com"}
+    return {**clean, **production, **env}
 
 
 def _manage(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -70,6 +72,15 @@ def test_check_deploy_finds_nothing_in_the_production_settings():
     done = _manage(_production(), "check", "--deploy", "--fail-level", "WARNING")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "System check identified no issues" in done.stdout
+
+
+def test_check_deploy_asks_for_a_mail_server():
+    # Without EMAIL_HOST, emails about cases are only printed on the console (the demo's).
+    env = _production()
+    del env["EMAIL_HOST"]
+    done = _manage(env, "check", "--deploy", "--fail-level", "WARNING")
+    assert done.returncode != 0
+    assert "mail.E001" in done.stdout + done.stderr
 
 
 def test_check_deploy_refuses_the_development_secret_key():

@@ -42,7 +42,17 @@ def imports_of(path: Path, root: Path = ROOT) -> Iterator[tuple[int, str]]:
 # prefixes of what else it may import: a module, or one name of a module.
 CORE = tuple(
     f"durability.{name}"
-    for name in ("models", "audit", "rows", "redaction", "inbound", "site", "jobs", "tallies")
+    for name in (
+        "models",
+        "audit",
+        "rows",
+        "redaction",
+        "inbound",
+        "site",
+        "jobs",
+        "tallies",
+        "notices",
+    )
 )
 LEDGER = ("durability.ledger",)
 ACCOUNTS = ("durability.accounts",)

@@ -3,13 +3,39 @@
 from __future__ import annotations
 
 from django import forms
+from django.contrib.auth.validators import UnicodeUsernameValidator
+from django.db import models
 
-from durability.models import AuthorityPolicy, Role
+from durability.models import AuthorityPolicy, Membership, Role
 
 
 class MemberAddForm(forms.Form):
-    username = forms.CharField(max_length=150, strip=True, help_text="an existing user")
+    username = forms.CharField(
+        max_length=150,
+        strip=True,
+        validators=[UnicodeUsernameValidator()],
+        help_text="an existing user, or a new one to invite",
+    )
+    email = forms.EmailField(
+        required=False,
+        help_text="for a new user: where their one-time link to choose a password goes",
+    )
     role = forms.ChoiceField(choices=Role.choices, initial=Role.VIEWER)
+
+
+def _notify_field(name: str) -> forms.BooleanField:
+    field = Membership._meta.get_field(name)
+    assert isinstance(field, models.BooleanField)
+    label = str(field.verbose_name).capitalize()
+    return forms.BooleanField(required=False, initial=True, label=label)
+
+
+class NotificationsForm(forms.Form):
+    """Which emails a member receives; an unticked box is a "no"."""
+
+    notify_assigned = _notify_field("notify_assigned")
+    notify_mentioned = _notify_field("notify_mentioned")
+    notify_overdue = _notify_field("notify_overdue")
 
 
 class MemberRoleForm(forms.Form):

@@ -7,10 +7,20 @@ Each writes an audit entry (the project's chain) in the same transaction.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from django.contrib.auth.models import User
 
-from durability import audit, redaction
-from durability.models import ApiKey, AuditAction, AuthorityPolicy, Membership, Project, Role
+from durability import audit, notices, redaction
+from durability.models import (
+    ApiKey,
+    AuditAction,
+    AuthorityPolicy,
+    Membership,
+    NoticeKind,
+    Project,
+    Role,
+)
 
 
 class Refused(Exception):
@@ -47,18 +57,74 @@ def _keep_an_admin(project: Project, membership: Membership, field: str) -> None
         raise Refused(field, f"{membership.user} is the last admin of {project}; appoint another.")
 
 
-def member_add(*, project: Project, actor: str, username: str, role: Role) -> Membership:
-    """Make an existing user a member of the project with `role`."""
+@dataclass(frozen=True)
+class Added:
+    """A new member; `set_password_path` is the one-time link of a user created for it."""
+
+    membership: Membership
+    set_password_path: str = ""
+
+
+def member_add(
+    *, project: Project, actor: str, username: str, role: Role, email: str = ""
+) -> Added:
+    """Make a user a member of the project with `role`.
+
+    An existing user joins as they are. With `email`, a username nobody has is an
+    invitation: a user is created without a usable password, and emailed (after the
+    commit) a one-time link to choose one; the link is returned too, for the admin to pass
+    on should the email not arrive.
+    """
     with audit.trail(project.pk, actor) as trail:
         _lock(project)
-        user = User.objects.filter(username=username, is_active=True).first()
-        if user is None:
-            raise Refused("username", f"No active user is called {username}.")
+        user = User.objects.filter(username=username).first()
+        if user is None and email:
+            if User.objects.filter(email__iexact=email).exists():
+                raise Refused("email", f"A user already has {email}: add them by their username.")
+            user = User.objects.create_user(username, email=email)  # no usable password
+            membership = Membership.objects.create(project=project, user=user, role=role)
+            trail.add(AuditAction.MEMBER_INVITED, username=username, role=role.value)
+            notices.notice_add(project=project, user=user, kind=NoticeKind.INVITED, actor=actor)
+            return Added(membership, notices.set_password_path(user))
+        if user is None or not user.is_active:
+            raise Refused(
+                "username",
+                f"No active user is called {username}. Give an email address to invite them.",
+            )
         if Membership.objects.filter(project=project, user=user).exists():
             raise Refused("username", f"{username} is already a member of {project}.")
         membership = Membership.objects.create(project=project, user=user, role=role)
         trail.add(AuditAction.MEMBER_ADDED, username=username, role=role.value)
-    return membership
+    return Added(membership)
+
+
+NOTIFY_FIELDS = ("notify_assigned", "notify_mentioned", "notify_overdue")
+
+
+def member_notifications_set(
+    *, project: Project, actor: str, user: User, choices: dict[str, bool]
+) -> bool:
+    """Set which emails about this project's cases `user` receives (NOTIFY_FIELDS); True
+    when it changed. Audited in the project's chain, as every change of a membership."""
+    if set(choices) != set(NOTIFY_FIELDS):
+        raise ValueError(f"choices must name exactly {NOTIFY_FIELDS}")
+    with audit.trail(project.pk, actor) as trail:
+        membership = (
+            Membership.objects.select_for_update().filter(project=project, user=user).first()
+        )
+        if membership is None:
+            raise NotFound(f"{user} is not a member of {project}")
+        was = {name: getattr(membership, name) for name in NOTIFY_FIELDS}
+        if was == choices:
+            return False
+        Membership.objects.filter(pk=membership.pk).update(**choices)
+        trail.add(
+            AuditAction.NOTIFICATIONS_SET,
+            username=user.get_username(),
+            was=[name.removeprefix("notify_") for name in NOTIFY_FIELDS if was[name]],
+            now=[name.removeprefix("notify_") for name in NOTIFY_FIELDS if choices[name]],
+        )
+    return True
 
 
 def member_role_change(*, project: Project, actor: str, membership_id: int, role: Role) -> bool:

@@ -1,4 +1,5 @@
-"""Switching projects, and the project settings page: members, API keys, the policy."""
+"""Switching projects, the project settings page (members, API keys, the policy), each
+member's notifications, and the one-time link of an invitation."""
 
 from __future__ import annotations
 
@@ -9,6 +10,13 @@ from durability.accounts import views
 urlpatterns = [
     path("projects/switch/", views.project_switch, name="project-switch"),
     path("settings/", views.project_settings, name="settings"),
+    path("settings/notifications/", views.notifications, name="settings-notifications"),
+    path(
+        "settings/<int:project_id>/notifications/",
+        views.notifications_set,
+        name="settings-notifications-set",
+    ),
+    path("welcome/<uidb64>/<token>/", views.SetPassword.as_view(), name="set-password"),
     path("settings/<int:project_id>/members/", views.member_add, name="settings-member-add"),
     path(
         "settings/<int:project_id>/members/<int:membership_id>/role/",

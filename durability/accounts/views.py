@@ -1,8 +1,10 @@
-"""The project settings page (/settings/): members and their roles, API keys, the policy,
-the project's own secret patterns.
+"""The project settings page (/settings/): members and their roles (added, or invited with
+a one-time set-password link), API keys, the policy, the project's own secret patterns;
+and each member's own choice of emails (/settings/notifications/).
 
-Admins only (the `manage_project` permission): other members get 403, strangers to a
-project 404, a user in no project the landing page.
+The project's settings are for admins only (the `manage_project` permission): other members
+get 403, strangers to a project 404, a user in no project the landing page. Every member
+sets their own notifications.
 The page shows the user's current project; each action names its project in the URL,
 so a project switched in another tab cannot redirect a change to the wrong project.
 Services (durability.accounts.services) make the changes and audit them.
@@ -14,10 +16,11 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.contrib.auth.views import PasswordResetConfirmView
 from django.forms import Form
 from django.http import Http404, HttpResponse, HttpResponseBase
 from django.shortcuts import get_object_or_404, redirect, render
-from django.urls import reverse
+from django.urls import reverse, reverse_lazy
 from django.utils.cache import add_never_cache_headers
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
@@ -30,11 +33,13 @@ from durability.accounts.forms import (
     ApiKeyForm,
     MemberAddForm,
     MemberRoleForm,
+    NotificationsForm,
     PolicyForm,
     RedactionForm,
 )
 from durability.accounts.roles import Access, Perm
 from durability.models import ApiKey, AuthorityPolicy, Membership, Role
+from durability.site import site_url
 
 
 def _page(
@@ -44,6 +49,7 @@ def _page(
     status: int = 200,
     problem: str = "",
     new_key: str = "",
+    invited: tuple[str, str] | None = None,
     **bound: Form,
 ) -> HttpResponse:
     project = access.project
@@ -58,6 +64,7 @@ def _page(
         "roles": Role.choices,
         "problem": problem,
         "new_key": new_key,
+        "invited": invited,
         "add_form": bound.get("add_form") or MemberAddForm(),
         "key_form": bound.get("key_form") or ApiKeyForm(),
         "policy_form": bound.get("policy_form")
@@ -71,8 +78,8 @@ def _page(
         ),
     }
     response = render(request, "durability/accounts/settings.html", context, status=status)
-    if new_key:
-        # The raw key is in this response only: no cache may keep a copy.
+    if new_key or invited:
+        # The raw key (or the one-time link) is in this response only: no cache may keep it.
         add_never_cache_headers(response)
     return response
 
@@ -96,15 +103,19 @@ def member_add(request: AuthedRequest, project_id: int) -> HttpResponseBase:
     if form.is_valid():
         data = form.cleaned_data
         try:
-            members.member_add(
+            added = members.member_add(
                 project=access.project,
                 actor=actor_of(request),
                 username=data["username"],
                 role=Role(data["role"]),
+                email=data["email"],
             )
         except members.Refused as exc:
             form.add_error(exc.field, str(exc))
         else:
+            if added.set_password_path:
+                link = site_url() + added.set_password_path
+                return _page(request, access, invited=(data["username"], link))
             messages.success(request, f"{data['username']} joined as {data['role']}.")
             return redirect("settings")
     return _page(request, access, status=400, add_form=form)
@@ -223,6 +234,53 @@ def redaction(request: AuthedRequest, project_id: int) -> HttpResponseBase:
                 messages.success(request, "Redaction saved: it applies from now on.")
             return redirect("settings")
     return _page(request, access, status=400, redaction_form=form)
+
+
+@login_required
+@require_GET
+def notifications(request: AuthedRequest) -> HttpResponse:
+    """The member's own choice of emails about their current project's cases."""
+    access = project_access(request, Perm.VIEW)
+    return _notifications_page(request, access)
+
+
+@login_required
+@require_POST
+def notifications_set(request: AuthedRequest, project_id: int) -> HttpResponseBase:
+    access = project_access(request, Perm.VIEW, project_id=project_id)
+    form = NotificationsForm(request.POST)
+    if not form.is_valid():
+        return _notifications_page(request, access, form=form, status=400)
+    if members.member_notifications_set(
+        project=access.project,
+        actor=actor_of(request),
+        user=request.user,
+        choices=form.cleaned_data,
+    ):
+        messages.success(request, f"Your emails about {access.project} are saved.")
+    return redirect("settings-notifications")
+
+
+def _notifications_page(
+    request: AuthedRequest, access: Access, *, form: Form | None = None, status: int = 200
+) -> HttpResponse:
+    if form is None:
+        membership = Membership.objects.get(project=access.project, user=request.user)
+        form = NotificationsForm(
+            initial={name: getattr(membership, name) for name in members.NOTIFY_FIELDS}
+        )
+    context = {"access": access, "form": form, "email": request.user.email}
+    return render(request, "durability/accounts/notifications.html", context, status=status)
+
+
+class SetPassword(PasswordResetConfirmView):
+    """The one-time link of an invitation: the new user chooses a password, once; then
+    they are logged in. Django's reset token no longer matches once a password is set."""
+
+    template_name = "durability/accounts/set_password.html"
+    post_reset_login = True
+    post_reset_login_backend = "django.contrib.auth.backends.ModelBackend"
+    success_url = reverse_lazy("index")
 
 
 @login_required

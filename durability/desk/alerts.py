@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 from django.utils.timesince import timesince
 
@@ -43,19 +43,24 @@ def _post(url: str, text: str) -> None:
         response.read()
 
 
-def cases_due(*, now: datetime, limit: int) -> list[int]:
-    """Ids of open cases past their reason's threshold that no alert has been sent for.
+def overdue(now: datetime) -> QuerySet[Case]:
+    """Open cases past their reason's threshold: what the desk calls overdue.
 
     Low-severity cases (version drift, an effect proceeding without a grant under the
     `audit` policy) wait in the queue and page nobody; a case raised above low (say, a
-    receipt for that ungranted effect) is alerted like any other.
+    receipt for that ungranted effect) is overdue like any other.
     """
-    overdue = Q()
+    past = Q()
     for reason in Reason.values:
         after = settings.TALLYBOOK_ALERT_AFTER.get(reason, DEFAULT_AFTER_S)
-        overdue |= Q(reason=reason, opened__lte=now - timedelta(seconds=after))
+        past |= Q(reason=reason, opened__lte=now - timedelta(seconds=after))
+    return Case.objects.filter(past, closed=None, severity__gt=Severity.LOW)
+
+
+def cases_due(*, now: datetime, limit: int) -> list[int]:
+    """Ids of overdue cases that no alert has been sent for."""
     return list(
-        Case.objects.filter(overdue, closed=None, severity__gt=Severity.LOW)
+        overdue(now)
         .exclude(alert__sent__isnull=False)
         .order_by("opened", "id")
         .values_list("pk", flat=True)[:limit]

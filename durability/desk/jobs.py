@@ -1,13 +1,18 @@
-"""The desk's background jobs: alerts for overdue cases, and bulk actions on cases."""
+"""The desk's background jobs: alerts and emails for overdue cases, bulk actions on cases."""
 
 from __future__ import annotations
 
-from durability.desk import alerts, services
+from durability.desk import alerts, notifications, services
 
 
 def alert() -> int:
     """Post the overdue cases to the alert webhook, each once; returns how many were sent."""
     return len(alerts.alerts_send())
+
+
+def overdue_notify() -> int:
+    """Email each overdue case's assignee, once per case (scheduled); returns how many."""
+    return notifications.overdue_announce()
 
 
 def cases_bulk(bulk_id: int) -> int:

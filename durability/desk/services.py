@@ -22,6 +22,7 @@ from django.utils.timesince import timesince
 
 from durability import audit
 from durability.api.schemas import ReceiptIn
+from durability.desk import notifications
 from durability.ledger import machine, settling
 from durability.ledger.cases import case_close
 from durability.models import (
@@ -208,9 +209,16 @@ def assignable_members(project: Project) -> QuerySet[User]:
 
 
 def case_assign(
-    *, project: Project, case_id: int, version: int, actor: str, assignee: User | None
+    *,
+    project: Project,
+    case_id: int,
+    version: int,
+    actor: str,
+    assignee: User | None,
+    notify: bool = True,
 ) -> Case:
-    """Give the case to a member who can act on it, or to nobody."""
+    """Give the case to a member who can act on it, or to nobody; with `notify`, the
+    assignee is emailed (after the commit) unless they took it themselves."""
     if (
         assignee is not None
         and not Membership.objects.filter(
@@ -230,15 +238,19 @@ def case_assign(
             assignee=assignee.get_username() if assignee else None,
             was=was,
         )
+        if notify:
+            notifications.case_assigned(project, case, actor=actor)
     return case
 
 
 def case_comment(*, project: Project, case_id: int, actor: str, body: str) -> Comment:
-    """Add a comment to a case, open or closed. Comments never race: no version check."""
+    """Add a comment to a case, open or closed; the members it mentions (`@name`) are
+    emailed after the commit. Comments never race: no version check."""
     with audit.trail(project.pk, actor) as trail:
         case = Case.objects.select_related("effect").get(project=project, pk=case_id)
         comment = Comment.objects.create(case=case, actor=actor, body=body)
         trail.add(AuditAction.CASE_COMMENTED, effect=case.effect, case=case, comment=comment.pk)
+        notifications.comment_posted(project, case, comment)
     return comment
 
 
@@ -305,6 +317,8 @@ def _bulk_one(bulk: BulkAction, case: Case) -> bool:
                     version=case.version,
                     actor=bulk.actor,
                     assignee=bulk.assignee,
+                    # One email for the whole action when it finishes, not one per case.
+                    notify=False,
                 )
             elif bulk.verb == BulkVerb.NOT_HAPPENED:
                 case_resolve(
@@ -350,6 +364,8 @@ def bulk_run(*, bulk_id: int) -> BulkAction:
                 if bulk.finished is None:
                     bulk.finished = timezone.now()
                     bulk.save(update_fields=["finished"])
+                    if bulk.verb == BulkVerb.ASSIGN:
+                        notifications.bulk_assigned(bulk)
                 return bulk
             chunk = bulk.case_ids[position : position + BULK_CHUNK]
             found = Case.objects.filter(project=bulk.project, pk__in=chunk, closed=None)

@@ -124,6 +124,8 @@ PAGES = [
     ("post", "/settings/{w.project.pk}/members/", "object", "admin", 400),
     ("post", "/settings/{w.project.pk}/keys/", "object", "admin", 400),
     ("post", "/settings/{w.project.pk}/policy/", "object", "admin", 400),
+    ("get", "/settings/notifications/", "list", "viewer", 200),
+    ("post", "/settings/{w.project.pk}/notifications/", "object", "viewer", 302),
 ]
 RANK = {"viewer": 0, "operator": 1, "admin": 2}
 # Each persona's role in alpha; `outsider` is an admin of gamma, `mallory` of nothing.

@@ -31,6 +31,10 @@ def _actions(project, alice, api_key):
     base = f"/settings/{project.pk}"
     return {
         "add": (f"{base}/members/", {"username": "newbie", "role": "operator"}),
+        "invite": (
+            f"{base}/members/",
+            {"username": "nina", "email": "nina@example.com", "role": "operator"},
+        ),
         "role": (f"{base}/members/{alice_id}/role/", {"role": "viewer"}),
         "remove": (f"{base}/members/{alice_id}/remove/", {}),
         "key": (f"{base}/keys/", {"name": "ci"}),
@@ -49,15 +53,17 @@ def _state(project):
         project.authority_policy,
         (project.redaction_patterns, project.redaction_keys),
         AuditEntry.objects.filter(project=project).count(),
+        sorted(User.objects.values_list("username", flat=True)),
     )
 
 
 # Admins act (the new key's page is a 200 showing it); other members are refused; a
 # stranger, with a project of their own or none, is not told the project exists.
-ACTIONS = ["add", "role", "remove", "key", "revoke", "policy", "redaction"]
+ACTIONS = ["add", "invite", "role", "remove", "key", "revoke", "policy", "redaction"]
 EXPECTED = {
     "admin": {
         "add": 302,
+        "invite": 200,  # the page showing the one-time link
         "role": 302,
         "remove": 302,
         "key": 200,
@@ -363,6 +369,7 @@ def test_settings_changes_extend_the_projects_audit_chain(project, admin, alice,
     )
     assert actions == [
         "member_added",
+        "member_invited",
         "member_role_changed",
         "apikey_created",
         "apikey_revoked",

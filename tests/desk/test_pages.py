@@ -13,8 +13,9 @@ from durability.desk.views import EFFECTS_PAGE_SIZE as PAGE_SIZE
 from durability.models import Effect, State
 from tests.ledger.support import effect_in, intent, receipt, timeout
 
-# Not operator pages: machine endpoints with their own authentication, and the login itself.
-NOT_PAGES = ("api/", "v1/", "hooks/", "admin/", "login/", "logout/", "static/")
+# Not operator pages: machine endpoints with their own authentication, the login itself,
+# and an invitation's one-time link (its token is the authentication).
+NOT_PAGES = ("api/", "v1/", "hooks/", "admin/", "login/", "logout/", "static/", "welcome/")
 
 
 def _pages(patterns: list[URLPattern | URLResolver], prefix: str = "") -> list[str]:

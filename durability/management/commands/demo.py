@@ -362,6 +362,8 @@ class Command(BaseCommand):
             password = secrets.token_urlsafe(9)
             user, _ = get_user_model().objects.get_or_create(username=options["username"])
             user.set_password(password)
+            # The demo prints emails about cases on the console: give its operator an address.
+            user.email = user.email or f"{user.get_username()}@example.com"
             user.save()
             Membership.objects.create(project=project, user=user, role=Role.ADMIN)
             _, raw_key = apikey_create(project=project, actor="system:demo", name="demo")
