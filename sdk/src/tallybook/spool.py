@@ -144,8 +144,10 @@ class Spool:
         target.with_suffix(".answer").write_text(answer)
         os.rename(entry.path, target)
         entry.handle.close()
-        self._forget(entry.path)
+        # Logged before it leaves the pending list, which `flush` waits on: once a flush
+        # returns, every refusal it waited for has been logged.
         log.error("Tallybook refused spooled %s %s: %s", entry.endpoint, target, answer)
+        self._forget(entry.path)
 
     def release(self, entry: Entry) -> None:
         """Not delivered this time: unlock it for the next try."""
