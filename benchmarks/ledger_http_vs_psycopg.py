@@ -219,7 +219,14 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def measure(
-    *, pairs: int, clients: int, workers: int, rounds: int, light: int, db: str
+    *,
+    pairs: int,
+    clients: int,
+    workers: int,
+    rounds: int,
+    light: int,
+    db: str,
+    threads: int = 1,
 ) -> dict[str, Any]:
     """The whole run on a fresh database `db`: effects/s of both paths over `rounds`
     alternating rounds, the intents' latencies under that load, then `light` pairs from one
@@ -244,7 +251,7 @@ def measure(
 
     http_time = raw_time = 0.0
     latencies: list[float] = []
-    with server.gunicorn(env, workers) as port:
+    with server.gunicorn(env, workers, threads) as port:
         # Warm up each worker's imports and connections.
         _run(_http_worker, lambda c: (port, key, http_grant, f"warm{c}", 20), workers)
         # The paths alternate in rounds, so that both meet the same load on the machine.
@@ -275,6 +282,7 @@ def measure(
         "rounds": rounds,
         "clients": clients,
         "workers": workers,
+        "threads": threads,
         "http_rate": pairs / http_time,
         "raw_rate": pairs / raw_time,
         "loaded_p50": statistics.median(latencies),
@@ -294,6 +302,13 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=4000, help="intent+receipt pairs per path")
     parser.add_argument("--clients", type=int, default=8, help="concurrent client processes")
     parser.add_argument("--workers", type=int, default=4, help="gunicorn worker processes")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="gunicorn threads per worker: 1 is the sync worker (a connection per request), "
+        "more the gthread worker with keep-alive, as deploy/systemd runs it (4)",
+    )
     parser.add_argument("--rounds", type=int, default=4, help="alternating HTTP/raw rounds")
     parser.add_argument("--light", type=int, default=1000, help="pairs from one client")
     parser.add_argument("--db", default="tb_bench_ledger")
@@ -302,13 +317,15 @@ def main() -> None:
         pairs=options.pairs,
         clients=options.clients,
         workers=options.workers,
+        threads=options.threads,
         rounds=options.rounds,
         light=options.light,
         db=options.db,
     )
     print(
         f"pairs per path: {m['pairs']} in {m['rounds']} alternating rounds, client processes: "
-        f"{m['clients']}, gunicorn workers: {m['workers']}, cores: {os.cpu_count()}"
+        f"{m['clients']}, gunicorn workers: {m['workers']} x {m['threads']} threads, "
+        f"cores: {os.cpu_count()}"
     )
     print(f"HTTP (intent + receipt):  {m['http_rate']:8.0f} effects/s")
     print(f"raw psycopg, same writes: {m['raw_rate']:8.0f} effects/s")
