@@ -53,18 +53,20 @@ def test_entries_name_the_key_that_made_the_change(api):
     assert entry.actor == f"api:{api.key[:11]}"
 
 
+# Every audit entry refused from here on, in this session (its function is a temporary one).
+AUDIT_UNAVAILABLE = """
+    CREATE FUNCTION pg_temp.refuse_insert() RETURNS trigger AS $$
+    BEGIN RAISE EXCEPTION 'audit unavailable'; END; $$ LANGUAGE plpgsql;
+    CREATE TRIGGER audit_unavailable BEFORE INSERT ON durability_auditentry
+        FOR EACH ROW EXECUTE FUNCTION pg_temp.refuse_insert();
+"""
+
+
 def test_a_state_change_whose_audit_entry_fails_is_not_committed(project):
     """The audit entry shares the state change's transaction: no entry, no change."""
     effect = effect_in(project, State.PENDING)
     with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            CREATE FUNCTION pg_temp.refuse_insert() RETURNS trigger AS $$
-            BEGIN RAISE EXCEPTION 'audit unavailable'; END; $$ LANGUAGE plpgsql;
-            CREATE TRIGGER audit_unavailable BEFORE INSERT ON durability_auditentry
-                FOR EACH ROW EXECUTE FUNCTION pg_temp.refuse_insert();
-            """
-        )
+        cursor.execute(AUDIT_UNAVAILABLE)
     entries = AuditEntry.objects.count()
     with pytest.raises(DatabaseError, match="audit unavailable"):
         timeout(project)
@@ -79,14 +81,7 @@ def test_a_new_effect_whose_audit_entry_fails_at_its_own_commit_leaves_nothing(p
     """In its own transaction the trail sends the writes and the COMMIT in one pipeline: an
     entry refused there fails the request, and the effect and attempt before it are gone."""
     with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            CREATE FUNCTION pg_temp.refuse_insert() RETURNS trigger AS $$
-            BEGIN RAISE EXCEPTION 'audit unavailable'; END; $$ LANGUAGE plpgsql;
-            CREATE TRIGGER audit_unavailable BEFORE INSERT ON durability_auditentry
-                FOR EACH ROW EXECUTE FUNCTION pg_temp.refuse_insert();
-            """
-        )
+        cursor.execute(AUDIT_UNAVAILABLE)
     try:
         assert not connection.in_atomic_block
         with pytest.raises(DatabaseError, match="audit unavailable"):
