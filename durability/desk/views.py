@@ -480,7 +480,9 @@ def effects(request: AuthedRequest) -> HttpResponse:
     context = {
         "effects": page,
         "state": state,
-        "states": State.values,
+        # Each state tab keeps every other filter (and drops the cursor).
+        "tabs": [("all", query.query_string(state=None), not state)]
+        + [(s, query.query_string(state=s), s == state) for s in State.values],
         "query": query,
         "next_before": page[-1].pk if more else None,
         "next_query": query.query_string(before=page[-1].pk) if more else "",

@@ -155,3 +155,21 @@ def test_an_effects_page_runs_the_same_queries_however_long_its_history(client, 
         return len(captured)
 
     assert queries(long) == queries(short)
+
+
+def test_the_state_tabs_keep_every_other_filter(client, alice, project):
+    effect_in(project, State.FAILED, key="payments-failed")
+    client.force_login(alice)
+    since = "2026-01-01T00:00:00+00:00"
+    page = client.get("/effects/", {"target": "payments", "since": since}).content.decode()
+    nav = page[page.index('aria-label="Filter by state"') :]
+    nav = nav[: nav.index("</nav>")]
+    tabs = {
+        name: href.replace("&amp;", "&")
+        for href, name in re.findall(r'<a href="([^"]*)"[^>]*>(\w+)</a>', nav)
+    }
+    assert (
+        tabs["failed"]
+        == "/effects/?state=failed&target=payments&since=2026-01-01T00%3A00%3A00%2B00%3A00"
+    )
+    assert tabs["all"] == "/effects/?target=payments&since=2026-01-01T00%3A00%3A00%2B00%3A00"
