@@ -307,11 +307,16 @@ SECURE_CSP = {
     "form-action": [CSP.SELF],
 }
 
+# Every record goes to stderr once, through the root logger's handler: Django's own
+# "django" logger (a console handler of its own under DEBUG) only passes records up, or
+# gunicorn's log (.demo/server.log) would show each line twice.
+LOG_LEVEL = env_str("LOG_LEVEL", "WARNING")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "WARNING")},
+    "loggers": {"django": {"handlers": [], "level": LOG_LEVEL, "propagate": True}},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
 }
 
 # Static files are served from the finders until `collectstatic` has filled STATIC_ROOT.

@@ -270,16 +270,29 @@ def authority_report_csv(request: AuthedRequest) -> StreamingHttpResponse:
     before = inbound.number_param(request.GET.get("before"))
     if before is not None:
         effects = effects.filter(pk__lt=before)
-    if request.GET.get("page") == "1":
+    page = request.GET.get("page") == "1"
+    if page:
         effects = effects[: report.PAGE_SIZE]
     writer = csv.writer(_Echo())
     response = StreamingHttpResponse(
         (writer.writerow(line) for line in report.lines(effects)),
         content_type="text/csv; charset=utf-8",
     )
-    stamp = f"{query.since:%Y%m%d%H%M}-{query.until:%Y%m%d%H%M}"
-    response["Content-Disposition"] = f'attachment; filename="authority-audit-{stamp}.csv"'
+    response["Content-Disposition"] = f'attachment; filename="{_csv_name(query, before, page)}"'
     return response
+
+
+def _csv_name(query: report.ReportQuery, before: int | None, page: bool) -> str:
+    """A file name that tells one export from another: the range, the quadrant, and the
+    page (and its cursor) or "all"."""
+    parts = ["authority-audit", f"{query.since:%Y%m%d%H%M}-{query.until:%Y%m%d%H%M}"]
+    if query.quadrant:
+        parts.append(query.quadrant.replace("_", "-"))
+    if page:
+        parts.append(f"page-before-{before}" if before is not None else "page-1")
+    else:
+        parts.append("all")
+    return "-".join(parts) + ".csv"
 
 
 # -- approvals -----------------------------------------------------------------------------

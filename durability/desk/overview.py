@@ -52,8 +52,8 @@ CHART_STATES = [
 # Columns of the cases table: at least this severity, as the queue's filter means it.
 SEVERITY_COLUMNS = [
     (Severity.CRITICAL, "critical"),
-    (Severity.HIGH, "high+"),
-    (Severity.MEDIUM, "medium+"),
+    (Severity.HIGH, "high or worse"),
+    (Severity.MEDIUM, "medium or worse"),
     (Severity.LOW, "all"),
 ]
 # The SVG's geometry, in its own units (it scales to the page's width).

@@ -14,7 +14,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
 from django.db.models import Max, Prefetch
-from django.http import HttpResponse, HttpResponseBase
+from django.http import HttpResponse, HttpResponseBase, HttpResponseRedirect
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
@@ -268,7 +268,6 @@ def _case_page(
     access: Access,
     *,
     status: int = 200,
-    problem: str = "",
     **forms: Any,
 ) -> HttpResponse:
     effect = case.effect
@@ -286,7 +285,6 @@ def _case_page(
             if effect
             else []
         ),
-        "problem": problem,
         "resolve_form": forms.get("resolve_form") or ResolveForm(initial={"version": case.version}),
         "comment_form": forms.get("comment_form") or CommentForm(),
     }
@@ -313,6 +311,14 @@ def _verdict_options(case: Case) -> list[tuple[str, str, str]]:
         for value, label in RESOLVE_CHOICES
         if value in allowed
     ]
+
+
+def _refused(request: AuthedRequest, case: Case, problem: str) -> HttpResponseRedirect:
+    """A refused action: back to the case as it is now, with why (a message), so that the
+    address is the case's and reloading it does not post the form again. 303 See Other, not
+    the 302 of a change made."""
+    messages.error(request, problem)
+    return HttpResponseRedirect(reverse("case", args=[case.pk]), status=303)
 
 
 @login_required
@@ -351,8 +357,7 @@ def case_resolve(request: AuthedRequest, case_id: int) -> HttpResponseBase:
                 evidence=form.evidence(),
             )
     except (cases.CaseChanged, cases.NotApplicable, machine.IllegalTransition) as exc:
-        found.refresh_from_db()
-        return _case_page(request, found, access, status=409, problem=str(exc))
+        return _refused(request, found, str(exc))
     choice = dict(form.fields["verdict"].choices)[data["verdict"]]  # type: ignore[attr-defined]
     messages.success(request, f"Case #{found.pk} closed: {str(choice).lower()}.")
     return redirect("case", found.pk)
@@ -391,8 +396,7 @@ def case_assign(request: AuthedRequest, case_id: int) -> HttpResponseBase:
             {"case": row, "access": access, "problem": problem},
         )
     if problem:
-        found.refresh_from_db()
-        return _case_page(request, found, access, status=409, problem=problem)
+        return _refused(request, found, problem)
     messages.success(request, f"Case #{found.pk} assigned.")
     return redirect("case", found.pk)
 
@@ -480,7 +484,9 @@ def effects(request: AuthedRequest) -> HttpResponse:
     context = {
         "effects": page,
         "state": state,
-        "states": State.values,
+        # Each state tab keeps every other filter (and drops the cursor).
+        "tabs": [("all", query.query_string(state=None), not state)]
+        + [(s, query.query_string(state=s), s == state) for s in State.values],
         "query": query,
         "next_before": page[-1].pk if more else None,
         "next_query": query.query_string(before=page[-1].pk) if more else "",

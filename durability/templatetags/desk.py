@@ -43,5 +43,7 @@ def project_switcher(context: template.Context) -> dict[str, Any]:
 
 @register.filter
 def as_json(value: Any) -> str:
-    """A stored JSON value as JSON (not as Python's repr), keys sorted."""
-    return json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
+    """A stored JSON value as JSON (never as Python's repr), keys sorted, indented: the one
+    way every page shows request, context, authority and audit data (in `<pre class="json">`
+    where it spans lines)."""
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, indent=2, default=str)

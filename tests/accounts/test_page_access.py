@@ -102,7 +102,7 @@ PAGES = [
     ("post", "/effects/{w.effect.pk}/probe/", "object", "operator", 302),
     ("get", "/cases/{w.case.pk}/", "object", "viewer", 200),
     ("post", "/cases/{w.case.pk}/resolve/", "object", "operator", 400),
-    ("post", "/cases/{w.case.pk}/assign/", "object", "operator", 409),
+    ("post", "/cases/{w.case.pk}/assign/", "object", "operator", 303),
     ("post", "/cases/{w.case.pk}/comment/", "object", "operator", 400),
     ("get", "/runs/", "list", "viewer", 200),
     ("get", "/runs/{w.run.pk}/", "object", "viewer", 200),

@@ -418,3 +418,16 @@ def test_the_page_takes_the_same_few_queries_however_many_members_and_keys(
     with django_assert_max_num_queries(8):
         page = client.get("/settings/").content.decode()
     assert "user29" in page and "key29" in page
+
+
+def test_the_keys_table_says_active_or_revoked_and_when(project, admin, api_key):
+    revoked, _ = ApiKey.issue(project, name="old-ci")
+    revoked.revoke()
+    page = logged_in(admin).get("/settings/").content.decode()
+    table = page[page.index('class="list keys"') :]
+    table = table[: table.index("</table>")]
+    assert "<th>Status</th>" in table and "<th>Revoked</th>" not in table and "live" not in table
+    assert re.search(r"<td>Active</td>", table)
+    assert re.search(
+        r"<td>Revoked <span title=\"[^\"]+\">\d{4}-\d\d-\d\d \d\d:\d\d</span></td>", table
+    )

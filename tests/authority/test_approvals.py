@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import re
+from html import unescape
+
 import pytest
 from django.contrib.auth.models import User
 
@@ -191,3 +195,12 @@ def test_the_approval_links_the_tool_call_and_the_model_run_that_asked(
     trajectory = html[html.index('aria-label="Trajectory"') :]
     assert "execute_tool refund" in trajectory and tool_span in trajectory
     assert "chat gpt-4o" in trajectory and model in trajectory
+
+
+def test_the_approval_page_shows_the_request_and_context_as_json(api, project, alice):
+    _, approval = _ask(api, project, request={"environment": "production", "dry_run": False})
+    page = logged_in(alice).get(f"/approvals/{approval.pk}/").content.decode()
+    shown = [unescape(t) for t in re.findall(r'<pre class="json">(.*?)</pre>', page, re.S)]
+    assert json.loads(shown[0]) == {"environment": "production", "dry_run": False}
+    assert json.loads(shown[1]) == {"agent": "refund-bot"}
+    assert '"environment": "production"' in shown[0] and "&#x27;environment&#x27;" not in page

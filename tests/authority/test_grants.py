@@ -165,3 +165,11 @@ def test_the_openapi_document_describes_grants_and_amounts(client):
     schemas = doc["components"]["schemas"]
     assert "amount" in schemas["IntentIn"]["properties"]
     assert "GrantOut" in schemas and "AmountIn" in schemas
+
+
+def test_a_grant_without_limits_says_no_limit(project, admin):
+    g = grant(project, name="large refunds")
+    for url in ("/authority/", f"/authority/grants/{g.pk}/"):
+        page = logged_in(admin).get(url).content.decode()
+        assert '<span class="muted">no limit</span>' in page
+        assert '<span class="muted">none</span>' not in page

@@ -237,3 +237,15 @@ def test_the_quadrants_count_the_same_from_the_hourly_tallies(project, alice, we
     assert counted()[0] == week | {"authorized_evidence": 4, "authorized_waiting": 0}
     tallies.projects_tally()
     assert counted()[0]["authorized_evidence"] == 4
+
+
+def test_the_page_and_every_row_exports_download_under_different_names(project, alice, week):
+    client = logged_in(alice)
+    params = {"quadrant": "denied_unattempted"}
+    page = client.get("/authority/audit.csv", {**params, "page": "1"})["Content-Disposition"]
+    every = client.get("/authority/audit.csv", params)["Content-Disposition"]
+    later = client.get("/authority/audit.csv", {**params, "page": "1", "before": "99"})
+    assert page != every != later["Content-Disposition"] != page
+    assert page.endswith('-denied-unattempted-page-1.csv"')
+    assert every.endswith('-denied-unattempted-all.csv"')
+    assert later["Content-Disposition"].endswith('-page-before-99.csv"')

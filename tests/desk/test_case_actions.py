@@ -26,6 +26,12 @@ def _resolve(client, case, verdict, note="checked the provider's dashboard", **f
     )
 
 
+def _refused(client, response, case) -> str:
+    """The case page a refused action sends back to (303 See Other), with why."""
+    assert response.status_code == 303 and response["Location"] == f"/cases/{case.pk}/"
+    return client.get(response["Location"]).content.decode()
+
+
 @pytest.fixture
 def desk(alice):
     return logged_in(alice)
@@ -118,8 +124,7 @@ def test_acknowledging_a_late_success_closes_it_without_changing_the_effect(proj
 def test_an_uncertain_case_cannot_be_acknowledged_away(project, desk):
     case = uncertain_case(project)
     r = _resolve(desk, case, "acknowledge")
-    assert r.status_code == 409
-    assert b"needs a verdict" in r.content
+    assert "needs a verdict" in _refused(desk, r, case)
     assert Case.objects.get(pk=case.pk).closed is None
 
 
@@ -135,8 +140,7 @@ def test_an_orphan_receipt_case_can_be_acknowledged(project, desk):
 def test_a_verdict_the_state_machine_forbids_is_refused_plainly(project, desk):
     case = late_success_case(project)
     r = _resolve(desk, case, "not_happened")
-    assert r.status_code == 409
-    assert b"does not apply" in r.content
+    assert "does not apply" in _refused(desk, r, case)
     assert Effect.objects.get(cases=case).state == State.SUCCEEDED
 
 
@@ -154,8 +158,7 @@ def test_a_resolution_on_a_stale_page_is_refused_and_says_who_changed_it(project
     assert _resolve(logged_in(admin), case, "not_happened").status_code == 302
     case.version = stale_version
     r = _resolve(desk, case, "abandoned")
-    assert r.status_code == 409
-    text = r.content.decode()
+    text = _refused(desk, r, case)
     assert f"Case #{case.pk} changed while you were looking at it" in text
     assert "user:ada" in text and "Your action was not applied" in text
     assert Effect.objects.get(cases=case).state == State.NOT_HAPPENED
@@ -171,7 +174,7 @@ def test_assigning_to_me_to_a_colleague_and_to_nobody(project, desk, admin, view
     case.refresh_from_db()
     assert case.assignee is not None and case.assignee.username == "ada"
     r = desk.post(f"/cases/{case.pk}/assign/", {"version": case.version, "assignee": "victor"})
-    assert r.status_code == 409 and b"cannot act on this project" in r.content
+    assert "cannot act on this project" in _refused(desk, r, case)
     desk.post(f"/cases/{case.pk}/assign/", {"version": case.version, "assignee": ""})
     case.refresh_from_db()
     assert case.assignee is None
@@ -264,7 +267,7 @@ def test_members_of_another_project_are_not_assignable(project, desk):
     member(other, "gus", Role.OPERATOR)
     case = uncertain_case(project)
     r = desk.post(f"/cases/{case.pk}/assign/", {"version": case.version, "assignee": "gus"})
-    assert r.status_code == 409
+    assert "cannot act on this project" in _refused(desk, r, case)
     assert Case.objects.get(pk=case.pk).assignee is None
 
 
@@ -283,3 +286,21 @@ def test_beside_the_story_the_case_links_the_tool_call_and_the_model_run(
     trajectory = html[html.index('aria-label="Trajectory"') :]
     assert "execute_tool refund" in trajectory and tool_span in trajectory
     assert "chat gpt-4o" in trajectory and model in trajectory
+
+
+def test_after_a_refused_verdict_the_address_is_the_cases_and_a_reload_posts_nothing(
+    project, desk, admin
+):
+    case = uncertain_case(project)
+    stale_version = case.version
+    assert _resolve(logged_in(admin), case, "not_happened").status_code == 302
+    case.version = stale_version
+    r = _resolve(desk, case, "abandoned")
+    assert r.status_code == 303 and r["Location"] == f"/cases/{case.pk}/"
+    entries = AuditEntry.objects.count()
+    shown = desk.get(r["Location"]).content.decode()
+    assert "changed while you were looking at it" in shown
+    # Reloading is a GET of the case page: nothing posted again, the message shown once.
+    again = desk.get(r["Location"]).content.decode()
+    assert "changed while you were looking at it" not in again
+    assert AuditEntry.objects.count() == entries

@@ -238,3 +238,11 @@ def test_the_effects_list_filters_by_agent_target_case_strength_and_time(api, cl
     assert keys(state="timed_out") == ["lost:1"]
     # An invalid field is ignored, not fatal.
     assert len(keys(state="exploded", since="yesterday")) == 8
+
+
+def test_the_severity_columns_are_named_in_words(api, client, operator):
+    _busy_day(api)
+    body = client.get("/").content.decode()
+    for label in ("critical", "high or worse", "medium or worse", "all"):
+        assert f'<th class="num">{label}</th>' in body
+    assert "+</th>" not in body

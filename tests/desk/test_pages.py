@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import re
+from html import unescape
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -10,7 +13,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import URLPattern, URLResolver, get_resolver
 
 from durability.desk.views import EFFECTS_PAGE_SIZE as PAGE_SIZE
-from durability.models import Effect, State
+from durability.models import Case, Effect, Reason, State
 from tests.ledger.support import effect_in, intent, receipt, timeout
 
 # Not operator pages: machine endpoints with their own authentication, the login itself,
@@ -155,3 +158,50 @@ def test_an_effects_page_runs_the_same_queries_however_long_its_history(client, 
         return len(captured)
 
     assert queries(long) == queries(short)
+
+
+def test_the_state_tabs_keep_every_other_filter(client, alice, project):
+    effect_in(project, State.FAILED, key="payments-failed")
+    client.force_login(alice)
+    since = "2026-01-01T00:00:00+00:00"
+    page = client.get("/effects/", {"target": "payments", "since": since}).content.decode()
+    nav = page[page.index('aria-label="Filter by state"') :]
+    nav = nav[: nav.index("</nav>")]
+    tabs = {
+        name: href.replace("&amp;", "&")
+        for href, name in re.findall(r'<a href="([^"]*)"[^>]*>(\w+)</a>', nav)
+    }
+    assert (
+        tabs["failed"]
+        == "/effects/?state=failed&target=payments&since=2026-01-01T00%3A00%3A00%2B00%3A00"
+    )
+    assert tabs["all"] == "/effects/?target=payments&since=2026-01-01T00%3A00%3A00%2B00%3A00"
+
+
+def _json_blocks(page: str) -> list[Any]:
+    return [
+        json.loads(unescape(t)) for t in re.findall(r'<pre class="json">(.*?)</pre>', page, re.S)
+    ]
+
+
+def test_the_effect_page_shows_request_authority_and_context_as_json(client, alice, project):
+    request = {"environment": "production", "dry_run": False, "amount": None}
+    effect = intent(project, "deploy:1", request=request, context={"agent": "deployer"}).effect
+    client.force_login(alice)
+    page = client.get(f"/effects/{effect.pk}/").content.decode()
+    blocks = _json_blocks(page)
+    assert request in blocks and {"agent": "deployer"} in blocks
+    assert {"grant": effect.authority["grant"]} in blocks
+    assert "&#x27;environment&#x27;" not in page
+
+
+def test_the_case_page_shows_request_and_context_as_json(client, alice, project):
+    request = {"environment": "production", "dry_run": False}
+    intent(project, "deploy:1", request=request, context={"agent": "deployer"})
+    timeout(project, "deploy:1")
+    case = Case.objects.get(effect__key="deploy:1", reason=Reason.UNCERTAIN)
+    client.force_login(alice)
+    page = client.get(f"/cases/{case.pk}/").content.decode()
+    blocks = _json_blocks(page)
+    assert request in blocks and {"agent": "deployer"} in blocks
+    assert "&#x27;environment&#x27;" not in page

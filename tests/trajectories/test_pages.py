@@ -213,3 +213,14 @@ def test_a_run_of_5000_spans_renders_a_bounded_page_and_loads_the_rest_when_open
     assert lazy
     children = client.get(lazy[0], headers={"HX-Request": "true"}).content.decode()
     assert children.count('class="node') == 99 and "<html" not in children
+
+
+def test_a_span_whose_status_was_never_set_shows_no_status(client, alice, run):
+    client.force_login(alice)
+    model = Span.objects.get(span_id=MODEL)
+    Span.objects.filter(pk=model.pk).update(status="unset")
+    page = client.get(f"/runs/{run.pk}/spans/{model.pk}/").content.decode()
+    assert "span-unset" not in page and ">unset<" not in page
+    Span.objects.filter(pk=model.pk).update(status="error")
+    page = client.get(f"/runs/{run.pk}/spans/{model.pk}/").content.decode()
+    assert '<span class="state span-error">error</span>' in page
