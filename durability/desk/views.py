@@ -155,7 +155,10 @@ def queue_pulse(request: AuthedRequest) -> HttpResponse:
             project=access.project, id__gt=since, id__lte=latest, action__in=PULSE_ACTIONS
         ).values_list("action", "case_id")
     )
-    fresh += sum(1 for action, _ in changes if action == AuditAction.CASE_OPENED)
+    opened = [case_id for action, case_id in changes if action == AuditAction.CASE_OPENED]
+    if opened:
+        # Only the new cases this filter shows: "Show" would find no other.
+        fresh += open_cases(access.project, query, request.user).filter(pk__in=opened).count()
     changed = sorted(
         {case_id for action, case_id in changes if action != AuditAction.CASE_OPENED and case_id}
     )

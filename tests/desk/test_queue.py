@@ -232,3 +232,16 @@ def test_the_queue_runs_the_same_queries_for_few_cases_or_many(project, desk):
     for sqls in many:
         counts = [sql for sql in sqls if sql.startswith('SELECT "durability_case"."reason"')]
         assert counts and all("durability_effect" not in sql for sql in counts)
+
+
+def test_the_pulse_counts_only_new_cases_the_filter_would_show(project, desk, mixed):
+    page = desk.get("/queue/?reason=late_success").content.decode()
+    since = search(r"since=(\d+)", page).group(1)
+    uncertain_case(project, "another-uncertain")
+    pulse = desk.get(f"/queue/pulse/?reason=late_success&since={since}").content.decode()
+    assert "new case" not in pulse
+    assert search(r"since=(\d+)&amp;new=(\d+)", pulse).group(2) == "0"
+    late_success_case(project, "another-late")
+    pulse = desk.get(f"/queue/pulse/?reason=late_success&since={since}").content.decode()
+    assert "1 new case since this page loaded" in pulse
+    assert 'href="/queue/?reason=late_success">Show</a>' in pulse
