@@ -15,6 +15,7 @@ from django import forms
 from django.contrib.auth.models import User
 from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
 from django.db.models.fields.json import KT
+from django.urls import reverse
 
 from durability.models import Attempt, Case, Project, Reason, Severity
 
@@ -82,6 +83,11 @@ class QueueQuery:
         """The filter (without the page cursor) as a query string; `override` replaces fields."""
         merged = {k: self.values.get(k) for k in FILTER_FIELDS} | override
         return urlencode({k: v for k, v in merged.items() if v not in ("", None)})
+
+    def url(self) -> str:
+        """The queue's first page under this filter."""
+        qs = self.query_string()
+        return reverse("queue") + (f"?{qs}" if qs else "")
 
     def is_filtered(self) -> bool:
         return any(k in self.values for k in FILTER_FIELDS if k != "sort")

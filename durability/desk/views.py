@@ -252,14 +252,17 @@ def bulk_start(request: AuthedRequest) -> HttpResponse:
         bulk = cases.bulk_run(bulk_id=bulk.pk)
     else:
         jobs.enqueue(desk_jobs.cases_bulk, bulk.pk)
-    return render(request, BULK_PROGRESS, {"bulk": bulk})
+    # The progress keeps the queue's filter, for the queue it leads back to.
+    query = QueueQuery.from_params(request.POST)
+    return render(request, BULK_PROGRESS, {"bulk": bulk, "query": query})
 
 
 @login_required
 @require_GET
 def bulk_progress(request: AuthedRequest, bulk_id: int) -> HttpResponse:
     bulk, _ = object_access(request, Perm.VIEW, BulkAction.objects.all(), bulk_id)
-    return render(request, BULK_PROGRESS, {"bulk": bulk})
+    query = QueueQuery.from_params(request.GET)
+    return render(request, BULK_PROGRESS, {"bulk": bulk, "query": query})
 
 
 # -- a case ------------------------------------------------------------------------------
