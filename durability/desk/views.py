@@ -159,8 +159,11 @@ def queue_pulse(request: AuthedRequest) -> HttpResponse:
     if opened:
         # Only the new cases this filter shows: "Show" would find no other.
         fresh += open_cases(access.project, query, request.user).filter(pk__in=opened).count()
+    # Rows only for the cases the page shows (`shown`, sent by static/durability/desk.js):
+    # htmx has nowhere to put another, and logs an error for each.
+    shown = _ids_param(request.GET.get("shown"))
     changed = sorted(
-        {case_id for action, case_id in changes if action != AuditAction.CASE_OPENED and case_id}
+        {case_id for action, case_id in changes if action != AuditAction.CASE_OPENED} & shown
     )
     counts = counts_by_reason(open_cases(access.project, query, request.user, reason=False))
     context = {
@@ -172,6 +175,12 @@ def queue_pulse(request: AuthedRequest) -> HttpResponse:
         "tabs": _reason_tabs(query, counts),
     }
     return render(request, f"{QUEUE}#pulse", context)
+
+
+def _ids_param(value: str | None) -> set[int]:
+    """The ids of a parameter like `3.17.42`; what is not an id is left out."""
+    found = (inbound.number_param(part) for part in (value or "").split("."))
+    return {n for n in found if n is not None}
 
 
 # -- bulk actions --------------------------------------------------------------------------

@@ -143,6 +143,25 @@ def test_a_case_resolved_elsewhere_leaves_the_queue_without_a_reload(page, desk,
     assert page.evaluate("window.notReloaded") is True
 
 
+def test_a_filtered_queue_ignores_changes_to_cases_it_does_not_show(page, desk, project, admin):
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    log_in(page, "/queue/?reason=late_success")
+    late, deploy = desk["late"], desk["deploy"]
+    assert _rows(page) == [f"case-{late.pk}"]
+    # A case of another reason changes, then the one shown: once the pulse has brought the
+    # second change, it has brought the first.
+    cases.case_assign(
+        project=project, case_id=deploy.pk, version=deploy.version, actor="user:ada", assignee=admin
+    )
+    cases.case_acknowledge(
+        project=project, case_id=late.pk, version=late.version, actor="user:ada", note="told"
+    )
+    page.wait_for_selector(f"tr#case-{late.pk}.closed", timeout=60_000)
+    assert _rows(page) == [f"case-{late.pk}"]
+    assert errors == []
+
+
 def test_a_bulk_action_previews_then_acts_on_everything_matching(page, desk):
     log_in(page, "/queue/?reason=uncertain")
     page.select_option("#bulk-form select[name=verb]", "assign")
