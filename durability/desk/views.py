@@ -16,7 +16,6 @@ from django.contrib.auth.models import User
 from django.db.models import Max, Prefetch
 from django.http import HttpResponse, HttpResponseBase
 from django.shortcuts import redirect, render
-from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from durability import inbound, jobs
@@ -289,6 +288,7 @@ def _case_page(
     effect = case.effect
     context = {
         "case": case,
+        "queue": QueueQuery.came_from(request.GET),
         "effect": effect,
         "access": access,
         "story": story_of(case),
@@ -306,6 +306,11 @@ def _case_page(
         "comment_form": forms.get("comment_form") or CommentForm(),
     }
     return render(request, "durability/desk/case.html", context, status=status)
+
+
+def _case_url(request: AuthedRequest, case: Case) -> str:
+    """The case page, still leading back to the queue it was opened from."""
+    return case.get_absolute_url() + QueueQuery.came_from(request.GET).origin
 
 
 # The key that picks each verdict on the case page (static/durability/desk.js).
@@ -370,7 +375,7 @@ def case_resolve(request: AuthedRequest, case_id: int) -> HttpResponseBase:
         return _case_page(request, found, access, status=409, problem=str(exc))
     choice = dict(form.fields["verdict"].choices)[data["verdict"]]  # type: ignore[attr-defined]
     messages.success(request, f"Case #{found.pk} closed: {str(choice).lower()}.")
-    return redirect("case", found.pk)
+    return redirect(_case_url(request, found))
 
 
 @login_required
@@ -403,13 +408,18 @@ def case_assign(request: AuthedRequest, case_id: int) -> HttpResponseBase:
         return render(
             request,
             f"{QUEUE}#row",
-            {"case": row, "access": access, "problem": problem},
+            {
+                "case": row,
+                "access": access,
+                "problem": problem,
+                "query": QueueQuery.came_from(request.GET),
+            },
         )
     if problem:
         found.refresh_from_db()
         return _case_page(request, found, access, status=409, problem=problem)
     messages.success(request, f"Case #{found.pk} assigned.")
-    return redirect("case", found.pk)
+    return redirect(_case_url(request, found))
 
 
 @login_required
@@ -426,7 +436,7 @@ def case_comment(request: AuthedRequest, case_id: int) -> HttpResponseBase:
         body=form.cleaned_data["body"],
     )
     messages.success(request, "Comment added.")
-    return redirect(reverse("case", args=[found.pk]) + "#comment")
+    return redirect(_case_url(request, found) + "#comment")
 
 
 # -- the audit log -----------------------------------------------------------------------

@@ -88,7 +88,7 @@ def test_an_operator_filters_the_queue_and_resolves_a_case_with_the_keyboard(
     page.keyboard.press("k")
     assert page.get_attribute("tr.case-row.current", "id") == f"case-{second.pk}"
     page.keyboard.press("o")
-    page.wait_for_url(re.compile(rf"/cases/{second.pk}/$"))
+    page.wait_for_url(re.compile(rf"/cases/{second.pk}/\?from=workflow%3Drefund-bot"))
     page.screenshot(path=str(screenshots / "case.png"), full_page=True)
 
     # n picks "it did not happen" and puts the cursor in the reason; Enter resolves.
@@ -101,9 +101,9 @@ def test_an_operator_filters_the_queue_and_resolves_a_case_with_the_keyboard(
     assert "Next intent gets proceed" in page.inner_text(".decision")
     assert Effect.objects.get(cases=second).state == State.NOT_HAPPENED
 
-    # u goes back to the queue, where the case is gone; a assigns the current row to me.
+    # u goes back to the filtered queue, where the case is gone; a assigns the current row to me.
     page.keyboard.press("u")
-    page.wait_for_url(re.compile(r"/queue/$"))
+    page.wait_for_url(re.compile(r"/queue/\?.*workflow=refund-bot"))
     assert f"case-{second.pk}" not in _rows(page)
     assert page.get_attribute("tr.case-row.current", "id") == f"case-{first.pk}"
     page.keyboard.press("a")
@@ -160,6 +160,21 @@ def test_a_filtered_queue_ignores_changes_to_cases_it_does_not_show(page, desk, 
     page.wait_for_selector(f"tr#case-{late.pk}.closed", timeout=60_000)
     assert _rows(page) == [f"case-{late.pk}"]
     assert errors == []
+
+
+def test_a_case_leads_back_to_the_filtered_queue_it_was_opened_from(page, desk):
+    queue = "/queue/?reason=uncertain&target=stripe&sort=severity"
+    log_in(page, queue)
+    first = _rows(page)[0]
+    page.keyboard.press("o")
+    page.wait_for_url(re.compile(rf"/cases/{first[len('case-') :]}/\?from="))
+    page.click("text=← Queue")
+    page.wait_for_url(re.compile(re.escape(queue) + "$"))
+    page.click(f"#{first} a.open")
+    page.wait_for_selector("[data-case]")
+    page.keyboard.press("u")
+    page.wait_for_url(re.compile(re.escape(queue) + "$"))
+    assert _rows(page)[0] == first
 
 
 def test_a_bulk_action_previews_then_acts_on_everything_matching(page, desk):
