@@ -90,7 +90,7 @@ def page(browser: Any, live_server: Any) -> Iterator[Any]:
     # No page broke the Content Security Policy, and no script failed (Chromium also logs
     # each refusal as a console error).
     assert violations == []
-    assert [e for e in errors if "oobErrorNoTarget" not in e] == [], errors
+    assert errors == []
 
 
 def log_in(page: Any, next_url: str = "/queue/") -> None:

@@ -91,7 +91,7 @@ def test_the_readme_tour(page, demo, screenshots):
 
     # 3. Open it with the keyboard, read its story, settle it: it did not happen.
     page.keyboard.press("o")
-    page.wait_for_url(re.compile(r"/cases/\d+/$"))
+    page.wait_for_url(re.compile(r"/cases/\d+/\?from=reason%3Duncertain$"))
     assert "reply:H-102" in page.inner_text("h1, .case-page")
     page.keyboard.press("n")
     page.keyboard.type("No such message in the chat's history.")

@@ -15,6 +15,8 @@ from django import forms
 from django.contrib.auth.models import User
 from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
 from django.db.models.fields.json import KT
+from django.http import QueryDict
+from django.urls import reverse
 
 from durability.models import Attempt, Case, Project, Reason, Severity
 
@@ -74,6 +76,12 @@ class QueueQuery:
         errors = {k: " ".join(str(m) for m in v) for k, v in form.errors.items()}
         return cls(values, errors)
 
+    @classmethod
+    def came_from(cls, params: Any) -> QueueQuery:
+        """The queue a case page was opened from: its `from`, read again as a queue's filter
+        (only the filter's own fields count, so the way back leads to the queue, nowhere else)."""
+        return cls.from_params(QueryDict(params.get("from", "")))
+
     @property
     def sort(self) -> str:
         return str(self.values.get("sort", Sort.AGE))
@@ -82,6 +90,18 @@ class QueueQuery:
         """The filter (without the page cursor) as a query string; `override` replaces fields."""
         merged = {k: self.values.get(k) for k in FILTER_FIELDS} | override
         return urlencode({k: v for k, v in merged.items() if v not in ("", None)})
+
+    def url(self) -> str:
+        """The queue's first page under this filter."""
+        qs = self.query_string()
+        return reverse("queue") + (f"?{qs}" if qs else "")
+
+    @property
+    def origin(self) -> str:
+        """What a link from this queue to a case (or a case's action) carries, `?from=` and the
+        filter, for the case to lead back here; nothing for the unfiltered queue."""
+        qs = self.query_string()
+        return f"?{urlencode({'from': qs})}" if qs else ""
 
     def is_filtered(self) -> bool:
         return any(k in self.values for k in FILTER_FIELDS if k != "sort")

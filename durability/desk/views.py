@@ -16,7 +16,6 @@ from django.contrib.auth.models import User
 from django.db.models import Max, Prefetch
 from django.http import HttpResponse, HttpResponseBase, HttpResponseRedirect
 from django.shortcuts import redirect, render
-from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from durability import inbound, jobs
@@ -155,9 +154,15 @@ def queue_pulse(request: AuthedRequest) -> HttpResponse:
             project=access.project, id__gt=since, id__lte=latest, action__in=PULSE_ACTIONS
         ).values_list("action", "case_id")
     )
-    fresh += sum(1 for action, _ in changes if action == AuditAction.CASE_OPENED)
+    opened = [case_id for action, case_id in changes if action == AuditAction.CASE_OPENED]
+    if opened:
+        # Only the new cases this filter shows: "Show" would find no other.
+        fresh += open_cases(access.project, query, request.user).filter(pk__in=opened).count()
+    # Rows only for the cases the page shows (`shown`, sent by static/durability/desk.js):
+    # htmx has nowhere to put another, and logs an error for each.
+    shown = _ids_param(request.GET.get("shown"))
     changed = sorted(
-        {case_id for action, case_id in changes if action != AuditAction.CASE_OPENED and case_id}
+        {case_id for action, case_id in changes if action != AuditAction.CASE_OPENED} & shown
     )
     counts = counts_by_reason(open_cases(access.project, query, request.user, reason=False))
     context = {
@@ -169,6 +174,12 @@ def queue_pulse(request: AuthedRequest) -> HttpResponse:
         "tabs": _reason_tabs(query, counts),
     }
     return render(request, f"{QUEUE}#pulse", context)
+
+
+def _ids_param(value: str | None) -> set[int]:
+    """The ids of a parameter like `3.17.42`; what is not an id is left out."""
+    found = (inbound.number_param(part) for part in (value or "").split("."))
+    return {n for n in found if n is not None}
 
 
 # -- bulk actions --------------------------------------------------------------------------
@@ -249,14 +260,17 @@ def bulk_start(request: AuthedRequest) -> HttpResponse:
         bulk = cases.bulk_run(bulk_id=bulk.pk)
     else:
         jobs.enqueue(desk_jobs.cases_bulk, bulk.pk)
-    return render(request, BULK_PROGRESS, {"bulk": bulk})
+    # The progress keeps the queue's filter, for the queue it leads back to.
+    query = QueueQuery.from_params(request.POST)
+    return render(request, BULK_PROGRESS, {"bulk": bulk, "query": query})
 
 
 @login_required
 @require_GET
 def bulk_progress(request: AuthedRequest, bulk_id: int) -> HttpResponse:
     bulk, _ = object_access(request, Perm.VIEW, BulkAction.objects.all(), bulk_id)
-    return render(request, BULK_PROGRESS, {"bulk": bulk})
+    query = QueueQuery.from_params(request.GET)
+    return render(request, BULK_PROGRESS, {"bulk": bulk, "query": query})
 
 
 # -- a case ------------------------------------------------------------------------------
@@ -273,6 +287,7 @@ def _case_page(
     effect = case.effect
     context = {
         "case": case,
+        "queue": QueueQuery.came_from(request.GET),
         "effect": effect,
         "access": access,
         "story": story_of(case),
@@ -289,6 +304,11 @@ def _case_page(
         "comment_form": forms.get("comment_form") or CommentForm(),
     }
     return render(request, "durability/desk/case.html", context, status=status)
+
+
+def _case_url(request: AuthedRequest, case: Case) -> str:
+    """The case page, still leading back to the queue it was opened from."""
+    return case.get_absolute_url() + QueueQuery.came_from(request.GET).origin
 
 
 # The key that picks each verdict on the case page (static/durability/desk.js).
@@ -318,7 +338,7 @@ def _refused(request: AuthedRequest, case: Case, problem: str) -> HttpResponseRe
     address is the case's and reloading it does not post the form again. 303 See Other, not
     the 302 of a change made."""
     messages.error(request, problem)
-    return HttpResponseRedirect(reverse("case", args=[case.pk]), status=303)
+    return HttpResponseRedirect(_case_url(request, case), status=303)
 
 
 @login_required
@@ -360,7 +380,7 @@ def case_resolve(request: AuthedRequest, case_id: int) -> HttpResponseBase:
         return _refused(request, found, str(exc))
     choice = dict(form.fields["verdict"].choices)[data["verdict"]]  # type: ignore[attr-defined]
     messages.success(request, f"Case #{found.pk} closed: {str(choice).lower()}.")
-    return redirect("case", found.pk)
+    return redirect(_case_url(request, found))
 
 
 @login_required
@@ -393,12 +413,17 @@ def case_assign(request: AuthedRequest, case_id: int) -> HttpResponseBase:
         return render(
             request,
             f"{QUEUE}#row",
-            {"case": row, "access": access, "problem": problem},
+            {
+                "case": row,
+                "access": access,
+                "problem": problem,
+                "query": QueueQuery.came_from(request.GET),
+            },
         )
     if problem:
         return _refused(request, found, problem)
     messages.success(request, f"Case #{found.pk} assigned.")
-    return redirect("case", found.pk)
+    return redirect(_case_url(request, found))
 
 
 @login_required
@@ -415,7 +440,7 @@ def case_comment(request: AuthedRequest, case_id: int) -> HttpResponseBase:
         body=form.cleaned_data["body"],
     )
     messages.success(request, "Comment added.")
-    return redirect(reverse("case", args=[found.pk]) + "#comment")
+    return redirect(_case_url(request, found) + "#comment")
 
 
 # -- the audit log -----------------------------------------------------------------------

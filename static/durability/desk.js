@@ -185,6 +185,17 @@
     if (row) focusRow(row);
   });
 
+  // The queue's pulse names the rows this page shows: it sends back only those of them that
+  // changed (htmx would have nowhere to put another).
+  document.addEventListener("htmx:configRequest", function (event) {
+    if (event.detail.elt.id !== "pulse") return;
+    event.detail.parameters.shown = rows()
+      .map(function (row) {
+        return row.id.slice("case-".length);
+      })
+      .join(".");
+  });
+
   // A row swapped in by htmx (assigned here, or changed elsewhere) keeps the keyboard.
   document.addEventListener("htmx:afterSettle", function () {
     const row = currentRow();

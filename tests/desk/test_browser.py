@@ -88,7 +88,7 @@ def test_an_operator_filters_the_queue_and_resolves_a_case_with_the_keyboard(
     page.keyboard.press("k")
     assert page.get_attribute("tr.case-row.current", "id") == f"case-{second.pk}"
     page.keyboard.press("o")
-    page.wait_for_url(re.compile(rf"/cases/{second.pk}/$"))
+    page.wait_for_url(re.compile(rf"/cases/{second.pk}/\?from=workflow%3Drefund-bot"))
     page.screenshot(path=str(screenshots / "case.png"), full_page=True)
 
     # n picks "it did not happen" and puts the cursor in the reason; Enter resolves.
@@ -101,9 +101,9 @@ def test_an_operator_filters_the_queue_and_resolves_a_case_with_the_keyboard(
     assert "Next intent gets proceed" in page.inner_text(".decision")
     assert Effect.objects.get(cases=second).state == State.NOT_HAPPENED
 
-    # u goes back to the queue, where the case is gone; a assigns the current row to me.
+    # u goes back to the filtered queue, where the case is gone; a assigns the current row to me.
     page.keyboard.press("u")
-    page.wait_for_url(re.compile(r"/queue/$"))
+    page.wait_for_url(re.compile(r"/queue/\?.*workflow=refund-bot"))
     assert f"case-{second.pk}" not in _rows(page)
     assert page.get_attribute("tr.case-row.current", "id") == f"case-{first.pk}"
     page.keyboard.press("a")
@@ -141,6 +141,40 @@ def test_a_case_resolved_elsewhere_leaves_the_queue_without_a_reload(page, desk,
     page.wait_for_selector(f"tr#case-{late.pk}.closed", timeout=60_000)
     assert "acknowledged by user:ada" in page.inner_text(f"tr#case-{late.pk}")
     assert page.evaluate("window.notReloaded") is True
+
+
+def test_a_filtered_queue_ignores_changes_to_cases_it_does_not_show(page, desk, project, admin):
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    log_in(page, "/queue/?reason=late_success")
+    late, deploy = desk["late"], desk["deploy"]
+    assert _rows(page) == [f"case-{late.pk}"]
+    # A case of another reason changes, then the one shown: once the pulse has brought the
+    # second change, it has brought the first.
+    cases.case_assign(
+        project=project, case_id=deploy.pk, version=deploy.version, actor="user:ada", assignee=admin
+    )
+    cases.case_acknowledge(
+        project=project, case_id=late.pk, version=late.version, actor="user:ada", note="told"
+    )
+    page.wait_for_selector(f"tr#case-{late.pk}.closed", timeout=60_000)
+    assert _rows(page) == [f"case-{late.pk}"]
+    assert errors == []
+
+
+def test_a_case_leads_back_to_the_filtered_queue_it_was_opened_from(page, desk):
+    queue = "/queue/?reason=uncertain&target=stripe&sort=severity"
+    log_in(page, queue)
+    first = _rows(page)[0]
+    page.keyboard.press("o")
+    page.wait_for_url(re.compile(rf"/cases/{first[len('case-') :]}/\?from="))
+    page.click("text=← Queue")
+    page.wait_for_url(re.compile(re.escape(queue) + "$"))
+    page.click(f"#{first} a.open")
+    page.wait_for_selector("[data-case]")
+    page.keyboard.press("u")
+    page.wait_for_url(re.compile(re.escape(queue) + "$"))
+    assert _rows(page)[0] == first
 
 
 def test_a_bulk_action_previews_then_acts_on_everything_matching(page, desk):

@@ -174,3 +174,30 @@ def test_someone_elses_bulk_progress_is_not_shown_to_strangers(project, three, m
         project=project, actor="user:alice", verb=BulkVerb.ASSIGN, case_ids=[], note=""
     )
     assert logged_in(mallory).get(f"/queue/bulk/{bulk.pk}/").status_code == 404
+
+
+def test_reloading_the_queue_after_a_bulk_action_keeps_its_filter(
+    desk, three, settings, django_capture_on_commit_callbacks
+):
+    filtered = {"reason": "uncertain", "target": "stripe"}
+    r = desk.post(
+        "/queue/bulk/", {"verb": "assign", "scope": "matching", "assign_to": "me"} | filtered
+    )
+    assert (
+        '<a href="/queue/?reason=uncertain&amp;target=stripe">Reload the queue</a>'
+        in r.content.decode()
+    )
+    # A large one, watched by its progress until it is done.
+    settings.TALLYBOOK_BULK_INLINE = 1
+    queue = django_rq.get_queue("default")
+    queue.empty()
+    with django_capture_on_commit_callbacks(execute=True):
+        r = desk.post(
+            "/queue/bulk/", {"verb": "not_happened", "scope": "matching", "note": "x"} | filtered
+        )
+    bulk = BulkAction.objects.filter(verb=BulkVerb.NOT_HAPPENED).get()
+    progress_url = f"/queue/bulk/{bulk.pk}/?reason=uncertain&amp;target=stripe"
+    assert f'hx-get="{progress_url}"' in r.content.decode()
+    SimpleWorker([queue], connection=queue.connection).work(burst=True)
+    done = desk.get(progress_url.replace("&amp;", "&")).content.decode()
+    assert '<a href="/queue/?reason=uncertain&amp;target=stripe">Reload the queue</a>' in done

@@ -175,7 +175,8 @@ def test_the_pulse_shows_a_case_resolved_elsewhere_and_new_ones(project, desk, m
         note="not in Stripe",
     )
     uncertain_case(project, "fresh")
-    pulse = desk.get(f"/queue/pulse/?since={since}").content.decode()
+    shown = ".".join(str(c.pk) for c in mixed.values())
+    pulse = desk.get(f"/queue/pulse/?since={since}&shown={shown}").content.decode()
     row = search(rf'<tr id="case-{refund.pk}"[^>]*>', pulse).group(0)
     assert 'hx-swap-oob="outerHTML"' in row and "closed" in row
     assert "attest_not_happened by user:ada" in pulse
@@ -184,7 +185,7 @@ def test_the_pulse_shows_a_case_resolved_elsewhere_and_new_ones(project, desk, m
     # The next poll starts after what this one saw.
     later = search(r"since=(\d+)&amp;new=(\d+)", pulse)
     assert int(later.group(1)) > int(since) and later.group(2) == "1"
-    quiet = desk.get(f"/queue/pulse/?since={later.group(1)}").content.decode()
+    quiet = desk.get(f"/queue/pulse/?since={later.group(1)}&shown={shown}").content.decode()
     assert "<tr" not in quiet
 
 
@@ -232,3 +233,36 @@ def test_the_queue_runs_the_same_queries_for_few_cases_or_many(project, desk):
     for sqls in many:
         counts = [sql for sql in sqls if sql.startswith('SELECT "durability_case"."reason"')]
         assert counts and all("durability_effect" not in sql for sql in counts)
+
+
+def test_the_pulse_counts_only_new_cases_the_filter_would_show(project, desk, mixed):
+    page = desk.get("/queue/?reason=late_success").content.decode()
+    since = search(r"since=(\d+)", page).group(1)
+    uncertain_case(project, "another-uncertain")
+    pulse = desk.get(f"/queue/pulse/?reason=late_success&since={since}").content.decode()
+    assert "new case" not in pulse
+    assert search(r"since=(\d+)&amp;new=(\d+)", pulse).group(2) == "0"
+    late_success_case(project, "another-late")
+    pulse = desk.get(f"/queue/pulse/?reason=late_success&since={since}").content.decode()
+    assert "1 new case since this page loaded" in pulse
+    assert 'href="/queue/?reason=late_success">Show</a>' in pulse
+
+
+def test_the_pulse_sends_rows_only_for_the_cases_the_page_shows(project, desk, admin, mixed):
+    page = desk.get("/queue/?reason=late_success")
+    since = search(r"since=(\d+)", page.content.decode()).group(1)
+    late, deploy = mixed["late"], mixed["deploy"]
+    for case, assignee in ((late, admin), (deploy, None)):
+        case.refresh_from_db()
+        cases.case_assign(
+            project=project,
+            case_id=case.pk,
+            version=case.version,
+            actor="user:ada",
+            assignee=assignee,
+        )
+    shown = ".".join(str(pk) for pk in _shown(page))
+    pulse = desk.get(f"/queue/pulse/?reason=late_success&since={since}&shown={shown}")
+    assert _shown(pulse) == [late.pk]
+    # A page that names no row (or names them wrongly) gets none.
+    assert _shown(desk.get(f"/queue/pulse/?since={since}&shown=x.-1")) == []
