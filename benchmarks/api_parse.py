@@ -19,12 +19,13 @@ import json
 import os
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from benchmarks.api_keys import _per_call  # noqa: E402
 
 INTENT = {
     "key": "order-1234:refund",
@@ -61,14 +62,6 @@ RECEIPT = {
     "attempt": 1,
 }
 FAILURE = {"key": "order-1234:refund", "error": "card_declined", "definitive": True}
-
-
-def _per_call(act: Callable[[], object], calls: int) -> float:
-    """Microseconds per call of `act`."""
-    start = time.perf_counter()
-    for _ in range(calls):
-        act()
-    return (time.perf_counter() - start) / calls * 1e6
 
 
 def main() -> None:

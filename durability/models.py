@@ -101,6 +101,13 @@ def _digest(raw_key: str) -> str:
     return hashlib.sha256(raw_key.encode()).hexdigest()
 
 
+def _digest_of(raw: str) -> str | None:
+    """The digest a presented key is looked up by; None for what cannot be a key."""
+    if not raw.startswith(API_KEY_PREFIX) or len(raw) > 200:
+        return None
+    return _digest(raw)
+
+
 class ApiKey(models.Model):
     project = models.ForeignKey(Project, models.CASCADE, related_name="api_keys")
     name = models.CharField(max_length=100, blank=True)
@@ -137,17 +144,15 @@ class ApiKey(models.Model):
         cached, or cached under an older version, is read with its project and the version
         in one statement. Refreshes `last_used_at` at most once a minute.
         """
-        if not raw.startswith(API_KEY_PREFIX) or len(raw) > 200:
+        digest = _digest_of(raw)
+        if digest is None:
             return None
-        digest = _digest(raw)
         cached = _authenticated.get(digest)
         if cached is not None and cached[0] == KeysVersion.current():
             key: ApiKey | None = cached[1]
         else:
             key = cls._read(digest)
-        if key is None or key.revoked_at is not None:
-            return None
-        if not hmac.compare_digest(key.digest, digest):
+        if key is None or not key._live_for(digest):
             return None
         key.touch(now or timezone.now())
         return key._copy()
@@ -158,19 +163,20 @@ class ApiKey(models.Model):
         was read under, for a caller that checks the version itself before it relies on it
         (`KeysVersion.CURRENT`, sent ahead of its first reads); None if the key is not
         cached, not live, or due for a `touch` (then `authenticate`)."""
-        if not raw.startswith(API_KEY_PREFIX) or len(raw) > 200:
-            return None
-        digest = _digest(raw)
-        cached = _authenticated.get(digest)
-        if cached is None:
+        digest = _digest_of(raw)
+        cached = _authenticated.get(digest) if digest is not None else None
+        if cached is None or digest is None:
             return None
         version, key = cached
         now = now or timezone.now()
-        if key.revoked_at is not None or not hmac.compare_digest(key.digest, digest):
+        if not key._live_for(digest):
             return None
         if key.last_used_at is None or now - key.last_used_at >= LAST_USED_RESOLUTION:
             return None
         return key._copy(), version
+
+    def _live_for(self, digest: str) -> bool:
+        return self.revoked_at is None and hmac.compare_digest(self.digest, digest)
 
     def _copy(self) -> ApiKey:
         """The cached instances are shared by every request of the process: each gets its own."""

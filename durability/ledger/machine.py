@@ -166,26 +166,25 @@ class KeyLock:
     def run(self, trail: Trail) -> Effect | None:
         """Send the reads; the key's effect, locked and held by the trail, or None."""
         self.batch.run()
-        row = self._effect.one()
-        if row is None:
-            return None
-        effect = rows.hydrate(Effect, row)
-        effect.project = self.project
-        trail.hold(effect)
-        return effect
+        return _held(self.project, self._effect.one(), trail)
 
 
-def _locked(project: Project, where: str, value: Any, trail: Trail | None) -> Effect | None:
-    batch = rows.Batch()
-    found = batch.add(_effect_sql(where), [project.pk, value])
-    batch.run()
-    if (row := found.one()) is None:
+def _held(project: Project, row: Any, trail: Trail | None) -> Effect | None:
+    """The locked effect of `row` (None: no row), which the trail then holds."""
+    if row is None:
         return None
     effect = rows.hydrate(Effect, row)
     effect.project = project
     if trail is not None:
         trail.hold(effect)
     return effect
+
+
+def _locked(project: Project, where: str, value: Any, trail: Trail | None) -> Effect | None:
+    batch = rows.Batch()
+    found = batch.add(_effect_sql(where), [project.pk, value])
+    batch.run()
+    return _held(project, found.one(), trail)
 
 
 def locked(project: Project, key: str, trail: Trail | None = None) -> Effect:
