@@ -48,7 +48,6 @@ import gzip
 import importlib
 import json
 import os
-import pwd
 import shutil
 import signal
 import socket
@@ -68,17 +67,15 @@ import psycopg
 # The flood's requests and senders, from the benchmark beside this script (the script's
 # folder is first on sys.path).
 otlp_flood = importlib.import_module("otlp_flood")
+# The private clusters, beside it too.
+clusters = importlib.import_module("clusters")
+Postgres = clusters.Postgres
+free_port = clusters.free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENT = Path(__file__).resolve().parent / "fault_agent.py"
 SDK_SRC = ROOT / "sdk" / "src"
 CRASHED = 70  # fault_agent.py's planned crash
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_until(predicate: Callable[[], bool], seconds: float, what: str) -> None:
@@ -87,50 +84,6 @@ def wait_until(predicate: Callable[[], bool], seconds: float, what: str) -> None
         if time.monotonic() > deadline:
             raise SystemExit(f"timed out waiting for {what}")
         time.sleep(0.1)
-
-
-def pg_bin(name: str) -> str:
-    """A PostgreSQL server binary: the newest under /usr/lib/postgresql, else on PATH."""
-    found = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"))
-    if found:
-        return str(found[-1])
-    located = shutil.which(name)
-    if located is None:
-        raise SystemExit(f"no {name}: install PostgreSQL's server binaries")
-    return located
-
-
-class Postgres:
-    """A private cluster in `folder`, run by the `postgres` user, on a free port."""
-
-    def __init__(self, folder: Path) -> None:
-        self.data = folder / "pgdata"
-        self.port = free_port()
-        self.url = f"postgres://postgres@127.0.0.1:{self.port}/tallybook"
-        user = pwd.getpwnam("postgres")
-        folder.mkdir(parents=True, exist_ok=True)
-        os.chown(folder, user.pw_uid, user.pw_gid)
-        self._as_postgres(pg_bin("initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres")
-
-    def _as_postgres(self, *command: str) -> None:
-        subprocess.run(
-            ["runuser", "-u", "postgres", "--", *command], check=True, stdout=subprocess.DEVNULL
-        )
-
-    def start(self) -> None:
-        options = f"-p {self.port} -k {self.data} -c listen_addresses=127.0.0.1"
-        log = str(self.data / "server.log")
-        self._as_postgres(
-            pg_bin("pg_ctl"), "-D", str(self.data), "-o", options, "-l", log, "-w", "start"
-        )
-
-    def stop(self, mode: str) -> None:
-        self._as_postgres(pg_bin("pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop")
-
-    def create_database(self) -> None:
-        admin = f"postgres://postgres@127.0.0.1:{self.port}/postgres"
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute("CREATE DATABASE tallybook")
 
 
 @dataclass

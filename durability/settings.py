@@ -83,6 +83,8 @@ MIDDLEWARE = [
     # Outermost: it turns the HTML errors of every layer below into JSON for the API's paths.
     "durability.api.middleware.JsonErrors",
     "django.middleware.security.SecurityMiddleware",
+    # Page reads from the read replica, when there is one (durability/replica.py).
+    "durability.replica.ReplicaReads",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -146,6 +148,21 @@ elif DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # unique key counts NULL grants as equal on PostgreSQL (NULLS NOT DISTINCT); SQLite has no
     # such key, and needs none: its one writer replaces an hour's rows whole.
     SILENCED_SYSTEM_CHECKS = ["models.W040", "models.W047"]
+
+# A PostgreSQL streaming replica for the read-only pages (durability/replica.py): writes,
+# the API's answers, jobs and commands use the primary. After a browser's write its reads stay
+# on the primary for TALLYBOOK_REPLICA_PIN_SECONDS, longer than the replica's usual lag.
+if env_str("DATABASE_REPLICA_URL"):
+    DATABASES["replica"] = {
+        **dj_database_url.parse(
+            env_str("DATABASE_REPLICA_URL"), conn_max_age=env_int("DB_CONN_MAX_AGE", 60)
+        ),
+        "OPTIONS": dict(DATABASES["default"].get("OPTIONS", {})),
+        # Tests that set the variable get no database of its own: it mirrors the primary's.
+        "TEST": {"MIRROR": "default"},
+    }
+    DATABASE_ROUTERS = ["durability.replica.PrimaryOrReplica"]
+TALLYBOOK_REPLICA_PIN_SECONDS = env_int("TALLYBOOK_REPLICA_PIN_SECONDS", 10)
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
