@@ -116,7 +116,17 @@ ROOMS = (
         "project wiring",
         tuple(
             f"durability/{name}.py"
-            for name in ("settings", "urls", "cron", "openapi", "apps", "admin", "wsgi", "asgi")
+            for name in (
+                "settings",
+                "urls",
+                "cron",
+                "openapi",
+                "apps",
+                "admin",
+                "wsgi",
+                "asgi",
+                "replica",
+            )
         )
         + ("durability/__init__.py",),
         APPS,
