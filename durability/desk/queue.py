@@ -288,7 +288,8 @@ class Group:
         )
 
     def cursor(self, sort: str) -> str:
-        parts = [_micros(self.first_seen), int(self.key, 16)]
+        # A key is 32 hex digits; a row written around the ledger (a fill) may have none.
+        parts = [_micros(self.first_seen), int(self.key or "0", 16)]
         if sort == Sort.SEVERITY:
             parts.insert(0, self.severity)
         return ".".join(str(p) for p in parts)
