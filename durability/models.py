@@ -591,6 +591,9 @@ class Case(models.Model):
     agent = models.CharField(max_length=255, blank=True)
     workflow = models.CharField(max_length=255, blank=True)
     run_id = models.CharField(max_length=255, blank=True)
+    # Its group of similar cases: a digest of what they share (ledger.cases.group_key_of),
+    # taken when the case is opened; the grouped queue shows one row per key.
+    group_key = models.CharField(max_length=32, blank=True)
     # One sentence a person can read: why the case was opened.
     summary = models.TextField()
     detail = models.JSONField(default=dict, blank=True)
@@ -628,6 +631,14 @@ class Case(models.Model):
                 fields=["project", "reason", "opened", "id"],
                 name="case_queue_reason_idx",
                 condition=Q(closed__isnull=True),
+            ),
+            # The grouped queue: a project's open cases per group (counted, first and last
+            # seen, the trend), and the cases of one group.
+            models.Index(
+                fields=["project", "group_key", "opened", "id"],
+                name="case_queue_group_idx",
+                condition=Q(closed__isnull=True),
+                include=["severity"],
             ),
             # The overview's last day: cases of a reason opened since, open or closed.
             models.Index(fields=["project", "reason", "opened"], name="case_reason_opened_idx"),

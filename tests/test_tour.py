@@ -28,7 +28,16 @@ __all__ = ["browser", "page"]  # the browser fixtures, used by name
 
 pytestmark = BROWSER
 # Where the crawl starts: the overview and every page the header leads to.
-START = ["/", "/queue/", "/effects/", "/runs/", "/audit/", "/approvals/", "/authority/"]
+START = [
+    "/",
+    "/queue/",
+    "/queue/?grouped=1",
+    "/effects/",
+    "/runs/",
+    "/audit/",
+    "/approvals/",
+    "/authority/",
+]
 # Pages of one shape (ids and query values aside) visited at most this often.
 PER_SHAPE = 2
 MAX_PAGES = 150

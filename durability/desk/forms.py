@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django import forms
@@ -71,18 +72,32 @@ class CaseIds(forms.Field):
             raise forms.ValidationError("Not a list of case ids.") from None
 
 
+class GroupKeys(forms.Field):
+    """Groups of similar cases (Case.group_key), as many as were ticked in the grouped queue."""
+
+    widget = forms.MultipleHiddenInput
+
+    def to_python(self, value: Any) -> list[str]:
+        keys = [str(v) for v in value or []]
+        if not all(re.fullmatch(r"[0-9a-f]{32}", key) for key in keys):
+            raise forms.ValidationError("Not a list of groups.")
+        return keys
+
+
 class BulkForm(forms.Form):
     verb = forms.ChoiceField(choices=BulkVerb.choices)
     scope = forms.ChoiceField(choices=[("selected", "selected"), ("matching", "all matching")])
     case = CaseIds(required=False)
+    # Named apart from the queue filter's `group`, which the same request may carry.
+    case_group = GroupKeys(required=False)
     note = forms.CharField(label="Reason", max_length=2000, required=False, strip=True)
     # Named apart from the queue filter's `assignee`, which the same request carries.
     assign_to = forms.CharField(max_length=150, required=False)
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
-        if data.get("scope") == "selected" and not data.get("case"):
-            self.add_error("case", "Select at least one case, or act on all matching.")
+        if data.get("scope") == "selected" and not (data.get("case") or data.get("case_group")):
+            self.add_error("case", "Select at least one case or group, or act on all matching.")
         verb = data.get("verb")
         if verb in (BulkVerb.NOT_HAPPENED, BulkVerb.ACKNOWLEDGE) and not data.get("note"):
             self.add_error("note", "Give the reason: it is recorded on every case.")

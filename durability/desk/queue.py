@@ -7,22 +7,40 @@ form; an invalid field is reported and ignored, never fatal.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
 from django import forms
 from django.contrib.auth.models import User
-from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
+from django.db.models import Count, Max, Min, OuterRef, Q, QuerySet, Subquery
 from django.db.models.fields.json import KT
+from django.db.models.functions import TruncHour
 from django.http import QueryDict
 from django.urls import reverse
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
 
 from durability.models import Attempt, Case, Project, Reason, Severity
 
 PAGE_SIZE = 50
 # The filter's fields, in the order a query string names them.
-FILTER_FIELDS = ("reason", "severity", "kind", "target", "workflow", "assignee", "sort")
+FILTER_FIELDS = (
+    "reason",
+    "severity",
+    "kind",
+    "target",
+    "workflow",
+    "assignee",
+    "group",
+    "grouped",
+    "sort",
+)
+# How a view is shown rather than what it shows: not a filter.
+VIEW_FIELDS = ("sort", "grouped")
+# A group's trend: its open cases opened in each of the last TREND_HOURS hours.
+TREND_HOURS = 24
 
 
 class Sort:
@@ -45,6 +63,12 @@ class QueueFilter(forms.Form):
     target = forms.CharField(max_length=255, required=False)
     workflow = forms.CharField(max_length=255, required=False, label="Agent / workflow")
     assignee = forms.CharField(max_length=150, required=False, help_text="me, none, or a username")
+    group = forms.RegexField(
+        r"^[0-9a-f]{32}$",
+        required=False,
+        error_messages={"invalid": "Not a group of this queue."},
+    )
+    grouped = forms.BooleanField(required=False, label="Group similar")
     sort = forms.ChoiceField(
         choices=[(Sort.AGE, "oldest first"), (Sort.SEVERITY, "most severe first")],
         required=False,
@@ -72,7 +96,7 @@ class QueueQuery:
     def from_params(cls, params: Any) -> QueueQuery:
         form = QueueFilter(params)
         form.is_valid()
-        values = {k: v for k, v in form.cleaned_data.items() if v not in ("", None)}
+        values = {k: v for k, v in form.cleaned_data.items() if v not in ("", None, False)}
         errors = {k: " ".join(str(m) for m in v) for k, v in form.errors.items()}
         return cls(values, errors)
 
@@ -86,10 +110,21 @@ class QueueQuery:
     def sort(self) -> str:
         return str(self.values.get("sort", Sort.AGE))
 
+    @property
+    def grouped(self) -> bool:
+        """Whether the queue shows one row per group of similar cases ("group similar")."""
+        return bool(self.values.get("grouped"))
+
     def query_string(self, **override: Any) -> str:
         """The filter (without the page cursor) as a query string; `override` replaces fields."""
         merged = {k: self.values.get(k) for k in FILTER_FIELDS} | override
-        return urlencode({k: v for k, v in merged.items() if v not in ("", None)})
+        return urlencode(
+            {k: "1" if v is True else v for k, v in merged.items() if v not in ("", None, False)}
+        )
+
+    def group_query_string(self, key: str) -> str:
+        """The cases of one group under this filter, one row each."""
+        return self.query_string(group=key, grouped=None)
 
     def url(self) -> str:
         """The queue's first page under this filter."""
@@ -104,7 +139,7 @@ class QueueQuery:
         return f"?{urlencode({'from': qs})}" if qs else ""
 
     def is_filtered(self) -> bool:
-        return any(k in self.values for k in FILTER_FIELDS if k != "sort")
+        return any(k in self.values for k in FILTER_FIELDS if k not in VIEW_FIELDS)
 
 
 def open_cases(
@@ -126,6 +161,8 @@ def open_cases(
     if "workflow" in v:
         name = v["workflow"]
         qs = qs.filter(Q(workflow=name) | Q(agent=name) | Q(run_id=name))
+    if "group" in v:
+        qs = qs.filter(group_key=v["group"])
     if "assignee" in v:
         who = v["assignee"]
         if who == "me":
@@ -202,3 +239,139 @@ def rows_of(project: Project, ids: list[int]) -> list[Case]:
     """Cases by id, as queue rows (for rows changed elsewhere)."""
     qs = Case.objects.filter(project=project, pk__in=ids).select_related("resolution")
     return list(_with_row_facts(qs))
+
+
+# -- groups of similar cases -----------------------------------------------------------------
+
+
+@dataclass
+class Group:
+    """One row of the grouped queue: open cases that share a fingerprint (Case.group_key)."""
+
+    key: str
+    count: int
+    first_seen: datetime
+    last_seen: datetime
+    severity: int
+    # The group's first case: what the row says of them all (reason, kind, target, cause).
+    sample: Case
+    # Open cases of the group opened in each of the last TREND_HOURS hours, oldest first.
+    trend: list[int]
+    # The queue of the group's cases under the same filter, one row each (a query string).
+    cases_qs: str
+
+    @property
+    def severity_label(self) -> str:
+        return str(Severity(self.severity).label)
+
+    @property
+    def trend_svg(self) -> SafeString:
+        """The trend as an inline SVG: a bar per hour, the busiest hour full height, an hour
+        with any case visible (made here, not in the template: 24 bars a row, 50 rows)."""
+        top = max(self.trend) or 1
+        bars = format_html_join(
+            "",
+            '<rect x="{}" y="{}" width="2" height="{}"><title>{}</title></rect>',
+            (
+                (i * 3, 16 - h, h, n)
+                for i, n in enumerate(self.trend)
+                if n and (h := max(1, round(n * 16 / top)))
+            ),
+        )
+        return format_html(
+            '<svg class="trend" width="72" height="16" viewBox="0 0 72 16" role="img" '
+            'aria-label="Opened per hour, the last {} hours: {}">{}'
+            '<line x1="0" y1="15.5" x2="72" y2="15.5"></line></svg>',
+            TREND_HOURS,
+            " ".join(map(str, self.trend)),
+            bars,
+        )
+
+    def cursor(self, sort: str) -> str:
+        # A key is 32 hex digits; a row written around the ledger (a fill) may have none.
+        parts = [_micros(self.first_seen), int(self.key or "0", 16)]
+        if sort == Sort.SEVERITY:
+            parts.insert(0, self.severity)
+        return ".".join(str(p) for p in parts)
+
+
+def _key_of(n: int) -> str:
+    return f"{n:032x}"
+
+
+def groups_page(
+    qs: QuerySet[Case], query: QueueQuery, *, now: datetime | None = None
+) -> tuple[list[Group], str | None]:
+    """One keyset page of the open cases' groups and the cursor of the next, if there is one.
+
+    Oldest first orders groups by first seen, most severe first by their most severe case;
+    three queries (the groups, their first cases, their trends), the first an aggregate
+    over case_queue_group_idx.
+    """
+    after = query.values.get("after")
+    found = (
+        qs.order_by()
+        .values("group_key")
+        .annotate(
+            n=Count("id"),
+            first=Min("opened"),
+            last=Max("opened"),
+            top=Max("severity"),
+            sample=Min("id"),
+        )
+    )
+    if query.sort == Sort.SEVERITY:
+        found = found.order_by("-top", "first", "group_key")
+        if after and len(after) == 3:
+            sev, first, key = after[0], _from_micros(after[1]), _key_of(after[2])
+            found = found.filter(
+                Q(top__lt=sev)
+                | Q(top=sev, first__gt=first)
+                | Q(top=sev, first=first, group_key__gt=key)
+            )
+    else:
+        found = found.order_by("first", "group_key")
+        if after and len(after) == 2:
+            first, key = _from_micros(after[0]), _key_of(after[1])
+            found = found.filter(Q(first__gt=first) | Q(first=first, group_key__gt=key))
+    rows = list(found[: PAGE_SIZE + 1])
+    more = len(rows) > PAGE_SIZE
+    rows = rows[:PAGE_SIZE]
+    samples = Case.objects.select_related("effect__grant").in_bulk([r["sample"] for r in rows])
+    trends = _trends(qs, [r["group_key"] for r in rows], now or timezone.now())
+    groups = [
+        Group(
+            key=r["group_key"],
+            count=r["n"],
+            first_seen=r["first"],
+            last_seen=r["last"],
+            severity=r["top"],
+            sample=samples[r["sample"]],
+            trend=trends.get(r["group_key"], [0] * TREND_HOURS),
+            cases_qs=query.group_query_string(r["group_key"]),
+        )
+        for r in rows
+    ]
+    return groups, groups[-1].cursor(query.sort) if more and groups else None
+
+
+def _trends(qs: QuerySet[Case], keys: list[str], now: datetime) -> dict[str, list[int]]:
+    """Per group, its cases in `qs` opened in each of the last TREND_HOURS hours."""
+    start = now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=TREND_HOURS - 1)
+    hourly = (
+        qs.order_by()
+        .filter(group_key__in=keys, opened__gte=start)
+        .values_list("group_key", TruncHour("opened", tzinfo=UTC))
+        .annotate(n=Count("id"))
+    )
+    trends: dict[str, list[int]] = {}
+    for key, hour, n in hourly:
+        at = int((hour - start).total_seconds() // 3600)
+        if 0 <= at < TREND_HOURS:
+            trends.setdefault(key, [0] * TREND_HOURS)[at] = n
+    return trends
+
+
+def group_count(qs: QuerySet[Case]) -> int:
+    """How many groups the open cases of `qs` fall into."""
+    return qs.order_by().values("group_key").distinct().count()

@@ -13,7 +13,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
-from django.db.models import Max, Prefetch
+from django.db.models import Max, Prefetch, Q
 from django.http import HttpResponse, HttpResponseBase, HttpResponseRedirect
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
@@ -41,9 +41,12 @@ from durability.desk.forms import (
     ResolveForm,
 )
 from durability.desk.queue import (
+    TREND_HOURS,
     QueueFilter,
     QueueQuery,
     counts_by_reason,
+    group_count,
+    groups_page,
     open_cases,
     page_of,
     rows_of,
@@ -88,23 +91,29 @@ def _latest_audit_id(access: Access) -> int:
 @login_required
 @require_GET
 def queue(request: AuthedRequest) -> HttpResponse:
-    """Open cases, filtered from the URL, keyset-paginated; htmx fetches further pages."""
+    """Open cases, filtered from the URL, keyset-paginated, one row each or (`grouped`) one
+    row per group of similar cases; htmx fetches further pages and a group's cases."""
     access = project_access(request, Perm.VIEW)
     query = QueueQuery.from_params(request.GET)
-    rows, next_after = page_of(open_cases(access.project, query, request.user), query)
-    context: dict[str, Any] = {
-        "access": access,
-        "query": query,
-        "rows": rows,
-        "next_query": query.query_string(after=next_after) if next_after else "",
-    }
-    if request.htmx and "after" in query.values:
-        return render(request, f"{QUEUE}#rows", context)
+    shown = open_cases(access.project, query, request.user)
+    context: dict[str, Any] = {"access": access, "query": query}
+    if query.grouped:
+        groups, next_after = groups_page(shown, query)
+        context |= {"groups": groups, "trend_hours": TREND_HOURS}
+    else:
+        rows, next_after = page_of(shown, query)
+        context["rows"] = rows
+    context["next_query"] = query.query_string(after=next_after) if next_after else ""
+    if request.htmx and ("after" in query.values or "group" in query.values):
+        # A further page, or the cases of a group the grouped queue expands.
+        return render(request, f"{QUEUE}#{'groups' if query.grouped else 'rows'}", context)
     counts = counts_by_reason(open_cases(access.project, query, request.user, reason=False))
     reason = query.values.get("reason")
     context |= {
         "tabs": _reason_tabs(query, counts),
         "total": counts[reason] if reason else sum(counts.values()),
+        "group_total": group_count(shown) if query.grouped else None,
+        "all_groups_qs": query.query_string(group=None, grouped=True),
         "since": _latest_audit_id(access),
         "form": QueueFilter(initial=query.values),
         "reasons": Reason.choices,
@@ -190,7 +199,11 @@ def _bulk_scope(request: AuthedRequest, access: Access, form: BulkForm) -> tuple
     query = QueueQuery.from_params(request.POST if request.method == "POST" else request.GET)
     named = open_cases(access.project, query, request.user)
     if form.cleaned_data["scope"] == "selected":
-        named = Case.objects.filter(project=access.project, pk__in=form.cleaned_data["case"])
+        # The ticked cases, and the open cases under the filter of each ticked group.
+        picked = Q(pk__in=form.cleaned_data["case"])
+        if groups := form.cleaned_data["case_group"]:
+            picked |= Q(pk__in=named.filter(group_key__in=groups).values("pk"))
+        named = Case.objects.filter(picked, project=access.project)
     eligible = cases.bulk_eligible(named, BulkVerb(form.cleaned_data["verb"]))
     ids = list(eligible.order_by("opened", "id").values_list("id", flat=True))
     return named.count(), ids

@@ -50,8 +50,14 @@
     if (form) form.requestSubmit();
   }
 
+  // The bulk form's boxes: cases, and in the grouped queue groups (counting their cases).
+  const BOXES = 'input[name="case"][form="bulk-form"], input[name="case_group"][form="bulk-form"]';
+
   function updateSelection() {
-    const count = document.querySelectorAll('input[name="case"][form="bulk-form"]:checked').length;
+    let count = 0;
+    document.querySelectorAll(BOXES).forEach(function (box) {
+      if (box.checked) count += Number(box.dataset.count || 1);
+    });
     document.querySelectorAll("[data-selected-count]").forEach(function (el) {
       el.textContent = String(count);
     });
@@ -84,7 +90,7 @@
         submit(row.querySelector("form.assign-me"));
         break;
       case "x": {
-        const box = row && row.querySelector('input[name="case"]:not(:disabled)');
+        const box = row && row.querySelector('input[name="case"]:not(:disabled), input[name="case_group"]');
         if (!box) return false;
         box.checked = !box.checked;
         updateSelection();
@@ -172,11 +178,11 @@
     const target = event.target;
     if (target.matches("select[data-autosubmit]")) submit(target.form);
     if (target.matches("input[data-select-all]")) {
-      document.querySelectorAll('input[name="case"][form="bulk-form"]:not(:disabled)').forEach(function (box) {
-        box.checked = target.checked;
+      document.querySelectorAll(BOXES).forEach(function (box) {
+        if (!box.disabled) box.checked = target.checked;
       });
     }
-    if (target.matches('input[name="case"], input[data-select-all]')) updateSelection();
+    if (target.matches('input[name="case"], input[name="case_group"], input[data-select-all]')) updateSelection();
     if (target.matches('[data-resolve] input[name="verdict"]')) toggleEvidence();
   });
 
@@ -190,10 +196,31 @@
   document.addEventListener("htmx:configRequest", function (event) {
     if (event.detail.elt.id !== "pulse") return;
     event.detail.parameters.shown = rows()
+      .filter(function (row) {
+        return row.id.startsWith("case-");
+      })
       .map(function (row) {
         return row.id.slice("case-".length);
       })
       .join(".");
+  });
+
+  // A group of the grouped queue expands to its cases, and collapses again.
+  document.addEventListener("htmx:beforeRequest", function (event) {
+    const link = event.detail.elt;
+    if (!link.matches("[data-expand]")) return;
+    const cases = document.getElementById(link.getAttribute("aria-controls"));
+    if (cases && cases.children.length) {
+      event.preventDefault();
+      cases.replaceChildren();
+      link.setAttribute("aria-expanded", "false");
+    }
+  });
+  document.addEventListener("htmx:afterSwap", function (event) {
+    const cases = event.detail.target;
+    if (!cases.classList.contains("group-cases")) return;
+    const link = document.querySelector('[data-expand][aria-controls="' + cases.id + '"]');
+    if (link) link.setAttribute("aria-expanded", "true");
   });
 
   // A row swapped in by htmx (assigned here, or changed elsewhere) keeps the keyboard.

@@ -188,3 +188,43 @@ def test_a_bulk_action_previews_then_acts_on_everything_matching(page, desk):
     page.click(".bulk-preview button")
     page.wait_for_selector(".bulk-progress:has-text('Done')")
     assert Case.objects.filter(reason=Reason.UNCERTAIN, assignee__username="alice").count() == 4
+
+
+def test_an_operator_groups_similar_cases_expands_a_group_and_settles_it(page, desk):
+    refunds = [desk[f"refund:{n}"] for n in (1041, 1042, 1043)]
+    key = refunds[0].group_key
+    log_in(page)
+    page.check(".queue-filter input[name=grouped]")
+    page.click(".queue-filter button[type=submit]")
+    page.wait_for_url(re.compile(r"grouped=1"))
+    # Seven cases in five groups: the three refunds that timed out alike are one row.
+    assert "7 open cases in 5 groups" in page.inner_text("h1")
+    assert len(page.query_selector_all("tbody.group")) == 5
+    assert page.inner_text(f"#group-{key} [data-group-count]") == "3"
+
+    page.click(f"#group-{key} a[data-expand]")
+    page.wait_for_selector(f"#cases-{key} tr.case-row")
+    shown = [el.get_attribute("id") for el in page.query_selector_all(f"#cases-{key} tr")]
+    assert shown == [f"case-{c.pk}" for c in sorted(refunds, key=lambda c: c.pk)]
+    assert page.get_attribute(f"#group-{key} a[data-expand]", "aria-expanded") == "true"
+    page.click(f"#group-{key} a[data-expand]")
+    page.wait_for_selector(f"#cases-{key} tr", state="detached")
+
+    page.check(f"#group-{key} input[name=case_group]")
+    assert page.inner_text("[data-selected-count]") == "3"
+    page.select_option("#bulk-form select[name=verb]", "not_happened")
+    page.fill("#bulk-form input[name=note]", "Stripe shows none of the three refunds")
+    page.click("#bulk-form button[type=submit]")
+    page.wait_for_selector(".bulk-preview")
+    assert "3 cases" in page.inner_text(".bulk-preview")
+    assert Case.objects.filter(group_key=key, closed=None).count() == 3
+    page.click(".bulk-preview button")
+    page.wait_for_selector(".bulk-progress:has-text('Done')")
+    for case in refunds:
+        case.refresh_from_db()
+        assert case.resolution.action == "attest_not_happened"
+        assert Effect.objects.get(pk=case.effect_id).state == State.NOT_HAPPENED
+    page.click(".bulk-progress a")
+    page.wait_for_selector("tbody.group")
+    assert "4 open cases in 4 groups" in page.inner_text("h1")
+    assert page.query_selector(f"#group-{key}") is None
