@@ -718,6 +718,32 @@ class BulkAction(models.Model):
         return f"{self.verb} × {self.total} by {self.actor}"
 
 
+class SavedView(models.Model):
+    """A named filter of the queue: its owner's own, or shared with the project's members."""
+
+    project = models.ForeignKey(Project, models.CASCADE, related_name="saved_views")
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, models.CASCADE, related_name="+")
+    name = models.CharField(max_length=80)
+    # The queue's filter as QueueQuery.query_string() writes it: only the filter's own fields,
+    # validated, so that the view's link leads to the queue and nowhere else.
+    query = models.CharField(max_length=1000)
+    shared = models.BooleanField(default=False)
+    created = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["project", "owner", "name"], name="savedview_one_name_per_owner"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def get_absolute_url(self) -> str:
+        return f"{reverse('queue')}?{self.query}"
+
+
 class AuditAction(models.TextChoices):
     """What an audit entry records: a state machine event, or an audited change of anything else.
 

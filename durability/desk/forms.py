@@ -6,7 +6,9 @@ import re
 from typing import Any
 
 from django import forms
+from django.http import QueryDict
 
+from durability.desk.queue import QueueQuery
 from durability.desk.services import Evidence, Verdict
 from durability.models import BulkVerb
 
@@ -34,6 +36,8 @@ class ResolveForm(forms.Form):
     external_id = forms.CharField(label="External id", max_length=255, required=False, strip=True)
     link = forms.URLField(max_length=500, required=False, assume_scheme="https")
     evidence_note = forms.CharField(label="Evidence note", max_length=2000, required=False)
+    # "next": once settled, go on to the next open case of the queue the case was opened from.
+    then = forms.ChoiceField(choices=[("", "stay"), ("next", "next")], required=False)
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
@@ -48,6 +52,23 @@ class ResolveForm(forms.Form):
         if data["verdict"] != Verdict.HAPPENED:
             return None
         return Evidence(data["system"], data["external_id"], data["link"], data["evidence_note"])
+
+
+class SavedViewForm(forms.Form):
+    name = forms.CharField(max_length=80, strip=True)
+    # The queue's filter, as a query string (QueueQuery.query_string()).
+    filter = forms.CharField(max_length=1000, required=False)
+    shared = forms.BooleanField(required=False, label="Share with the project")
+
+    def clean_filter(self) -> QueueQuery:
+        query = QueueQuery.from_params(QueryDict(self.cleaned_data["filter"]))
+        if query.errors:
+            raise forms.ValidationError(
+                [f"{field}: {message}" for field, message in query.errors.items()]
+            )
+        if not query.query_string():
+            raise forms.ValidationError("This is the whole queue: filter it first, then save.")
+        return query
 
 
 class AssignForm(forms.Form):

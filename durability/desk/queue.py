@@ -201,8 +201,16 @@ def page_of(qs: QuerySet[Case], query: QueueQuery) -> tuple[list[Case], str | No
     Oldest first walks case_queue_open_idx (or case_queue_reason_idx when filtered by
     reason); most severe first walks case_queue_severity_idx.
     """
-    after = query.values.get("after")
-    if query.sort == Sort.SEVERITY:
+    qs = _in_order(qs, query.sort, query.values.get("after"))
+    rows = list(_with_row_facts(qs)[: PAGE_SIZE + 1])
+    more = len(rows) > PAGE_SIZE
+    rows = rows[:PAGE_SIZE]
+    return rows, cursor_of(rows[-1], query.sort) if more and rows else None
+
+
+def _in_order(qs: QuerySet[Case], sort: str, after: tuple[int, ...] | None) -> QuerySet[Case]:
+    """The cases in the queue's order, those after the cursor `after` only (if given)."""
+    if sort == Sort.SEVERITY:
         qs = qs.order_by("-severity", "opened", "id")
         if after and len(after) == 3:
             sev, opened, pk = after[0], _from_micros(after[1]), after[2]
@@ -214,10 +222,14 @@ def page_of(qs: QuerySet[Case], query: QueueQuery) -> tuple[list[Case], str | No
         if after and len(after) == 2:
             opened, pk = _from_micros(after[0]), after[1]
             qs = qs.filter(opened__gte=opened).filter(Q(opened__gt=opened) | Q(id__gt=pk))
-    rows = list(_with_row_facts(qs)[: PAGE_SIZE + 1])
-    more = len(rows) > PAGE_SIZE
-    rows = rows[:PAGE_SIZE]
-    return rows, cursor_of(rows[-1], query.sort) if more and rows else None
+    return qs
+
+
+def next_case(project: Project, query: QueueQuery, user: User, case: Case) -> Case | None:
+    """The open case that follows `case` in the queue `query` shows, in its order (`case`
+    itself may be closed by now, or never have matched: its place in the order is enough)."""
+    after = tuple(int(part) for part in cursor_of(case, query.sort).split("."))
+    return _in_order(open_cases(project, query, user), query.sort, after).first()
 
 
 def counts_by_reason(qs: QuerySet[Case]) -> dict[str, int]:

@@ -13,8 +13,9 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
+from django.core.exceptions import PermissionDenied
 from django.db.models import Max, Prefetch, Q
-from django.http import HttpResponse, HttpResponseBase, HttpResponseRedirect
+from django.http import HttpResponse, HttpResponseBase, HttpResponseRedirect, QueryDict
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
@@ -29,6 +30,7 @@ from durability.accounts.access import (
 )
 from durability.accounts.roles import Access, Perm
 from durability.desk import jobs as desk_jobs
+from durability.desk import saved_views
 from durability.desk import services as cases
 from durability.desk.effect_filter import EffectQuery
 from durability.desk.forms import (
@@ -39,6 +41,7 @@ from durability.desk.forms import (
     BulkForm,
     CommentForm,
     ResolveForm,
+    SavedViewForm,
 )
 from durability.desk.queue import (
     TREND_HOURS,
@@ -47,6 +50,7 @@ from durability.desk.queue import (
     counts_by_reason,
     group_count,
     groups_page,
+    next_case,
     open_cases,
     page_of,
     rows_of,
@@ -94,7 +98,17 @@ def queue(request: AuthedRequest) -> HttpResponse:
     """Open cases, filtered from the URL, keyset-paginated, one row each or (`grouped`) one
     row per group of similar cases; htmx fetches further pages and a group's cases."""
     access = project_access(request, Perm.VIEW)
-    query = QueueQuery.from_params(request.GET)
+    return _queue_page(request, access, QueueQuery.from_params(request.GET))
+
+
+def _queue_page(
+    request: AuthedRequest,
+    access: Access,
+    query: QueueQuery,
+    *,
+    view_form: SavedViewForm | None = None,
+    status: int = 200,
+) -> HttpResponse:
     shown = open_cases(access.project, query, request.user)
     context: dict[str, Any] = {"access": access, "query": query}
     if query.grouped:
@@ -119,8 +133,24 @@ def queue(request: AuthedRequest) -> HttpResponse:
         "reasons": Reason.choices,
         "members": cases.assignable_members(access.project),
         "bulk_verbs": BulkVerb.choices,
+        "views": _saved_views(request, access, query),
+        "view_form": view_form or SavedViewForm(),
+        "can_share": access.can(saved_views.SHARE_PERM),
     }
-    return render(request, QUEUE, context)
+    return render(request, QUEUE, context, status=status)
+
+
+def _saved_views(request: AuthedRequest, access: Access, query: QueueQuery) -> list[dict[str, Any]]:
+    """The user's views of this project, each marked if it is the filter shown now."""
+    shown = query.query_string()
+    return [
+        {
+            "view": view,
+            "current": view.query == shown,
+            "deletable": saved_views.may_delete(access, request.user, view),
+        }
+        for view in saved_views.views_for(access.project, request.user)
+    ]
 
 
 def _reason_tabs(query: QueueQuery, counts: dict[str, int]) -> list[dict[str, Any]]:
@@ -189,6 +219,46 @@ def _ids_param(value: str | None) -> set[int]:
     """The ids of a parameter like `3.17.42`; what is not an id is left out."""
     found = (inbound.number_param(part) for part in (value or "").split("."))
     return {n for n in found if n is not None}
+
+
+# -- saved views -------------------------------------------------------------------------
+
+
+@login_required
+@require_POST
+def view_save(request: AuthedRequest) -> HttpResponse:
+    """Save the queue's filter under a name (sent with it): the user's, or shared."""
+    access = project_access(request, Perm.VIEW)
+    form = SavedViewForm(request.POST)
+    shown = QueueQuery.from_params(QueryDict(request.POST.get("filter", "")))
+    if form.is_valid() and form.cleaned_data["shared"] and not access.can(saved_views.SHARE_PERM):
+        form.add_error(
+            "shared", f"Your role ({access.role}) can save views for yourself, not share them."
+        )
+    if not form.is_valid():
+        return _queue_page(request, access, shown, view_form=form, status=400)
+    view = saved_views.view_save(
+        access=access,
+        owner=request.user,
+        name=form.cleaned_data["name"],
+        query=form.cleaned_data["filter"],
+        shared=form.cleaned_data["shared"],
+    )
+    messages.success(request, f"View “{view.name}” saved.")
+    return redirect(view.get_absolute_url())
+
+
+@login_required
+@require_POST
+def view_delete(request: AuthedRequest, view_id: int) -> HttpResponse:
+    """Delete a saved view: one's own, or (an admin) a shared one; back to the queue."""
+    mine = saved_views.views_for_anyone(request.user)
+    view, access = object_access(request, Perm.VIEW, mine, view_id, current=True)
+    if not saved_views.may_delete(access, request.user, view):
+        raise PermissionDenied("Only its owner or a project admin can delete a shared view.")
+    view.delete()
+    messages.success(request, f"View “{view.name}” deleted.")
+    return redirect(QueueQuery.came_from(request.GET).url())
 
 
 # -- bulk actions --------------------------------------------------------------------------
@@ -393,7 +463,28 @@ def case_resolve(request: AuthedRequest, case_id: int) -> HttpResponseBase:
         return _refused(request, found, str(exc))
     choice = dict(form.fields["verdict"].choices)[data["verdict"]]  # type: ignore[attr-defined]
     messages.success(request, f"Case #{found.pk} closed: {str(choice).lower()}.")
+    if data["then"] == "next":
+        return _next_of(request, access, found)
     return redirect(_case_url(request, found))
+
+
+def _next_of(request: AuthedRequest, access: Access, case: Case) -> HttpResponseRedirect:
+    """To the open case after `case` in the queue it was opened from, still leading back to
+    that queue; to the queue itself after its last."""
+    queue = QueueQuery.came_from(request.GET)
+    following = next_case(access.project, queue, request.user, case)
+    if following is None:
+        messages.info(request, "That was the last open case of this queue.")
+        return HttpResponseRedirect(queue.url())
+    return HttpResponseRedirect(following.get_absolute_url() + queue.origin)
+
+
+@login_required
+@require_GET
+def case_next(request: AuthedRequest, case_id: int) -> HttpResponseRedirect:
+    """Skip: the next open case of the queue this one was opened from (`?from=`)."""
+    found, access = object_access(request, Perm.VIEW, Case.objects.all(), case_id)
+    return _next_of(request, access, found)
 
 
 @login_required

@@ -1,4 +1,5 @@
-"""The desk's template tags: the header's project switcher, and JSON for people to read."""
+"""The desk's template tags: the header's navigation and project switcher, and JSON for
+people to read."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ import json
 from typing import Any
 
 from django import template
+from django.http import QueryDict
+from django.urls import reverse
 
 from durability.accounts.access import current_membership
-from durability.models import Membership
+from durability.models import Membership, Role
 
 register = template.Library()
 
@@ -27,6 +30,53 @@ def current_role(context: template.Context) -> str:
     """The user's role in their current project ("" without one), for the header's links."""
     current, _ = _current(context)
     return current.role if current else ""
+
+
+# The header's links: (label, URL name, the key after `g` that goes there, the paths of the
+# pages that belong to it). The help overlay lists the same links with their keys
+# (templates/durability/_keys.html); static/durability/desk.js follows them.
+NAV = [
+    ("Queue", "queue", "q", ("/queue/", "/cases/")),
+    ("My cases", "queue", "m", ()),
+    ("Effects", "effects", "e", ("/effects/",)),
+    ("Runs", "runs", "r", ("/runs/",)),
+    ("Approvals", "approvals", "a", ("/approvals/",)),
+    ("Authority", "authority", "p", ("/authority/",)),
+    ("Audit", "audit", "l", ("/audit/",)),
+    ("Settings", "settings", "s", ("/settings/",)),
+]
+MINE = "assignee=me"
+
+
+def _mine(request: Any) -> bool:
+    """Whether the page is (or was opened from) the queue of the user's own cases."""
+    params = request.GET
+    if request.path.startswith("/cases/"):
+        params = QueryDict(params.get("from", ""))
+    return bool(params.get("assignee") == "me")
+
+
+@register.simple_tag(takes_context=True)
+def nav_links(context: template.Context) -> list[dict[str, str]]:
+    """The header's links, the current one marked: `aria-current="page"` on the page it
+    links to, `"true"` on the pages under it (a case under the queue it came from)."""
+    request = context["request"]
+    role = current_role(context)
+    mine = _mine(request)
+    links = []
+    for label, name, key, paths in NAV:
+        if name == "settings" and role != Role.ADMIN:
+            continue
+        url = reverse(name) + (f"?{MINE}" if key == "m" else "")
+        if key == "m":
+            paths = ("/queue/", "/cases/") if mine else ()
+        elif key == "q" and mine:
+            paths = ()
+        current = ""
+        if any(request.path.startswith(p) for p in paths):
+            current = "page" if request.path == reverse(name) else "true"
+        links.append({"label": label, "url": url, "key": key, "current": current})
+    return links
 
 
 @register.inclusion_tag("durability/accounts/_project_switcher.html", takes_context=True)

@@ -5,14 +5,18 @@
 
   document.documentElement.classList.add("js");
 
+  // Whether keys typed at `target` are text (a radio button or a checkbox takes none: the
+  // verdict `r` lands on still answers the case's keys).
   function typing(target) {
-    return target.closest && target.closest("input, textarea, select, [contenteditable]");
+    const field = "input:not([type=radio]):not([type=checkbox]), textarea, select, [contenteditable]";
+    return target.closest && target.closest(field);
   }
 
   // -- the queue ---------------------------------------------------------------------
 
+  // The rows j/k move through: the queue's cases, or the approvals waiting.
   function rows() {
-    return Array.from(document.querySelectorAll("tr.case-row"));
+    return Array.from(document.querySelectorAll("tr.case-row, tr.approval-row"));
   }
 
   // The id of the row the keyboard is on: a row re-rendered by htmx is found again by it.
@@ -24,7 +28,7 @@
 
   function focusRow(row) {
     if (!row) return;
-    const was = document.querySelector("tr.case-row.current");
+    const was = document.querySelector("tr.current");
     if (was) was.classList.remove("current");
     currentId = row.id;
     row.classList.add("current");
@@ -82,8 +86,11 @@
         window.location.assign(row.dataset.url);
         break;
       case "r":
+        // To the case's first verdict (#verdict, a radio button): the browser focuses the
+        // element a fragment names when it can be focused, and clears the focus otherwise,
+        // after any script has run, which would undo focusing it from here.
         if (!row) return false;
-        window.location.assign(row.dataset.url + "#resolve");
+        window.location.assign(row.dataset.url + "#verdict");
         break;
       case "a":
         if (!row) return false;
@@ -142,34 +149,138 @@
         comment.focus();
         break;
       }
-      case "u": {
-        const back = document.querySelector("[data-back]");
-        if (back) window.location.assign(back.href);
-        break;
-      }
+      case "u":
+        return follow("[data-back]");
+      case "s":
+        return follow("[data-next]");
       default:
         return false;
     }
     return true;
   }
 
+  // Follow the page's link `selector`, if it has one.
+  function follow(selector) {
+    const link = document.querySelector(selector);
+    if (!link) return false;
+    window.location.assign(link.href);
+    return true;
+  }
+
+  // -- approvals ---------------------------------------------------------------------
+
+  function approvalsKey(event) {
+    const row = currentRow();
+    switch (event.key) {
+      case "j":
+        move(1);
+        break;
+      case "k":
+        move(-1);
+        break;
+      case "o":
+      case "Enter":
+        if (!row) return false;
+        window.location.assign(row.dataset.url);
+        break;
+      default:
+        return false;
+    }
+    return true;
+  }
+
+  function approvalKey(event) {
+    const verdict = { a: "approve", d: "deny" }[event.key];
+    const radio = verdict && document.querySelector('.sign-form input[name="verdict"][value="' + verdict + '"]');
+    if (radio) {
+      radio.checked = true;
+      const reason = document.querySelector('.sign-form [name="reason"]');
+      if (reason) reason.focus();
+      return true;
+    }
+    if (event.key === "u") return follow("[data-back]");
+    return false;
+  }
+
+  // -- everywhere: the help and the go-to keys -----------------------------------------
+
+  function help() {
+    return document.querySelector("dialog[data-keys]");
+  }
+
+  function toggleHelp() {
+    const dialog = help();
+    if (!dialog) return false;
+    if (dialog.open) dialog.close();
+    else dialog.showModal();
+    return true;
+  }
+
+  // After `g`, the next key names a page: the header's link that carries it (data-go).
+  let going = false;
+  let goingTimer = 0;
+
+  function goKey(event) {
+    if (going) {
+      going = false;
+      window.clearTimeout(goingTimer);
+      return follow('a[data-go="' + event.key + '"]') || true;
+    }
+    if (event.key !== "g") return false;
+    going = true;
+    // A `g` not followed by a page's key soon is forgotten.
+    goingTimer = window.setTimeout(function () {
+      going = false;
+    }, 1500);
+    return true;
+  }
+
   // -- wiring ------------------------------------------------------------------------
 
+  // Keys typed in a field: Shift+Enter in the case's resolve form settles and goes on to the
+  // next case; Ctrl+Enter in an approval's reason signs; Escape leaves the field.
+  function fieldKey(event) {
+    const target = event.target;
+    if (event.key === "Escape") {
+      target.blur();
+      return false;
+    }
+    if (event.key !== "Enter") return false;
+    const resolve = target.closest("[data-resolve]");
+    if (resolve && event.shiftKey && target.matches("input")) {
+      resolve.requestSubmit(resolve.querySelector("[data-then-next]"));
+      return true;
+    }
+    const sign = target.closest(".sign-form");
+    if (sign && (event.ctrlKey || event.metaKey)) {
+      sign.requestSubmit();
+      return true;
+    }
+    return false;
+  }
+
   document.addEventListener("keydown", function (event) {
-    if (event.ctrlKey || event.metaKey || event.altKey) return;
     if (typing(event.target)) {
-      if (event.key === "Escape") event.target.blur();
+      if (fieldKey(event)) event.preventDefault();
       return;
     }
+    if (event.ctrlKey || event.metaKey || event.altKey) return;
     let handled = false;
+    const dialog = help();
     if (event.key === "?") {
-      const keys = document.querySelector("[data-keys]");
-      if (keys) keys.open = !keys.open;
-      handled = Boolean(keys);
+      handled = toggleHelp();
+    } else if (dialog && dialog.open) {
+      return; // the help is over the page: its keys wait (Esc closes it)
+    } else if (goKey(event)) {
+      handled = true;
     } else if (document.querySelector("[data-queue]")) {
       handled = queueKey(event);
     } else if (document.querySelector("[data-case]")) {
       handled = caseKey(event);
+    } else if (document.querySelector("[data-approvals]")) {
+      handled = approvalsKey(event);
+    } else if (document.querySelector("[data-approval]")) {
+      handled = approvalKey(event);
     }
     if (handled) event.preventDefault();
   });
@@ -187,8 +298,9 @@
   });
 
   document.addEventListener("click", function (event) {
-    const row = event.target.closest && event.target.closest("tr.case-row");
+    const row = event.target.closest && event.target.closest("tr.case-row, tr.approval-row");
     if (row) focusRow(row);
+    if (event.target.closest && event.target.closest("[data-keys-open]")) toggleHelp();
   });
 
   // The queue's pulse names the rows this page shows: it sends back only those of them that
@@ -231,10 +343,6 @@
 
   document.addEventListener("DOMContentLoaded", function () {
     toggleEvidence();
-    if (document.querySelector("[data-queue]")) focusRow(rows()[0]);
-    if (window.location.hash === "#resolve") {
-      const first = document.querySelector('[data-resolve] input[name="verdict"]');
-      if (first) first.focus();
-    }
+    if (document.querySelector("[data-queue], [data-approvals]")) focusRow(rows()[0]);
   });
 })();
