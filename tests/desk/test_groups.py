@@ -237,8 +237,8 @@ def test_the_grouped_queue_runs_the_same_few_queries_for_few_groups_or_many(proj
     many = queries()
     # The session, the user, the membership and its permissions; the groups, their first
     # cases, their trends; the counts per reason, the number of groups, the latest audit
-    # entry; the members (the navigation's projects and the assignees).
-    assert few == many == [12, 12, 12]
+    # entry; the members (the navigation's projects and the assignees); the saved views.
+    assert few == many == [13, 13, 13]
 
 
 # -- settling a group ----------------------------------------------------------------------------
