@@ -6,8 +6,14 @@ from typing import Any
 
 from django import forms
 
-from durability.desk.services import Evidence, Verdict
-from durability.models import BulkVerb
+from durability.desk.services import (
+    Evidence,
+    Verdict,
+    can_acknowledge,
+    verdict_refusal,
+    verdicts_for,
+)
+from durability.models import BulkVerb, Case, Reason
 
 ACKNOWLEDGE = "acknowledge"
 RESOLVE_CHOICES = [
@@ -17,6 +23,12 @@ RESOLVE_CHOICES = [
     (Verdict.ABANDONED.value, "Abandoned"),
     (ACKNOWLEDGE, "Acknowledge"),
 ]
+
+
+def offered(case: Case) -> list[str]:
+    """The verdicts (and acknowledging) the case's page offers now, as the form's values."""
+    values = [v.value for v in verdicts_for(case)]
+    return [*values, ACKNOWLEDGE] if can_acknowledge(case) else values
 
 
 class ResolveForm(forms.Form):
@@ -34,9 +46,20 @@ class ResolveForm(forms.Form):
     link = forms.URLField(max_length=500, required=False, assume_scheme="https")
     evidence_note = forms.CharField(label="Evidence note", max_length=2000, required=False)
 
+    def __init__(self, *args: Any, case: Case | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.case = case
+
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
-        if data.get("verdict") == Verdict.HAPPENED:
+        verdict, case = data.get("verdict"), self.case
+        # Refused as the page the operator saw would not offer it. A page of an older
+        # version is the services' to refuse, saying what changed since.
+        seen = case is not None and data.get("version") == case.version
+        if case is not None and seen and verdict and verdict not in offered(case):
+            self.add_error("verdict", _refusal(case, verdict))
+            return data
+        if verdict == Verdict.HAPPENED:
             for name in ("system", "external_id"):
                 if not data.get(name):
                     self.add_error(name, "Evidence needs this to say it happened.")
@@ -47,6 +70,14 @@ class ResolveForm(forms.Form):
         if data["verdict"] != Verdict.HAPPENED:
             return None
         return Evidence(data["system"], data["external_id"], data["link"], data["evidence_note"])
+
+
+def _refusal(case: Case, verdict: str) -> str:
+    if verdict == ACKNOWLEDGE and case.reason == Reason.APPROVAL_REQUIRED:
+        return "An approval is decided in the approvals inbox, not acknowledged here."
+    if verdict == ACKNOWLEDGE:
+        return f"A case of reason {case.reason} needs a verdict, not an acknowledgement."
+    return verdict_refusal(case, Verdict(verdict))
 
 
 class AssignForm(forms.Form):

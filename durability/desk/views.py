@@ -39,6 +39,7 @@ from durability.desk.forms import (
     BulkForm,
     CommentForm,
     ResolveForm,
+    offered,
 )
 from durability.desk.queue import (
     QueueFilter,
@@ -48,8 +49,8 @@ from durability.desk.queue import (
     page_of,
     rows_of,
 )
-from durability.desk.story import story_of
-from durability.ledger import decisions, machine
+from durability.desk.story import effect_story, failure_of, story_of
+from durability.ledger import authority, decisions, machine
 from durability.models import (
     AuditAction,
     AuditEntry,
@@ -58,6 +59,7 @@ from durability.models import (
     Case,
     Effect,
     Reason,
+    Receipt,
     State,
 )
 
@@ -70,7 +72,9 @@ QUEUE = "durability/desk/queue.html"
 BULK_PREVIEW = f"{QUEUE}#bulk_preview"
 BULK_PROGRESS = f"{QUEUE}#bulk_progress"
 # What a case page and an effect page show, loaded with the object.
-CASE_PAGE = Case.objects.select_related("effect", "project", "assignee", "receipt")
+CASE_PAGE = Case.objects.select_related(
+    "effect", "effect__grant", "project", "assignee", "receipt", "resolution"
+)
 EFFECT_PAGE = Effect.objects.select_related("project", "grant").prefetch_related(
     "attempts",
     "receipts",
@@ -300,10 +304,22 @@ def _case_page(
             if effect
             else []
         ),
+        "figures": _figures(case),
         "resolve_form": forms.get("resolve_form") or ResolveForm(initial={"version": case.version}),
         "comment_form": forms.get("comment_form") or CommentForm(),
     }
     return render(request, "durability/desk/case.html", context, status=status)
+
+
+def _figures(case: Case) -> authority.Figures | None:
+    """An `authority_exceeded` case's figures: the grant's limits, the intent's amount and
+    those of the receipts that exceeded them (the case's, and any it repeated for)."""
+    if case.reason != Reason.AUTHORITY_EXCEEDED or case.effect is None:
+        return None
+    named = [case.receipt_id, *(r.get("evidence") for r in case.detail.get("repeats", []))]
+    found = Receipt.objects.in_bulk([pk for pk in named if pk is not None])
+    receipts = [found[pk] for pk in dict.fromkeys(named) if pk in found]
+    return authority.exceeded_figures(case.effect, receipts)
 
 
 def _case_url(request: AuthedRequest, case: Case) -> str:
@@ -323,9 +339,7 @@ VERDICT_KEYS = {
 
 def _verdict_options(case: Case) -> list[tuple[str, str, str]]:
     """(value, label, key) of each verdict the case allows now, acknowledging last."""
-    allowed = {v.value for v in cases.verdicts_for(case)}
-    if cases.can_acknowledge(case):
-        allowed.add(ACKNOWLEDGE)
+    allowed = set(offered(case))
     return [
         (value, str(label), VERDICT_KEYS[value])
         for value, label in RESOLVE_CHOICES
@@ -353,7 +367,7 @@ def case(request: AuthedRequest, case_id: int) -> HttpResponse:
 def case_resolve(request: AuthedRequest, case_id: int) -> HttpResponseBase:
     """A verdict (happened, did not happen, compensated, abandoned) or an acknowledgement."""
     found, access = object_access(request, Perm.RESOLVE, CASE_PAGE, case_id)
-    form = ResolveForm(request.POST)
+    form = ResolveForm(request.POST, case=found)
     if not form.is_valid():
         return _case_page(request, found, access, status=400, resolve_form=form)
     data = form.cleaned_data
@@ -524,6 +538,14 @@ def effects(request: AuthedRequest) -> HttpResponse:
 
 @login_required
 def effect(request: AuthedRequest, effect_id: int) -> HttpResponse:
-    found, _ = object_access(request, Perm.VIEW, EFFECT_PAGE, effect_id)
-    context = {"effect": found, "outcome": decisions.decide(found)}
+    """An effect: its facts, its story (the case page's), why it failed, its cases."""
+    found, access = object_access(request, Perm.VIEW, EFFECT_PAGE, effect_id)
+    story = effect_story(found)
+    context = {
+        "access": access,
+        "effect": found,
+        "outcome": decisions.decide(found),
+        "story": story,
+        "failure": failure_of(story),
+    }
     return render(request, "durability/desk/effect.html", context)
