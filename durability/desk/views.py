@@ -13,7 +13,8 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
-from django.db.models import Max, Prefetch
+from django.db.models import Count, Max, OuterRef, Prefetch, Subquery
+from django.db.models.functions import Coalesce
 from django.http import HttpResponse, HttpResponseBase, HttpResponseRedirect
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
@@ -30,7 +31,7 @@ from durability.accounts.access import (
 from durability.accounts.roles import Access, Perm
 from durability.desk import jobs as desk_jobs
 from durability.desk import services as cases
-from durability.desk.effect_filter import EffectQuery
+from durability.desk.effect_filter import EffectFilter, EffectQuery
 from durability.desk.forms import (
     ACKNOWLEDGE,
     RESOLVE_CHOICES,
@@ -74,6 +75,17 @@ BULK_PROGRESS = f"{QUEUE}#bulk_progress"
 # What a case page and an effect page show, loaded with the object.
 CASE_PAGE = Case.objects.select_related(
     "effect", "effect__grant", "project", "assignee", "receipt", "resolution"
+)
+# The effects list's open-cases column: a subquery of the list's one query, not one per row.
+OPEN_CASES = Coalesce(
+    Subquery(
+        Case.objects.filter(effect=OuterRef("pk"), closed=None)
+        .order_by()
+        .values("effect")
+        .annotate(n=Count("id"))
+        .values("n")
+    ),
+    0,
 )
 EFFECT_PAGE = Effect.objects.select_related("project", "grant").prefetch_related(
     "attempts",
@@ -512,7 +524,8 @@ def effects(request: AuthedRequest) -> HttpResponse:
     project_access(request, Perm.VIEW)
     query = EffectQuery.from_params(request.GET)
     mine = Effect.objects.filter(project__members=request.user)
-    qs = query.apply(mine.select_related("project").order_by("-id"))
+    qs = query.apply(mine.select_related("project").annotate(open_cases=OPEN_CASES))
+    qs = qs.order_by("-id")
     state = query.values.get("state", "")
     before = inbound.number_param(request.GET.get("before"))
     if before is not None:
@@ -527,6 +540,9 @@ def effects(request: AuthedRequest) -> HttpResponse:
         "tabs": [("all", query.query_string(state=None), not state)]
         + [(s, query.query_string(state=s), s == state) for s in State.values],
         "query": query,
+        "form": EffectFilter(initial=query.values),
+        # The filter's fields the form does not show, kept when it is applied.
+        "kept": [(k, v) for k, v in query.params() if k not in EffectFilter.IN_PAGE],
         "next_before": page[-1].pk if more else None,
         "next_query": query.query_string(before=page[-1].pk) if more else "",
     }
