@@ -88,7 +88,8 @@ class EffectQuery:
         form = EffectFilter(params)
         form.is_valid()
         values = {k: v for k, v in form.cleaned_data.items() if v not in ("", None)}
-        return cls(values, {name: " ".join(errors) for name, errors in form.errors.items()})
+        errors = {name: " ".join(str(e) for e in errs) for name, errs in form.errors.items()}
+        return cls(values, errors)
 
     def params(self, **override: Any) -> list[tuple[str, str]]:
         """The filter's fields as (name, value), in FIELDS order; an override of None drops one."""
