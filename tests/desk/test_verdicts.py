@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from html import unescape
+from pathlib import Path
 
 import pytest
 
@@ -45,6 +46,23 @@ def _resolve(client, case, verdict, note="checked it", **fields):
 
 def test_the_reference_names_every_reason():
     assert set(OFFERED) == set(Reason)
+
+
+def test_the_operator_guide_offers_what_the_pages_offer():
+    guide = (Path(__file__).parents[2] / "docs" / "operator-guide.md").read_text()
+    words = {
+        "it happened": "happened",
+        "it did not happen": "not_happened",
+        "compensated": "compensated",
+        "abandoned": "abandoned",
+        "acknowledge": "acknowledge",
+    }
+    said: dict[str, list[str]] = {}
+    for reasons, offered in re.findall(r"^\| (`\w+`(?:, `\w+`)*) \| ([^|]+) \|$", guide, re.M):
+        actions = [words[a] for a in re.sub(r" \(.*?\)", "", offered).split(", ") if a in words]
+        for reason in re.findall(r"`(\w+)`", reasons):
+            said[reason] = actions
+    assert said == {str(reason): offered for reason, offered in OFFERED.items()}
 
 
 @pytest.mark.parametrize("reason", list(Reason))
