@@ -810,6 +810,13 @@ class AuditAction(models.TextChoices):
     LOGIN_UNLOCKED = "login_unlocked", "Login unlocked"
 
 
+def action_label(action: str) -> str:
+    """An audit action in words; one no longer among the choices still reads as words."""
+    if action in AuditAction.values:
+        return str(AuditAction(action).label)
+    return action.replace("_", " ").capitalize()
+
+
 class AuditEntry(models.Model):
     """Append-only and hash-chained: each entry hashes the one before it in its chain.
 

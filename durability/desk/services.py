@@ -39,6 +39,7 @@ from durability.models import (
     Reason,
     Role,
     State,
+    action_label,
     actor_named,
 )
 
@@ -104,7 +105,7 @@ class CaseChanged(Exception):
             )
             when = case.closed
         elif last is not None:
-            change = str(AuditAction(last.action).label).lower()
+            change = action_label(last.action).lower()
             what, when = f"{actor_named(last.actor)} made a change ({change})", last.at
         else:
             what, when = "someone else changed it", None

@@ -13,7 +13,16 @@ from typing import Any
 from django.db.models import Q
 
 from durability.ledger import intents
-from durability.models import Attempt, AuditAction, AuditEntry, Case, Comment, Effect, Receipt
+from durability.models import (
+    Attempt,
+    AuditAction,
+    AuditEntry,
+    Case,
+    Comment,
+    Effect,
+    Receipt,
+    action_label,
+)
 
 
 @dataclass
@@ -28,11 +37,7 @@ class Moment:
 
     @property
     def label(self) -> str:
-        action = self.entry.action
-        # An action no longer among the choices still reads as words, never as an error.
-        if action in AuditAction.values:
-            return str(AuditAction(action).label)
-        return action.replace("_", " ").capitalize()
+        return action_label(self.entry.action)
 
     @property
     def evidence_link(self) -> str:
