@@ -181,3 +181,11 @@ def test_an_effect_without_an_amount_or_grant_answers_null_for_them(project, api
     api.intent("email:1", kind="email", target="smtp", authority=None)
     body = api.get("effects", key="email:1").json()
     assert body["amount"] is None and body["grant"] is None
+
+
+def test_the_effect_page_shows_the_intents_and_the_receipts_amount(project, desk):
+    case = exceeding_case(project)
+    page = unescape(desk.get(f"/effects/{case.effect_id}/").content.decode())
+    assert "<dt>Amount</dt><dd>40 EUR</dd>" in page
+    assert search(r"<span data-receipt-moved>(.*?)</span>", page)[1] == "400 EUR"
+    assert "small refunds (grant" in page
