@@ -661,6 +661,46 @@ class Case(models.Model):
         return self.closed is None
 
 
+ACKNOWLEDGED = "acknowledged"
+# Each way a case is closed (`Resolution.action`: a settling event, or what else closed
+# it), in words a person says.
+CLOSED_AS = {
+    "attest_happened": "it happened",
+    "probe_found": "it happened (the reconciler found it)",
+    "attest_not_happened": "it did not happen",
+    "probe_not_found": "it did not happen (the reconciler did not find it)",
+    "compensate": "compensated",
+    "abandon": "abandoned",
+    "approved": "approved",
+    "denied": "denied",
+    "retried": "retried under its replay policy",
+    "auto_resolved": "settled by the evidence that arrived",
+}
+
+
+def closed_status(action: str) -> str:
+    """A case's status once closed by `action` (a `Resolution.action`), in words."""
+    if action == ACKNOWLEDGED:
+        return "Acknowledged"
+    return f"Closed: {CLOSED_AS.get(action, action.replace('_', ' '))}"
+
+
+def actor_named(actor: str) -> str:
+    """Who an actor (`user:alice`, `reconciler:http`, `api:tb_1a2b`) is, for a person."""
+    kind, _, name = actor.partition(":")
+    if kind == "user":
+        return name
+    if kind == "reconciler":
+        return f"the {name} reconciler"
+    if kind == "api":
+        return f"an agent (key {name})"
+    if kind == "webhook":
+        return f"the webhook {name}"
+    if kind == "system":
+        return f"Tallybook ({name})"
+    return actor
+
+
 class Resolution(models.Model):
     """How a case was closed. Immutable."""
 
@@ -671,7 +711,12 @@ class Resolution(models.Model):
     created = models.DateTimeField(default=timezone.now)
 
     def __str__(self) -> str:
-        return f"{self.action} by {self.actor}"
+        return f"{self.status} by {actor_named(self.actor)}"
+
+    @property
+    def status(self) -> str:
+        """How the case was closed, in words ("Acknowledged", "Closed: it did not happen")."""
+        return closed_status(self.action)
 
 
 class Comment(models.Model):
@@ -800,6 +845,13 @@ class AuditAction(models.TextChoices):
     # Logins (durability.accounts.lockouts): in every project the user is a member of.
     LOGIN_LOCKED_OUT = "login_locked_out", "Login locked out"
     LOGIN_UNLOCKED = "login_unlocked", "Login unlocked"
+
+
+def action_label(action: str) -> str:
+    """An audit action in words; one no longer among the choices still reads as words."""
+    if action in AuditAction.values:
+        return str(AuditAction(action).label)
+    return action.replace("_", " ").capitalize()
 
 
 class AuditEntry(models.Model):

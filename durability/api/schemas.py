@@ -267,6 +267,44 @@ def _url(row: Effect | Case | Grant) -> str:
     return site_url() + row.get_absolute_url()
 
 
+class AmountOut(BaseModel):
+    value: str = Field(description="A decimal, as a string (no rounding).")
+    currency: str
+
+
+def amount_of(value: Decimal | None, currency: str) -> AmountOut | None:
+    if value is None:
+        return None
+    return AmountOut(value=format(value.normalize(), "f"), currency=currency)
+
+
+class GrantLimitsOut(BaseModel):
+    """What the effect's grant (the version the intent was checked under) allows: the
+    figures an `authority_exceeded` case compares a receipt with."""
+
+    id: int
+    name: str
+    version: int
+    currency: str
+    max_amount: str | None = Field(description="The most one effect may move.")
+    max_daily_amount: str | None = Field(description="Over the last 24 hours, rolling.")
+    targets: list[str] = Field(description="Target system patterns (fnmatch).")
+    url: str
+
+    @classmethod
+    def of(cls, grant: Grant) -> Self:
+        return cls(
+            id=grant.pk,
+            name=grant.name,
+            version=grant.version,
+            currency=grant.currency,
+            max_amount=_decimal(grant.max_amount),
+            max_daily_amount=_decimal(grant.max_daily_amount),
+            targets=grant.targets,
+            url=_url(grant),
+        )
+
+
 class EffectOut(BaseModel):
     id: int
     key: str
@@ -336,6 +374,12 @@ class ReceiptOut(BaseModel):
     span_id: str
     late: bool
     received: str
+    amount: AmountOut | None = Field(
+        default=None, description="What the evidence says was moved, as the receipt gave it."
+    )
+    target: str | None = Field(
+        default=None, description="Where the evidence says the effect landed, if it said."
+    )
 
     @classmethod
     def of(cls, receipt: Receipt) -> Self:
@@ -352,6 +396,8 @@ class ReceiptOut(BaseModel):
             span_id=receipt.span_id,
             late=receipt.late,
             received=receipt.received.isoformat(),
+            amount=amount_of(receipt.amount, receipt.currency),
+            target=receipt.target or None,
         )
 
 
@@ -404,6 +450,14 @@ class EffectDetailOut(BaseModel):
     effect: EffectOut
     request: Any
     authority: dict[str, Any] | None
+    amount: AmountOut | None = Field(
+        description="What the intent asked to move (its `amount`), checked against the grant."
+    )
+    grant: GrantLimitsOut | None = Field(
+        description="The grant the intent was checked under, with its limits; null without "
+        "one. Each receipt's `amount` and `target` are compared with these and the intent's "
+        "amount (an `authority_exceeded` case)."
+    )
     attempts: list[AttemptOut]
     receipts: list[ReceiptOut]
     cases: list[CaseOut]

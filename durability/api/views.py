@@ -20,6 +20,7 @@ from durability.api.schemas import (
     EffectOut,
     EffectResultOut,
     FailureIn,
+    GrantLimitsOut,
     GrantListOut,
     GrantOut,
     IntentIn,
@@ -27,6 +28,7 @@ from durability.api.schemas import (
     ReceiptOut,
     ReceiptResultOut,
     TimeoutIn,
+    amount_of,
 )
 from durability.authority.grants import GrantQuery
 from durability.ledger import decisions, evidence, machine
@@ -35,6 +37,8 @@ from durability.models import Case, Decision, Effect, Grant, Receipt
 from durability.site import site_url
 
 STATUS_OF_DECISION = {Decision.CONFLICT: 409}
+# An effect's detail shows its grant's limits.
+DETAIL = Effect.objects.select_related("grant")
 
 
 def _case(case: Case | None) -> CaseOut | None:
@@ -125,6 +129,8 @@ def _effect_detail(effect: Effect) -> JsonResponse:
             effect=EffectOut.of(effect),
             request=effect.request,
             authority=effect.authority,
+            amount=amount_of(effect.amount, effect.currency),
+            grant=GrantLimitsOut.of(effect.grant) if effect.grant else None,
             attempts=[AttemptOut.of(a) for a in effect.attempts.all()],
             receipts=[ReceiptOut.of(r) for r in effect.receipts.all()],
             cases=[CaseOut.of(c) for c in effect.cases.filter(closed=None).order_by("opened")],
@@ -138,7 +144,7 @@ def _effect_detail(effect: Effect) -> JsonResponse:
 @require_GET
 @authorize()
 def effect_detail(request: ApiRequest, effect_id: int) -> JsonResponse:
-    effect = Effect.objects.filter(project=request.project, pk=effect_id).first()
+    effect = DETAIL.filter(project=request.project, pk=effect_id).first()
     if effect is None:
         return error("No such effect in this project", 404)
     return _effect_detail(effect)
@@ -159,7 +165,7 @@ def effects(request: ApiRequest) -> JsonResponse:
     # Keys are stored with any secret in them replaced, as the ledger recorded them.
     stored = redaction.distinct(key, redaction.extras_of(request.project))
     try:  # unique on (project, key): `.get()`, not `.first()` and its ORDER BY id
-        effect = Effect.objects.get(project=request.project, key=stored)
+        effect = DETAIL.get(project=request.project, key=stored)
     except Effect.DoesNotExist:
         return error("No effect has this key in this project", 404, {"key": "Unknown key"})
     return _effect_detail(effect)

@@ -9,8 +9,14 @@ from django import forms
 from django.http import QueryDict
 
 from durability.desk.queue import QueueQuery
-from durability.desk.services import Evidence, Verdict
-from durability.models import BulkVerb
+from durability.desk.services import (
+    Evidence,
+    Verdict,
+    can_acknowledge,
+    verdict_refusal,
+    verdicts_for,
+)
+from durability.models import BulkVerb, Case, Reason
 
 ACKNOWLEDGE = "acknowledge"
 RESOLVE_CHOICES = [
@@ -20,6 +26,12 @@ RESOLVE_CHOICES = [
     (Verdict.ABANDONED.value, "Abandoned"),
     (ACKNOWLEDGE, "Acknowledge"),
 ]
+
+
+def offered(case: Case) -> list[str]:
+    """The verdicts (and acknowledging) the case's page offers now, as the form's values."""
+    values = [v.value for v in verdicts_for(case)]
+    return [*values, ACKNOWLEDGE] if can_acknowledge(case) else values
 
 
 class ResolveForm(forms.Form):
@@ -39,9 +51,20 @@ class ResolveForm(forms.Form):
     # "next": once settled, go on to the next open case of the queue the case was opened from.
     then = forms.ChoiceField(choices=[("", "stay"), ("next", "next")], required=False)
 
+    def __init__(self, *args: Any, case: Case | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.case = case
+
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
-        if data.get("verdict") == Verdict.HAPPENED:
+        verdict, case = data.get("verdict"), self.case
+        # Refused as the page the operator saw would not offer it. A page of an older
+        # version is the services' to refuse, saying what changed since.
+        seen = case is not None and data.get("version") == case.version
+        if case is not None and seen and verdict and verdict not in offered(case):
+            self.add_error("verdict", _refusal(case, verdict))
+            return data
+        if verdict == Verdict.HAPPENED:
             for name in ("system", "external_id"):
                 if not data.get(name):
                     self.add_error(name, "Evidence needs this to say it happened.")
@@ -69,6 +92,14 @@ class SavedViewForm(forms.Form):
         if not query.query_string():
             raise forms.ValidationError("This is the whole queue: filter it first, then save.")
         return query
+
+
+def _refusal(case: Case, verdict: str) -> str:
+    if verdict == ACKNOWLEDGE and case.reason == Reason.APPROVAL_REQUIRED:
+        return "An approval is decided in the approvals inbox, not acknowledged here."
+    if verdict == ACKNOWLEDGE:
+        return f"A case of reason {case.reason} needs a verdict, not an acknowledgement."
+    return verdict_refusal(case, Verdict(verdict))
 
 
 class AssignForm(forms.Form):

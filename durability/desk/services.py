@@ -26,6 +26,7 @@ from durability.desk import notifications
 from durability.ledger import machine, settling
 from durability.ledger.cases import case_close
 from durability.models import (
+    ACKNOWLEDGED,
     AuditAction,
     AuditEntry,
     BulkAction,
@@ -38,6 +39,8 @@ from durability.models import (
     Reason,
     Role,
     State,
+    action_label,
+    actor_named,
 )
 
 
@@ -56,12 +59,35 @@ VERDICT_EVENTS = {
     Verdict.COMPENSATED: machine.Event.COMPENSATE,
     Verdict.ABANDONED: machine.Event.ABANDON,
 }
+V = Verdict
+# The verdicts that settle a case of each reason (docs/operator-guide.md), offered when the
+# state machine allows them from the effect's state. Only an uncertain case asks whether it
+# happened; the other reasons' effects are already settled (or, for a key reuse, untouched),
+# so their case is acknowledged once handled, or compensated where something happened that
+# should not have. An approval is decided in the approvals inbox, never here.
+REASON_VERDICTS: dict[Reason, frozenset[Verdict]] = {
+    Reason.UNCERTAIN: frozenset({V.HAPPENED, V.NOT_HAPPENED, V.COMPENSATED, V.ABANDONED}),
+    Reason.LATE_SUCCESS: frozenset({V.COMPENSATED}),
+    Reason.DUPLICATE_EFFECT: frozenset({V.COMPENSATED}),
+    Reason.KEY_REUSE_CONFLICT: frozenset(),
+    Reason.ORPHAN_RECEIPT: frozenset(),
+    Reason.VERSION_DRIFT: frozenset(),
+    Reason.APPROVAL_REQUIRED: frozenset(),
+    Reason.AUTHORITY_DENIED: frozenset(),
+    Reason.UNAUTHORIZED_EFFECT: frozenset({V.COMPENSATED}),
+    Reason.AUTHORITY_EXCEEDED: frozenset({V.COMPENSATED}),
+}
 # Cases whose effect is already in the right state: a person closes them once handled.
 # An uncertain case needs a verdict, and an approval a decision, instead.
 ACKNOWLEDGEABLE = frozenset(Reason) - {Reason.UNCERTAIN, Reason.APPROVAL_REQUIRED}
 # Roles a case may be assigned to: people who can act on it.
 ASSIGNABLE_ROLES = (Role.OPERATOR, Role.ADMIN)
-ACKNOWLEDGED = "acknowledged"
+VERDICT_WORDS = {
+    V.HAPPENED: "it happened",
+    V.NOT_HAPPENED: "it did not happen",
+    V.COMPENSATED: "compensated",
+    V.ABANDONED: "abandoned",
+}
 
 
 class CaseChanged(Exception):
@@ -73,13 +99,14 @@ class CaseChanged(Exception):
         if not case.is_open:
             resolution = getattr(case, "resolution", None)
             what = (
-                f"it was closed ({resolution.action}) by {resolution.actor}"
+                f"{resolution.status.lower()}, by {actor_named(resolution.actor)}"
                 if resolution
                 else "it was closed"
             )
             when = case.closed
         elif last is not None:
-            what, when = f"{last.actor} made a change ({last.action.replace('_', ' ')})", last.at
+            change = action_label(last.action).lower()
+            what, when = f"{actor_named(last.actor)} made a change ({change})", last.at
         else:
             what, when = "someone else changed it", None
         ago = f" {timesince(when)} ago" if when else ""
@@ -104,15 +131,30 @@ class Evidence:
 
 
 def verdicts_for(case: Case) -> list[Verdict]:
-    """The verdicts the state machine allows for the case's effect as it is now."""
+    """The verdicts that settle the case's reason and that the state machine allows for its
+    effect as it is now."""
     if case.effect is None or not case.is_open:
         return []
     state = State(case.effect.state)
-    return [v for v in Verdict if machine.can(state, VERDICT_EVENTS[v])]
+    settle = REASON_VERDICTS[Reason(case.reason)]
+    return [v for v in Verdict if v in settle and machine.can(state, VERDICT_EVENTS[v])]
 
 
 def can_acknowledge(case: Case) -> bool:
     return case.is_open and case.reason in ACKNOWLEDGEABLE
+
+
+def verdict_refusal(case: Case, verdict: Verdict) -> str:
+    """Why a verdict is not offered for this case, in words a person says."""
+    said = VERDICT_WORDS[verdict].capitalize()
+    if verdict in REASON_VERDICTS[Reason(case.reason)]:
+        state = case.effect.state if case.effect else "no effect"
+        return f"“{said}” does not apply to a case whose effect is {state}."
+    offered = [VERDICT_WORDS[v] for v in verdicts_for(case)]
+    if can_acknowledge(case):
+        offered.append("acknowledge")
+    instead = f" Offered: {', '.join(offered)}." if offered else ""
+    return f"“{said}” does not settle a case of reason {case.reason}.{instead}"
 
 
 def _claim(*, project: Project, case_id: int, version: int) -> Case:
@@ -163,13 +205,10 @@ def case_resolve(
     event = VERDICT_EVENTS[verdict]
     if verdict == Verdict.HAPPENED and evidence is None:
         raise NotApplicable("Saying it happened needs evidence: a system and an external id.")
-    with audit.trail(project.pk, actor) as trail:
+    with audit.trail(project.pk, actor):
         case = _claim(project=project, case_id=case_id, version=version)
         if case.effect is None or verdict not in verdicts_for(case):
-            state = case.effect.state if case.effect else "no effect"
-            raise NotApplicable(
-                f"'{verdict.value}' does not apply to a case whose effect is {state}."
-            )
+            raise NotApplicable(verdict_refusal(case, verdict))
         receipt = _evidence_receipt(case.effect, evidence) if evidence else None
         settling.effect_settle(
             project=project,
@@ -179,11 +218,9 @@ def case_resolve(
             note=note,
             evidence=receipt,
         )
+        # A compensation settles every case of the effect, the other verdicts its uncertain
+        # ones: the only reason they are offered for.
         case.refresh_from_db()
-        if case.is_open:
-            # A verdict given on a case the machine does not close by itself (a version
-            # drift, say) still answers that case.
-            case_close(case, event.value, note, trail)
     return case
 
 
@@ -267,7 +304,8 @@ def bulk_eligible(cases: QuerySet[Case], verb: BulkVerb) -> QuerySet[Case]:
     """The open cases among `cases` that `verb` can act on."""
     cases = cases.filter(closed=None)
     if verb == BulkVerb.NOT_HAPPENED:
-        return cases.filter(effect__state=State.TIMED_OUT)
+        # The one reason that verdict settles (REASON_VERDICTS), where the machine allows it.
+        return cases.filter(reason=Reason.UNCERTAIN, effect__state=State.TIMED_OUT)
     if verb == BulkVerb.ACKNOWLEDGE:
         return cases.filter(reason__in=ACKNOWLEDGEABLE)
     return cases

@@ -1,4 +1,5 @@
-"""The story of a case: every recorded moment of its effect and of the case, in time order.
+"""The story of a case or an effect: every recorded moment of the effect and of its cases, in
+time order.
 
 The audit trail gives the moments (who, when, which transition); the rows they name
 (attempts, receipts, cases, comments) give the detail.
@@ -12,7 +13,16 @@ from typing import Any
 from django.db.models import Q
 
 from durability.ledger import intents
-from durability.models import Attempt, AuditAction, AuditEntry, Case, Comment, Receipt
+from durability.models import (
+    Attempt,
+    AuditAction,
+    AuditEntry,
+    Case,
+    Comment,
+    Effect,
+    Receipt,
+    action_label,
+)
 
 
 @dataclass
@@ -27,11 +37,7 @@ class Moment:
 
     @property
     def label(self) -> str:
-        action = self.entry.action
-        # An action no longer among the choices still reads as words, never as an error.
-        if action in AuditAction.values:
-            return str(AuditAction(action).label)
-        return action.replace("_", " ").capitalize()
+        return action_label(self.entry.action)
 
     @property
     def evidence_link(self) -> str:
@@ -56,18 +62,29 @@ def story_of(case: Case) -> list[Moment]:
     elif case.receipt_id is not None:
         # An orphan receipt was recorded before any case or effect could name it.
         about |= Q(effect=None, action=AuditAction.RECEIPT, data__receipt=case.receipt_id)
-    entries = list(
-        AuditEntry.objects.filter(project_id=case.project_id).filter(about).order_by("id")
-    )
+    receipts = {case.receipt.pk: case.receipt} if case.receipt is not None else {}
+    return _story(case.project_id, about, effect, {case.pk: case}, receipts)
+
+
+def effect_story(effect: Effect) -> list[Moment]:
+    """The effect's moments, its cases' among them, oldest first. Five queries."""
+    return _story(effect.project_id, Q(effect=effect), effect, {}, {})
+
+
+def _story(
+    project_id: int,
+    about: Q,
+    effect: Effect | None,
+    cases: dict[int, Case],
+    receipts: dict[int, Receipt],
+) -> list[Moment]:
+    entries = list(AuditEntry.objects.filter(project_id=project_id).filter(about).order_by("id"))
     attempts: dict[int, Attempt] = {}
-    receipts: dict[int, Receipt] = {}
-    cases: dict[int, Case] = {case.pk: case}
     if effect is not None:
         attempts = {a.number: a for a in effect.attempts.all()}
-        receipts = {r.pk: r for r in effect.receipts.all()}
-        cases |= {c.pk: c for c in effect.cases.select_related("resolution", "receipt")}
-    if case.receipt is not None:
-        receipts.setdefault(case.receipt.pk, case.receipt)
+        receipts = {r.pk: r for r in effect.receipts.all()} | receipts
+        found = effect.cases.select_related("resolution", "receipt")
+        cases = {c.pk: c for c in found} | cases
     comment_ids = [e.data["comment"] for e in entries if "comment" in e.data]
     comments = Comment.objects.in_bulk(comment_ids)
     moments = []
@@ -85,3 +102,23 @@ def story_of(case: Case) -> list[Moment]:
             moment.comment = comments.get(comment_id)
         moments.append(moment)
     return moments
+
+
+# The moments that say why an attempt did not succeed, and what each says without a reason.
+FAILURES: dict[str, str] = {
+    AuditAction.FAILURE: "it failed",
+    AuditAction.TIMEOUT: "it timed out",
+    AuditAction.DEADLINE: "its deadline passed with no receipt",
+    AuditAction.INTERRUPTION: "its run resumed in another process while it was pending",
+}
+
+
+def failure_of(story: list[Moment]) -> tuple[Moment, str] | None:
+    """The story's latest failure, and why it failed in the words it was reported with."""
+    for moment in reversed(story):
+        action = moment.entry.action
+        if action in FAILURES:
+            data = moment.entry.data
+            said = data.get("error") or data.get("reason")
+            return moment, said if isinstance(said, str) and said else FAILURES[action]
+    return None

@@ -14,7 +14,8 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied
-from django.db.models import Max, Prefetch, Q
+from django.db.models import Count, Max, OuterRef, Prefetch, Q, Subquery
+from django.db.models.functions import Coalesce
 from django.http import HttpResponse, HttpResponseBase, HttpResponseRedirect, QueryDict
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
@@ -32,7 +33,7 @@ from durability.accounts.roles import Access, Perm
 from durability.desk import jobs as desk_jobs
 from durability.desk import saved_views
 from durability.desk import services as cases
-from durability.desk.effect_filter import EffectQuery
+from durability.desk.effect_filter import EffectFilter, EffectQuery
 from durability.desk.forms import (
     ACKNOWLEDGE,
     RESOLVE_CHOICES,
@@ -42,6 +43,7 @@ from durability.desk.forms import (
     CommentForm,
     ResolveForm,
     SavedViewForm,
+    offered,
 )
 from durability.desk.queue import (
     TREND_HOURS,
@@ -55,8 +57,8 @@ from durability.desk.queue import (
     page_of,
     rows_of,
 )
-from durability.desk.story import story_of
-from durability.ledger import decisions, machine
+from durability.desk.story import effect_story, failure_of, story_of
+from durability.ledger import authority, decisions, machine
 from durability.models import (
     AuditAction,
     AuditEntry,
@@ -65,6 +67,7 @@ from durability.models import (
     Case,
     Effect,
     Reason,
+    Receipt,
     State,
 )
 
@@ -77,7 +80,20 @@ QUEUE = "durability/desk/queue.html"
 BULK_PREVIEW = f"{QUEUE}#bulk_preview"
 BULK_PROGRESS = f"{QUEUE}#bulk_progress"
 # What a case page and an effect page show, loaded with the object.
-CASE_PAGE = Case.objects.select_related("effect", "project", "assignee", "receipt")
+CASE_PAGE = Case.objects.select_related(
+    "effect", "effect__grant", "project", "assignee", "receipt", "resolution"
+)
+# The effects list's open-cases column: a subquery of the list's one query, not one per row.
+OPEN_CASES = Coalesce(
+    Subquery(
+        Case.objects.filter(effect=OuterRef("pk"), closed=None)
+        .order_by()
+        .values("effect")
+        .annotate(n=Count("id"))
+        .values("n")
+    ),
+    0,
+)
 EFFECT_PAGE = Effect.objects.select_related("project", "grant").prefetch_related(
     "attempts",
     "receipts",
@@ -383,10 +399,22 @@ def _case_page(
             if effect
             else []
         ),
+        "figures": _figures(case),
         "resolve_form": forms.get("resolve_form") or ResolveForm(initial={"version": case.version}),
         "comment_form": forms.get("comment_form") or CommentForm(),
     }
     return render(request, "durability/desk/case.html", context, status=status)
+
+
+def _figures(case: Case) -> authority.Figures | None:
+    """An `authority_exceeded` case's figures: the grant's limits, the intent's amount and
+    those of the receipts that exceeded them (the case's, and any it repeated for)."""
+    if case.reason != Reason.AUTHORITY_EXCEEDED or case.effect is None:
+        return None
+    named = [case.receipt_id, *(r.get("evidence") for r in case.detail.get("repeats", []))]
+    found = Receipt.objects.in_bulk([pk for pk in named if pk is not None])
+    receipts = [found[pk] for pk in dict.fromkeys(named) if pk in found]
+    return authority.exceeded_figures(case.effect, receipts)
 
 
 def _case_url(request: AuthedRequest, case: Case) -> str:
@@ -406,9 +434,7 @@ VERDICT_KEYS = {
 
 def _verdict_options(case: Case) -> list[tuple[str, str, str]]:
     """(value, label, key) of each verdict the case allows now, acknowledging last."""
-    allowed = {v.value for v in cases.verdicts_for(case)}
-    if cases.can_acknowledge(case):
-        allowed.add(ACKNOWLEDGE)
+    allowed = set(offered(case))
     return [
         (value, str(label), VERDICT_KEYS[value])
         for value, label in RESOLVE_CHOICES
@@ -436,7 +462,7 @@ def case(request: AuthedRequest, case_id: int) -> HttpResponse:
 def case_resolve(request: AuthedRequest, case_id: int) -> HttpResponseBase:
     """A verdict (happened, did not happen, compensated, abandoned) or an acknowledgement."""
     found, access = object_access(request, Perm.RESOLVE, CASE_PAGE, case_id)
-    form = ResolveForm(request.POST)
+    form = ResolveForm(request.POST, case=found)
     if not form.is_valid():
         return _case_page(request, found, access, status=400, resolve_form=form)
     data = form.cleaned_data
@@ -602,7 +628,8 @@ def effects(request: AuthedRequest) -> HttpResponse:
     project_access(request, Perm.VIEW)
     query = EffectQuery.from_params(request.GET)
     mine = Effect.objects.filter(project__members=request.user)
-    qs = query.apply(mine.select_related("project").order_by("-id"))
+    qs = query.apply(mine.select_related("project").annotate(open_cases=OPEN_CASES))
+    qs = qs.order_by("-id")
     state = query.values.get("state", "")
     before = inbound.number_param(request.GET.get("before"))
     if before is not None:
@@ -617,6 +644,9 @@ def effects(request: AuthedRequest) -> HttpResponse:
         "tabs": [("all", query.query_string(state=None), not state)]
         + [(s, query.query_string(state=s), s == state) for s in State.values],
         "query": query,
+        "form": EffectFilter(initial=query.values),
+        # The filter's fields the form does not show, kept when it is applied.
+        "kept": [(k, v) for k, v in query.params() if k not in EffectFilter.IN_PAGE],
         "next_before": page[-1].pk if more else None,
         "next_query": query.query_string(before=page[-1].pk) if more else "",
     }
@@ -628,6 +658,14 @@ def effects(request: AuthedRequest) -> HttpResponse:
 
 @login_required
 def effect(request: AuthedRequest, effect_id: int) -> HttpResponse:
-    found, _ = object_access(request, Perm.VIEW, EFFECT_PAGE, effect_id)
-    context = {"effect": found, "outcome": decisions.decide(found)}
+    """An effect: its facts, its story (the case page's), why it failed, its cases."""
+    found, access = object_access(request, Perm.VIEW, EFFECT_PAGE, effect_id)
+    story = effect_story(found)
+    context = {
+        "access": access,
+        "effect": found,
+        "outcome": decisions.decide(found),
+        "story": story,
+        "failure": failure_of(story),
+    }
     return render(request, "durability/desk/effect.html", context)

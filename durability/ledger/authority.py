@@ -326,3 +326,43 @@ def evidence_finding(effect: Effect, receipt: Receipt, policy: str) -> Finding |
         + ".",
         {"evidence": receipt.pk, "grant": grant.pk, "rules": beyond},
     )
+
+
+@dataclass(frozen=True)
+class Figures:
+    """An `authority_exceeded` case's figures side by side, as `evidence_finding` compared
+    them: the grant's limits, what the intent asked, what each receipt shows."""
+
+    grant: Grant | None
+    limit: str  # the grant's amount limits, in words
+    targets: str
+    asked: str
+    target: str
+    receipts: list[tuple[Receipt, str, str]]  # (receipt, its amount, its target)
+
+
+def exceeded_figures(effect: Effect, receipts: list[Receipt]) -> Figures:
+    """The figures of an effect and the receipts its `authority_exceeded` case names."""
+    grant = effect.grant
+    currency = grant.currency if grant else effect.currency
+    limits = []
+    if grant is not None and grant.max_amount is not None:
+        limits.append(f"{money(grant.max_amount, grant.currency)} per effect")
+    if grant is not None and grant.max_daily_amount is not None:
+        limits.append(f"{money(grant.max_daily_amount, grant.currency)} a day")
+    none = "none given"
+    return Figures(
+        grant=grant,
+        limit=", ".join(limits) or "no amount limit",
+        targets=", ".join(grant.targets) if grant else "",
+        asked=money(effect.amount, effect.currency) if effect.amount is not None else none,
+        target=effect.target,
+        receipts=[
+            (
+                r,
+                money(r.amount, r.currency or currency) if r.amount is not None else none,
+                r.target or effect.target,
+            )
+            for r in receipts
+        ],
+    )

@@ -1,16 +1,19 @@
-"""The desk's template tags: the header's navigation and project switcher, and JSON for
-people to read."""
+"""The desk's template tags: the header's navigation and project switcher, and JSON and
+words for people to read."""
 
 from __future__ import annotations
 
 import json
+from decimal import Decimal
 from typing import Any
 
 from django import template
 from django.http import QueryDict
 from django.urls import reverse
 
+from durability import models
 from durability.accounts.access import current_membership
+from durability.ledger import authority
 from durability.models import Membership, Role
 
 register = template.Library()
@@ -97,3 +100,21 @@ def as_json(value: Any) -> str:
     way every page shows request, context, authority and audit data (in `<pre class="json">`
     where it spans lines)."""
     return json.dumps(value, sort_keys=True, ensure_ascii=False, indent=2, default=str)
+
+
+@register.filter
+def actor_named(actor: str) -> str:
+    """Who an audit actor is, for a person (`user:alice` is alice)."""
+    return models.actor_named(actor)
+
+
+@register.filter
+def closed_status(action: str) -> str:
+    """How a case closed by `action` reads ("Closed: it did not happen")."""
+    return models.closed_status(action)
+
+
+@register.filter
+def money(value: Decimal | None, currency: str) -> str:
+    """An amount with its currency, as the grant check words it ("40 EUR")."""
+    return "" if value is None else authority.money(value, currency)

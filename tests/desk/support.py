@@ -8,7 +8,9 @@ from typing import Any
 from django.contrib.auth.models import User
 from django.test import Client
 
-from durability.models import Case, Membership, Project, Reason, Role
+from durability.api.schemas import AmountIn, ReceiptIn
+from durability.ledger import evidence
+from durability.models import Case, Grant, Membership, Project, Reason, Role, State
 from tests.ledger import support as ledger
 
 
@@ -44,3 +46,63 @@ def late_success_case(project: Project, key: str = "k1") -> Case:
     ledger.timeout(project, key)
     ledger.receipt(project, key, "late-1")
     return Case.objects.get(effect__key=key, reason=Reason.LATE_SUCCESS, closed=None)
+
+
+def exceeding_case(project: Project, key: str = "refund:42") -> Case:
+    """A refund of 40 EUR asked under a grant of at most 50 EUR per effect, whose receipt
+    shows 400 EUR: its open `authority_exceeded` case."""
+    grant = Grant.objects.create(
+        project=project,
+        name="small refunds",
+        kinds=["*"],
+        targets=["*"],
+        currency="EUR",
+        max_amount="50",
+        granted_by="test",
+    )
+    amount = {"value": "40", "currency": "EUR"}
+    ledger.intent(project, key, authority={"grant": grant.pk}, amount=amount)
+    evidence.receipt_record(
+        project=project,
+        actor=ledger.ACTOR,
+        receipt=ReceiptIn(
+            key=key,
+            system="stripe",
+            external_id="re_400",
+            amount=AmountIn(value="400", currency="EUR"),
+        ),
+    )
+    return Case.objects.get(effect__key=key, reason=Reason.AUTHORITY_EXCEEDED)
+
+
+def case_of(project: Project, reason: Reason, key: str = "k1") -> Case:
+    """An open case of `reason`, brought about through the services as an agent would."""
+    if reason == Reason.UNCERTAIN:
+        return uncertain_case(project, key)
+    if reason == Reason.LATE_SUCCESS:
+        return late_success_case(project, key)
+    if reason == Reason.DUPLICATE_EFFECT:
+        ledger.intent(project, key)
+        ledger.receipt(project, key, "re_a")
+        ledger.receipt(project, key, "re_b")
+    elif reason == Reason.KEY_REUSE_CONFLICT:
+        ledger.intent(project, key)
+        ledger.intent(project, key, request={"amount": 2})
+    elif reason == Reason.ORPHAN_RECEIPT:
+        ledger.receipt(project, key, "re_9")
+        return Case.objects.get(reason=reason, closed=None)
+    elif reason == Reason.VERSION_DRIFT:
+        ledger.intent(project, key, replay="safe", context={"workflow_version": "1"})
+        ledger.timeout(project, key)
+        ledger.intent(project, key, replay="safe", context={"workflow_version": "2"})
+    elif reason == Reason.APPROVAL_REQUIRED:
+        ledger.effect_in(project, State.AWAITING_APPROVAL, key)
+    elif reason == Reason.AUTHORITY_DENIED:
+        ledger.effect_in(project, State.DENIED, key)
+    elif reason == Reason.UNAUTHORIZED_EFFECT:
+        ledger.cases_asked(project)
+        ledger.intent(project, key, authority=None)
+        ledger.receipt(project, key, "re_1")
+    elif reason == Reason.AUTHORITY_EXCEEDED:
+        return exceeding_case(project, key)
+    return Case.objects.get(effect__key=key, reason=reason, closed=None)

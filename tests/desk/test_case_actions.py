@@ -3,6 +3,8 @@ the agent is told afterwards."""
 
 from __future__ import annotations
 
+from html import unescape
+
 import pytest
 
 from durability.models import AuditEntry, Case, Comment, Effect, Reason, Receipt, State
@@ -124,7 +126,8 @@ def test_acknowledging_a_late_success_closes_it_without_changing_the_effect(proj
 def test_an_uncertain_case_cannot_be_acknowledged_away(project, desk):
     case = uncertain_case(project)
     r = _resolve(desk, case, "acknowledge")
-    assert "needs a verdict" in _refused(desk, r, case)
+    assert r.status_code == 400
+    assert "needs a verdict, not an acknowledgement" in r.content.decode()
     assert Case.objects.get(pk=case.pk).closed is None
 
 
@@ -137,10 +140,13 @@ def test_an_orphan_receipt_case_can_be_acknowledged(project, desk):
     assert Case.objects.get(pk=case.pk).closed is not None
 
 
-def test_a_verdict_the_state_machine_forbids_is_refused_plainly(project, desk):
+def test_a_verdict_that_does_not_settle_the_reason_is_refused_plainly(project, desk):
     case = late_success_case(project)
     r = _resolve(desk, case, "not_happened")
-    assert "does not apply" in _refused(desk, r, case)
+    assert r.status_code == 400
+    said = unescape(r.content.decode())
+    assert "“It did not happen” does not settle a case of reason late_success." in said
+    assert "Offered: compensated, acknowledge." in said
     assert Effect.objects.get(cases=case).state == State.SUCCEEDED
 
 
@@ -160,7 +166,7 @@ def test_a_resolution_on_a_stale_page_is_refused_and_says_who_changed_it(project
     r = _resolve(desk, case, "abandoned")
     text = _refused(desk, r, case)
     assert f"Case #{case.pk} changed while you were looking at it" in text
-    assert "user:ada" in text and "Your action was not applied" in text
+    assert "closed: it did not happen, by ada" in text and "Your action was not applied" in text
     assert Effect.objects.get(cases=case).state == State.NOT_HAPPENED
 
 

@@ -67,7 +67,7 @@ def test_a_member_sees_an_effects_attempts_receipts_and_cases(client, alice, pro
     page = r.content.decode()
     for text in ("refund:1", "succeeded", "late", "run-7", "w1", "re_late", "late_success"):
         assert text in page, text
-    assert "auto_resolved" in page
+    assert "Closed: settled by the evidence that arrived" in page and "auto_resolved" not in page
 
 
 def test_an_effects_page_names_its_grant_or_says_it_had_none(client, alice, project):

@@ -179,7 +179,7 @@ def test_the_pulse_shows_a_case_resolved_elsewhere_and_new_ones(project, desk, m
     pulse = desk.get(f"/queue/pulse/?since={since}&shown={shown}").content.decode()
     row = search(rf'<tr id="case-{refund.pk}"[^>]*>', pulse).group(0)
     assert 'hx-swap-oob="outerHTML"' in row and "closed" in row
-    assert "attest_not_happened by user:ada" in pulse
+    assert "Closed: it did not happen by ada" in pulse
     assert "1 new case since this page loaded" in pulse
     assert 'id="reason-counts"' in pulse
     # The next poll starts after what this one saw.
