@@ -288,7 +288,7 @@ def explain_captured(queries: list[dict[str, Any]], tables: tuple[str, ...]) -> 
     with connection.cursor() as cursor:
         for query in queries:
             sql = query["sql"]
-            if not sql.lstrip().upper().startswith("SELECT"):
+            if not sql.lstrip().lstrip("(").upper().startswith("SELECT"):  # a UNION's too
                 continue
             if not any(table in sql for table in tables):
                 continue

@@ -10,6 +10,10 @@ run ids) with a trace each, vacuumed and analyzed as autovacuum leaves them; the
 text an operator types, and prints the median and p95 of the server time (view, queries
 and template; no network) and the queries of one request. --explain prints the plans.
 --keep keeps the database (dropped by default).
+
+2026-12-01 16:47 UTC, the defaults, a shared 2-core machine (load average 2.9 at the start,
+0.1 at the end): median 5.9-25.6 ms per text, p95 at most 28.9 ms (the customer's, whose 50
+effects have cases to find); all requests median 10.8 ms, p95 25.2 ms. 10-13 queries each.
 """
 
 from __future__ import annotations

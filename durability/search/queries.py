@@ -95,8 +95,9 @@ class Results:
     # A list page that holds every row of this kind the text names, when there is one:
     # (its filter's field, the value).
     filtered: tuple[str, str] | None = None
-    # (id, tier) of every effect the tiers found, the best first: the cases' candidates.
-    candidates: list[tuple[int, int]] = field(default_factory=list)
+    # Every effect the tiers found, the best first: its id, and its rank and why (Found's).
+    # The cases' candidates.
+    candidates: dict[int, tuple[int, str]] = field(default_factory=dict)
 
 
 def _ranked(
@@ -140,8 +141,8 @@ def _effect_tiers(project: Project, q: str) -> list[tuple[str, QuerySet[Any]]]:
 
 
 def _receipt_effects(receipts: QuerySet[Receipt]) -> QuerySet[Any]:
-    """The effects of `receipts`, as a tier: effect ids under the name `id`."""
-    return Effect.objects.filter(pk__in=receipts.values("effect_id")).only("id")
+    """The effects of `receipts`, as a tier."""
+    return Effect.objects.filter(pk__in=receipts.values("effect_id"))
 
 
 def search_effects(project: Project, q: str, limit: int) -> Results:
@@ -154,7 +155,7 @@ def search_effects(project: Project, q: str, limit: int) -> Results:
     results = Results(
         [Found(rows[pk], tiers[tier][0], tier) for pk, tier in shown if pk in rows],
         more or len(ranked) > limit,
-        candidates=ranked,
+        candidates={pk: (tier, tiers[tier][0]) for pk, tier in ranked},
     )
     for name in ("target", "agent"):
         if any(getattr(f.row, name) == q for f in results.found):
@@ -172,13 +173,12 @@ def reason_of(q: str) -> str | None:
 def search_cases(project: Project, q: str, limit: int, effects: Results) -> Results:
     """The cases of the effects found (ranked as their effect), then those of the reason
     `q` names, open before closed. One query, two with a reason."""
-    rank = dict(effects.candidates)
     found: list[Found] = []
     cases = Case.objects.filter(project=project).select_related("effect")
-    if rank:
-        for case in cases.filter(effect_id__in=list(rank)):
-            tier = rank[case.effect_id]  # type: ignore[index]
-            found.append(Found(case, f"effect's {_EFFECT_MATCH[tier]}", tier))
+    if effects.candidates:
+        for case in cases.filter(effect_id__in=list(effects.candidates)):
+            tier, matched = effects.candidates[case.effect_id]  # type: ignore[index]
+            found.append(Found(case, f"effect's {matched}", tier))
     reason = reason_of(q)
     more = False
     if reason:
@@ -200,16 +200,12 @@ def search_cases(project: Project, q: str, limit: int, effects: Results) -> Resu
     return results
 
 
-# The words of each effect tier, by tier number (the order of _effect_tiers).
-_EFFECT_MATCH = ["key", "external id", "key", "external id", "target or agent", "request"]
-
-
 def _run_tiers(project: Project, q: str) -> list[tuple[str, QuerySet[Any]]]:
     runs = Run.objects.filter(project=project)
     traces = RunTrace.objects.filter(project=project)
     tiers: list[tuple[str, QuerySet[Any]]] = [
         ("run id", runs.filter(run_id=q)),
-        ("trace id", runs.filter(pk__in=traces.filter(trace_id=q).values("run_id")).only("id")),
+        ("trace id", runs.filter(pk__in=traces.filter(trace_id=q).values("run_id"))),
     ]
     if len(q) >= MIN_TEXT:
         tiers += [
@@ -250,7 +246,7 @@ def _planned_for_their_values() -> Iterator[None]:
 
 def search(project: Project, q: str, kind: str = "") -> dict[str, Results]:
     """What each kind (or the one `kind`) finds for `q`: the best `TOP` of each, or `MORE`
-    of one kind. At most seven queries, whatever matches, in one read-only transaction."""
+    of one kind. At most seven queries, whatever matches, in one transaction."""
     limit = MORE if kind else TOP
     wanted = [kind] if kind else list(KINDS)
     with _planned_for_their_values():

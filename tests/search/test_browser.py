@@ -46,4 +46,3 @@ def test_slash_in_a_field_types_a_slash(page: Any, project: Any, alice: Any) -> 
     field.type("deploy/api")
     assert field.input_value() == "deploy/api"
     assert field.evaluate("el => el === document.activeElement")
-

@@ -81,14 +81,19 @@ def _bitmap_indexes(plans: list[Any]) -> Iterator[str]:
         yield from _bitmap_indexes(plan.get("Plans", []))
 
 
+def _selects(queries: CaptureQueriesContext) -> list[str]:
+    """The SELECTs among the statements (not the savepoint and the SET LOCAL around them)."""
+    return [q["sql"] for q in queries.captured_queries if q["sql"].lstrip("(").startswith("SELECT")]
+
+
 def _plans_of(project: Project, q: str) -> dict[str, set[str]]:
     """The indexes each table is read by, over every statement the search ran for `q`."""
     with CaptureQueriesContext(connection) as queries:
         search(project, q)
     read: dict[str, set[str]] = {}
     with connection.cursor() as cursor:
-        for query in queries.captured_queries:
-            cursor.execute(f"EXPLAIN (FORMAT JSON) {query['sql']}")
+        for query in _selects(queries):
+            cursor.execute(f"EXPLAIN (FORMAT JSON) {query}")
             plan: Any = cursor.fetchone()[0]
             for table in TABLES:
                 read.setdefault(table, set()).update(_indexes(plan, table))
@@ -101,8 +106,8 @@ def _scans(project: Project, q: str) -> list[str]:
         search(project, q)
     found = []
     with connection.cursor() as cursor:
-        for query in queries.captured_queries:
-            cursor.execute(f"EXPLAIN {query['sql']}")
+        for query in _selects(queries):
+            cursor.execute(f"EXPLAIN {query}")
             found += [line for (line,) in cursor.fetchall() if "Seq Scan" in line]
     return found
 
