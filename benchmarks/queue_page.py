@@ -58,15 +58,17 @@ def django_on(db: str) -> None:
     django.setup()
 
 
-def build(db: str, effects: int, open_cases: int) -> dict[str, Any]:
-    """A fresh `db`, migrated and filled (see `_fill`), Django set up on it; the operator
-    and the project."""
+def build(
+    db: str, effects: int, open_cases: int, effect_overrides: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """A fresh `db`, migrated and filled (see `_fill`; `effect_overrides` to `effect_rows`),
+    Django set up on it; the operator and the project."""
     _fresh_database(db)
     django_on(db)
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
-    return _fill(effects, open_cases)
+    return _fill(effects, open_cases, effect_overrides or {})
 
 
 def _fresh_database(name: str) -> None:
@@ -160,7 +162,7 @@ def bulk(tables: list[str]) -> Iterator[None]:
             cursor.execute(f'ALTER TABLE {table} ADD CONSTRAINT "{name}" {definition}')
 
 
-def _fill(effects: int, open_cases: int) -> dict[str, Any]:
+def _fill(effects: int, open_cases: int, effect_overrides: dict[str, str]) -> dict[str, Any]:
     """The data set, in a few statements; returns the operator and the project."""
     from django.contrib.auth.models import User
     from django.db import connection, transaction
@@ -179,6 +181,7 @@ def _fill(effects: int, open_cases: int) -> dict[str, Any]:
     effect_sql, effect_params = effect_rows(
         project,
         {
+            **effect_overrides,
             "state": f"CASE WHEN g <= {open_cases} AND g %% 10 < 7 THEN 'timed_out' "
             "ELSE 'succeeded' END",
         },
@@ -308,7 +311,7 @@ def explain_captured(queries: list[dict[str, Any]], tables: tuple[str, ...]) -> 
     with connection.cursor() as cursor:
         for query in queries:
             sql = query["sql"]
-            if not sql.lstrip().upper().startswith("SELECT"):
+            if not sql.lstrip().lstrip("(").upper().startswith("SELECT"):  # a UNION's too
                 continue
             if not any(table in sql for table in tables):
                 continue

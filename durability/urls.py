@@ -13,6 +13,7 @@ urlpatterns = [
     path("api/v1/openapi.json", openapi.openapi, name="api-openapi"),
     path("", include("durability.authority.urls")),
     path("", include("durability.desk.urls")),
+    path("", include("durability.search.urls")),
     path("", include("durability.accounts.urls")),
     path("", include("durability.reconcilers.urls")),
     path("login/", auth_views.LoginView.as_view(), name="login"),

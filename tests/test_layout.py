@@ -101,6 +101,12 @@ ROOMS = (
         for room in ("desk", "authority", "reconcilers")
     ),
     Room(
+        "search",
+        ("durability/search/",),
+        (*CORE, *ACCOUNTS, "trajectories.models"),
+        "shared core, accounts, trajectories.models",
+    ),
+    Room(
         "trajectories",
         ("trajectories/",),
         ("durability.models", "durability.accounts")

@@ -38,6 +38,7 @@ START = [
     "/approvals/",
     "/authority/",
 ]
+START += ["/search/?q=refund"]
 # Pages of one shape (ids and query values aside) visited at most this often.
 PER_SHAPE = 2
 MAX_PAGES = 150
@@ -131,6 +132,13 @@ def test_the_readme_tour(page, demo, screenshots):
     assert "reply:H-102" in page.inner_text("table.list")
     page.goto("/audit/")
     assert "user:operator" in page.inner_text("main")
+
+    # 7. Search: `/`, a customer, and the effect that names them.
+    page.keyboard.press("/")
+    page.keyboard.type("C-102")
+    page.keyboard.press("Enter")
+    page.wait_for_url(re.compile(r"/search/\?q=C-102$"))
+    assert "reply:H-102" in page.inner_text("#found-effects")
 
 
 def _shape(url: str) -> str:

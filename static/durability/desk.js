@@ -282,8 +282,19 @@
     } else if (document.querySelector("[data-approval]")) {
       handled = approvalKey(event);
     }
+    if (!handled && event.key === "/") handled = focusSearch();
     if (handled) event.preventDefault();
   });
+
+  // -- search: `/` focuses the header's box (the queue's own `/` focuses its filter) --------
+
+  function focusSearch() {
+    const box = document.querySelector("input[data-search]");
+    if (!box) return false;
+    box.focus();
+    box.select();
+    return true;
+  }
 
   document.addEventListener("change", function (event) {
     const target = event.target;
