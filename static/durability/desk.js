@@ -5,6 +5,13 @@
 
   document.documentElement.classList.add("js");
 
+  // The browser's time zone, for the pages of an operator who chose none: sent once, in a
+  // cookie the server checks against its zone names (durability/accounts/timezones.py).
+  const zone = Intl.DateTimeFormat().resolvedOptions().timeZone;
+  if (zone && !document.cookie.split("; ").includes(`tallybook_tz=${zone}`)) {
+    document.cookie = `tallybook_tz=${zone}; path=/; max-age=31536000; SameSite=Lax`;
+  }
+
   function typing(target) {
     return target.closest && target.closest("input, textarea, select, [contenteditable]");
   }
