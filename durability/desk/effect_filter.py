@@ -60,10 +60,11 @@ class EffectQuery:
         merged = {k: self.values.get(k) for k in FIELDS} | override
         return urlencode({k: _param(v) for k, v in merged.items() if v not in ("", None)})
 
-    def described(self) -> list[tuple[str, str]]:
-        """The active fields besides project and state, as (name, value) for the page."""
+    def described(self) -> list[tuple[str, Any]]:
+        """The active fields besides project and state, as (name, value) for the page (which
+        shows `since`, a datetime, with {% when %})."""
         return [
-            (k, _param(self.values[k]))
+            (k, self.values[k])
             for k in FIELDS
             if k in self.values and k not in ("project", "state")
         ]
