@@ -16,51 +16,9 @@ from django import template
 from django.utils import timezone
 from django.utils.html import format_html
 
+from durability.accounts.timezones import absolute, distance, exact
+
 register = template.Library()
-
-NBSP = "\u00a0"
-# Closer than this, a distance is "just now": a count of seconds would only flicker.
-JUST_NOW_S = 10
-
-
-def _local(value: datetime) -> datetime:
-    aware = value if timezone.is_aware(value) else value.replace(tzinfo=UTC)
-    return timezone.localtime(aware)
-
-
-def exact(value: datetime) -> str:
-    """The moment to the millisecond, in the current zone, with the zone's name and offset."""
-    local = _local(value)
-    offset = local.strftime("%z")
-    zone = local.tzname() or "UTC"
-    shown = f"{local:%Y-%m-%d %H:%M:%S}.{local.microsecond // 1000:03d} {zone}"
-    if zone == "UTC":
-        return shown
-    return f"{shown} (UTC{offset[:3]}:{offset[3:]})"
-
-
-def absolute(value: datetime, *, seconds: bool = False) -> str:
-    local = _local(value)
-    return local.strftime("%Y-%m-%d %H:%M:%S" if seconds else "%Y-%m-%d %H:%M")
-
-
-def distance(value: datetime, *, now: datetime) -> str:
-    """How far the moment lies from now, in words a person says: never "0 minutes ago"."""
-    aware = value if timezone.is_aware(value) else value.replace(tzinfo=UTC)
-    delta = (now - aware).total_seconds()
-    s = int(abs(delta))
-    if s < JUST_NOW_S:
-        return "just now"
-    if s < 60:
-        span = f"{s}{NBSP}s"
-    elif s < 3600:
-        span = f"{s // 60}{NBSP}min"
-    elif s < 48 * 3600:
-        hours, minutes = divmod(s // 60, 60)
-        span = f"{hours}{NBSP}h" + (f" {minutes}{NBSP}min" if hours < 10 and minutes else "")
-    else:
-        span = f"{s // 86400}{NBSP}d"
-    return f"{span} ago" if delta > 0 else f"in {span}"
 
 
 def when_html(

@@ -12,9 +12,9 @@ import pytest
 from django.template import Context, Template
 from django.utils import timezone
 
-from durability.accounts.timezones import COOKIE
+from durability.accounts.timezones import COOKIE, distance
 from durability.models import Preference
-from durability.templatetags.times import distance, when_html
+from durability.templatetags.times import when_html
 
 MOMENT = datetime(2026, 12, 1, 6, 49, 6, 123456, tzinfo=UTC)
 NBSP = "\u00a0"
