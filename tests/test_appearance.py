@@ -101,6 +101,25 @@ def test_text_and_badges_are_readable_in_light_and_dark_mode(page, desk, scheme)
             assert ratio >= READABLE, f"{path} {shown['what']}: {ratio:.2f} ({shown})"
 
 
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_the_charts_states_stand_out_from_its_background(page, desk, scheme):
+    page.emulate_media(color_scheme=scheme)
+    log_in(page, "/")
+    chart = page.eval_on_selector("svg.chart", "el => getComputedStyle(el).backgroundColor")
+    fills = page.eval_on_selector_all(
+        "svg.chart rect, ul.legend .swatch",
+        "els => els.map(el => [el.getAttribute('class'), getComputedStyle(el).fill,"
+        " getComputedStyle(el).backgroundColor])",
+    )
+    assert {"s-succeeded", "s-failed", "s-denied", "s-not_happened", "s-timed_out"} <= {
+        name for name, _, _ in fills
+    }
+    for name, fill, background in fills:
+        colour = background if "swatch" in name else fill
+        # WCAG 2's non-text contrast: 3:1 against what lies around it.
+        assert contrast(colour, chart) >= 3, f"{name} {colour} on {chart}"
+
+
 def test_the_overview_chart_shows_problems_only_and_keeps_it_in_the_address(page, desk):
     log_in(page, "/")
     assert page.locator("svg.chart rect.s-succeeded").count() > 0
