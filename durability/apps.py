@@ -10,9 +10,11 @@ class DurabilityConfig(AppConfig):
 
     def ready(self) -> None:
         from axes.signals import user_locked_out
+        from django.contrib.auth.signals import user_logged_in
 
         from durability.accounts.lockouts import on_user_locked_out
         from durability.accounts.roles import groups_sync
+        from durability.accounts.timezones import on_user_logged_in
         from durability.audit import sqlite_triggers_ensure
 
         post_migrate.connect(groups_sync, sender=self, dispatch_uid="durability_groups_sync")
@@ -20,3 +22,4 @@ class DurabilityConfig(AppConfig):
             sqlite_triggers_ensure, sender=self, dispatch_uid="durability_sqlite_triggers"
         )
         user_locked_out.connect(on_user_locked_out, dispatch_uid="durability_login_locked_out")
+        user_logged_in.connect(on_user_logged_in, dispatch_uid="durability_time_zone_remember")

@@ -97,6 +97,20 @@ class Membership(models.Model):
         return f"{self.user} in {self.project} ({self.role})"
 
 
+class Preference(models.Model):
+    """A user's own settings, the same in every project of theirs."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, models.CASCADE, primary_key=True, related_name="preference"
+    )
+    # The zone pages show moments in: a name of the zoneinfo database; blank for the
+    # browser's (durability.accounts.timezones).
+    time_zone = models.CharField(max_length=64, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.user}'s preferences"
+
+
 def _digest(raw_key: str) -> str:
     return hashlib.sha256(raw_key.encode()).hexdigest()
 

@@ -65,10 +65,13 @@ def csp_violations(page: Any) -> list[str]:
     return found
 
 
-def watched_page(browser: Any, base_url: str) -> tuple[Any, list[str], list[str]]:
-    """A page in a new context of its own, and the lists that collect its CSP violations and
-    console errors; close its context after use."""
-    context = browser.new_context(viewport={"width": 1440, "height": 900}, base_url=base_url)
+def watched_page(browser: Any, base_url: str, **options: Any) -> tuple[Any, list[str], list[str]]:
+    """A page in a new context of its own (Playwright's context `options` added, such as a
+    `timezone_id`), and the lists that collect its CSP violations and console errors; close
+    its context after use."""
+    context = browser.new_context(
+        viewport={"width": 1440, "height": 900}, base_url=base_url, **options
+    )
     # How long an action waits for its element or page: a bound, not an expected speed.
     context.set_default_timeout(30_000)
     violations: list[str] = []

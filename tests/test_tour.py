@@ -1,6 +1,6 @@
 """The README's three-minute tour, in Debian's Chromium against a live server with the demo
 seeded; and every page reachable from it loads nothing from elsewhere, breaks no rule of the
-Content Security Policy and logs no error.
+Content Security Policy, logs no error and shows no date outside a <time> element.
 
 The tour's screenshot of the overview is the README's when `bin/screenshots` runs it.
 """
@@ -160,7 +160,7 @@ def test_no_page_loads_anything_from_elsewhere_breaks_the_csp_or_logs_an_error(
     page.on("pageerror", lambda e: errors.append(f"{page.url}: {e}"))
     _log_in(page, demo)
     queue, seen, shapes = deque(START), set(), Counter()
-    visited = []
+    visited, dated = [], []
     while queue and len(visited) < MAX_PAGES:
         path = queue.popleft()
         if path in seen or shapes[_shape(path)] >= PER_SHAPE:
@@ -171,6 +171,7 @@ def test_no_page_loads_anything_from_elsewhere_breaks_the_csp_or_logs_an_error(
         # goto() returns once the page has loaded, its deferred scripts run.
         assert response is not None and response.status < 400, f"{path}: {response.status}"
         assert csp_violations(page) == [], path
+        dated += [f"{path}: {text}" for text in page.evaluate(DATES_OUTSIDE_TIME, DATE_LIKE)]
         visited.append(path)
         for href in page.eval_on_selector_all("a[href]", "links => links.map(a => a.href)"):
             url = urlsplit(urljoin(live_server.url + path, href))
@@ -179,6 +180,33 @@ def test_no_page_loads_anything_from_elsewhere_breaks_the_csp_or_logs_an_error(
     assert len(visited) > 20, visited
     assert elsewhere == []
     assert errors == []
+    assert dated == []
+
+
+# Dates as Django's filters and Python print them, and distances as timesince says them
+# (with a no-break space: "3 hours" in a heading is no date): on a
+# page, every one sits in a <time datetime> of {% when %} (durability/templatetags/times.py).
+DATE_LIKE = (
+    r"\d{4}-\d\d-\d\d|\b\d{1,2}:\d\d\b|\b(Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
+    r"[a-z]*\.? \d{1,2}, \d{4}|\b[ap]\.m\.|\d+\u00a0(minute|hour|day|week|month|year)s?\b"
+)
+# Text in a <time> (or its title) is the tag's; data shown as it was sent (code, JSON, form
+# values) and the chart's axis are not dates of the page's own.
+DATES_OUTSIDE_TIME = """(pattern) => {
+  const dateLike = new RegExp(pattern);
+  const skip = "time, code, pre, svg, script, style, textarea, select, option";
+  const found = [];
+  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    if (!node.parentElement.closest(skip) && dateLike.test(node.textContent)) {
+      found.push(node.textContent.trim());
+    }
+  }
+  for (const el of document.querySelectorAll("[title]")) {
+    if (!el.closest(skip) && dateLike.test(el.title)) found.push(`title: ${el.title}`);
+  }
+  return found;
+}"""
 
 
 def _away(url: str, here: str) -> bool:

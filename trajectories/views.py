@@ -52,14 +52,15 @@ FILTERS = ["agent", "workflow", "version", "status"]
 
 
 def _when(value: str, default: datetime | None) -> tuple[datetime | None, str | None]:
-    """A datetime-local field (UTC) as an aware datetime, or the default and an error."""
+    """A datetime-local field (in the operator's time zone) as an aware datetime, or the
+    default and an error."""
     if not value:
         return default, None
     try:
         parsed = datetime.fromisoformat(value)
     except ValueError:
         return default, f"{value!r} is not a date and time"
-    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)), None
+    return (parsed if parsed.tzinfo else timezone.make_aware(parsed)), None
 
 
 def _cursor(value: str) -> tuple[datetime, int] | None:
@@ -118,7 +119,7 @@ def runs(request: AuthedRequest) -> HttpResponse:
         run.effect_count = effects.get(run.pk, 0)  # type: ignore[attr-defined]
     query = request.GET.copy()
     query.pop("before", None)
-    query["since"] = since.strftime("%Y-%m-%dT%H:%M") if since else ""
+    query["since"] = timezone.localtime(since).strftime("%Y-%m-%dT%H:%M") if since else ""
     context = {
         "runs": page,
         "chosen": chosen,

@@ -6,6 +6,7 @@ from django import forms
 from django.contrib.auth.validators import UnicodeUsernameValidator
 from django.db import models
 
+from durability.accounts.timezones import zone_names
 from durability.models import AuthorityPolicy, Membership, Role
 
 
@@ -36,6 +37,21 @@ class NotificationsForm(forms.Form):
     notify_assigned = _notify_field("notify_assigned")
     notify_mentioned = _notify_field("notify_mentioned")
     notify_overdue = _notify_field("notify_overdue")
+
+
+def _zone_choices() -> list[tuple[str, str]]:
+    return [("", "My browser's"), *((name, name) for name in sorted(zone_names()))]
+
+
+class TimeZoneForm(forms.Form):
+    """The zone pages show moments in: one of the zoneinfo database's, or the browser's."""
+
+    time_zone = forms.ChoiceField(
+        label="Show times in",
+        choices=_zone_choices,
+        required=False,
+        error_messages={"invalid_choice": "%(value)s is not a time zone of the zoneinfo database."},
+    )
 
 
 class MemberRoleForm(forms.Form):

@@ -18,6 +18,7 @@ from durability.models import (
     AuthorityPolicy,
     Membership,
     NoticeKind,
+    Preference,
     Project,
     Role,
 )
@@ -124,6 +125,16 @@ def member_notifications_set(
             was=[name.removeprefix("notify_") for name in NOTIFY_FIELDS if was[name]],
             now=[name.removeprefix("notify_") for name in NOTIFY_FIELDS if choices[name]],
         )
+    return True
+
+
+def preference_time_zone_set(*, user: User, time_zone: str) -> bool:
+    """The zone `user`'s pages show moments in ("" for their browser's); True when it
+    changed. A personal setting of no project, so in no project's audit chain."""
+    was = Preference.objects.filter(user=user).values_list("time_zone", flat=True).first()
+    if (was or "") == time_zone:
+        return False
+    Preference.objects.update_or_create(user=user, defaults={"time_zone": time_zone})
     return True
 
 

@@ -11,6 +11,7 @@ urlpatterns = [
     path("projects/switch/", views.project_switch, name="project-switch"),
     path("settings/", views.project_settings, name="settings"),
     path("settings/notifications/", views.notifications, name="settings-notifications"),
+    path("settings/time-zone/", views.time_zone_set, name="settings-time-zone"),
     path(
         "settings/<int:project_id>/notifications/",
         views.notifications_set,

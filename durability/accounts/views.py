@@ -1,6 +1,7 @@
 """The project settings page (/settings/): members and their roles (added, or invited with
 a one-time set-password link), API keys, the policy, the project's own secret patterns;
-and each member's own choice of emails (/settings/notifications/).
+and each member's own choice of emails (/settings/notifications/) and of the time zone
+their pages show times in.
 
 The project's settings are for admins only (the `manage_project` permission): other members
 get 403, strangers to a project 404, a user in no project the landing page. Every member
@@ -36,9 +37,11 @@ from durability.accounts.forms import (
     NotificationsForm,
     PolicyForm,
     RedactionForm,
+    TimeZoneForm,
 )
 from durability.accounts.roles import Access, Perm
-from durability.models import ApiKey, AuthorityPolicy, Membership, Role
+from durability.accounts.timezones import COOKIE, chosen_zone_remember, zone_named
+from durability.models import ApiKey, AuthorityPolicy, Membership, Preference, Role
 from durability.site import site_url
 
 
@@ -261,15 +264,44 @@ def notifications_set(request: AuthedRequest, project_id: int) -> HttpResponseBa
     return redirect("settings-notifications")
 
 
+@login_required
+@require_POST
+def time_zone_set(request: AuthedRequest) -> HttpResponseBase:
+    access = project_access(request, Perm.VIEW)
+    form = TimeZoneForm(request.POST)
+    if not form.is_valid():
+        return _notifications_page(request, access, zone_form=form, status=400)
+    chosen = form.cleaned_data["time_zone"]
+    changed = members.preference_time_zone_set(user=request.user, time_zone=chosen)
+    chosen_zone_remember(request, request.user)
+    if changed:
+        messages.success(request, f"Times are shown in {chosen or 'your browser’s time zone'}.")
+    return redirect("settings-notifications")
+
+
 def _notifications_page(
-    request: AuthedRequest, access: Access, *, form: Form | None = None, status: int = 200
+    request: AuthedRequest,
+    access: Access,
+    *,
+    form: Form | None = None,
+    zone_form: Form | None = None,
+    status: int = 200,
 ) -> HttpResponse:
     if form is None:
         membership = Membership.objects.get(project=access.project, user=request.user)
         form = NotificationsForm(
             initial={name: getattr(membership, name) for name in members.NOTIFY_FIELDS}
         )
-    context = {"access": access, "form": form, "email": request.user.email}
+    if zone_form is None:
+        chosen = Preference.objects.filter(user=request.user).values_list("time_zone", flat=True)
+        zone_form = TimeZoneForm(initial={"time_zone": chosen.first() or ""})
+    context = {
+        "access": access,
+        "form": form,
+        "zone_form": zone_form,
+        "browser_zone": zone_named(request.COOKIES.get(COOKIE)),
+        "email": request.user.email,
+    }
     return render(request, "durability/accounts/notifications.html", context, status=status)
 
 

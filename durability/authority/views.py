@@ -10,6 +10,7 @@ sources are for admins. Services do the changes and write the audit entries.
 from __future__ import annotations
 
 import csv
+from datetime import UTC
 from typing import Any
 
 from django.contrib import messages
@@ -285,7 +286,8 @@ def authority_report_csv(request: AuthedRequest) -> StreamingHttpResponse:
 def _csv_name(query: report.ReportQuery, before: int | None, page: bool) -> str:
     """A file name that tells one export from another: the range, the quadrant, and the
     page (and its cursor) or "all"."""
-    parts = ["authority-audit", f"{query.since:%Y%m%d%H%M}-{query.until:%Y%m%d%H%M}"]
+    since, until = query.since.astimezone(UTC), query.until.astimezone(UTC)
+    parts = ["authority-audit", f"{since:%Y%m%d%H%M}-{until:%Y%m%d%H%M}"]
     if query.quadrant:
         parts.append(query.quadrant.replace("_", "-"))
     if page:

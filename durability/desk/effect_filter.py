@@ -99,10 +99,11 @@ class EffectQuery:
     def query_string(self, **override: Any) -> str:
         return urlencode(self.params(**override))
 
-    def described(self) -> list[tuple[str, str]]:
-        """The active fields besides project and state, as (name, value) for the page."""
+    def described(self) -> list[tuple[str, Any]]:
+        """The active fields besides project and state, as (name, value) for the page (which
+        shows `since`, a datetime, with {% when %})."""
         return [
-            (k, _param(self.values[k]))
+            (k, self.values[k])
             for k in FIELDS
             if k in self.values and k not in ("project", "state")
         ]

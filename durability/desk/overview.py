@@ -49,6 +49,16 @@ CHART_STATES = [
     State.AWAITING_APPROVAL,
     State.TIMED_OUT,
 ]
+# What "problems only" keeps (`?show=problems`): the effects that did not simply succeed or
+# are not simply under way, so that a few failures are not slivers under a tall green bar.
+PROBLEM_STATES = [
+    State.FAILED,
+    State.NOT_HAPPENED,
+    State.COMPENSATED,
+    State.ABANDONED,
+    State.DENIED,
+    State.TIMED_OUT,
+]
 # Columns of the cases table: at least this severity, as the queue's filter means it.
 SEVERITY_COLUMNS = [
     (Severity.CRITICAL, "critical"),
@@ -152,6 +162,7 @@ class Chart:
     legend: list[tuple[str, Number]]
     ticks: list[tuple[float, int]]
     ranges: list[str]
+    problems: bool = False
     width: int = WIDTH
     height: int = HEIGHT
     left: int = LEFT
@@ -184,9 +195,15 @@ def _nice_ceiling(n: int) -> int:
 
 
 def effects_chart(
-    project: Project, range_name: str, now: datetime, tallied: datetime | None = None
+    project: Project,
+    range_name: str,
+    now: datetime,
+    tallied: datetime | None = None,
+    *,
+    problems: bool = False,
 ) -> Chart:
-    """Effects created in the range, per time bucket, stacked by the state they are in now.
+    """Effects created in the range, per time bucket, stacked by the state they are in now
+    (with `problems`, only those in PROBLEM_STATES, the y axis scaled to them).
 
     Hours from the tallies (and the hours not tallied, live), or for the last hour one
     GROUP BY on (minute created, state) over effect_project_created_idx; the database's
@@ -207,6 +224,8 @@ def effects_chart(
             .annotate(n=Count("id"))
             .order_by()
         )
+    states = PROBLEM_STATES if problems else CHART_STATES
+    rows = [(at, state, n) for at, state, n in rows if state in states]
     buckets = int(span / step)
     grid: list[dict[str, int]] = [{} for _ in range(buckets)]
     per_state: dict[str, int] = {}
@@ -230,7 +249,7 @@ def effects_chart(
             label=_tick_label(bar_start, range_name) if i % label_every == 0 else "",
         )
         y = float(HEIGHT - BOTTOM)
-        for state in CHART_STATES:
+        for state in states:
             if n := counts.get(state, 0):
                 height = round(n / top * plot_height, 2)
                 y = round(y - height, 2)
@@ -241,15 +260,16 @@ def effects_chart(
             str(state),
             Number(per_state[state], effects_url(project=project.pk, state=state, since=start)),
         )
-        for state in CHART_STATES
+        for state in states
         if per_state.get(state)
     ]
     ticks = [(round(HEIGHT - BOTTOM - plot_height * f, 2), int(top * f)) for f in (0, 0.5, 1)]
-    return Chart(range_name, start, bars, legend, ticks, list(RANGES))
+    return Chart(range_name, start, bars, legend, ticks, list(RANGES), problems)
 
 
 def _tick_label(moment: datetime, range_name: str) -> str:
-    return moment.strftime("%a %H:%M" if range_name == "7d" else "%H:%M")
+    # In the operator's time zone, as every moment on a page (durability.templatetags.times).
+    return timezone.localtime(moment).strftime("%a %H:%M" if range_name == "7d" else "%H:%M")
 
 
 # -- the last day, evidence, the busiest -----------------------------------------------------
@@ -365,7 +385,8 @@ def last_day_effects(project: Project, since: datetime, tallied: datetime | None
 @login_required
 @require_GET
 def index(request: AuthedRequest) -> HttpResponse:
-    """The current project's overview; `?range=1h|24h|7d` picks the chart's range."""
+    """The current project's overview; `?range=1h|24h|7d` picks the chart's range, and
+    `?show=problems` keeps only the problems in it."""
     access = project_access(request, Perm.VIEW)
     project = access.project
     now = timezone.now()
@@ -383,7 +404,9 @@ def index(request: AuthedRequest) -> HttpResponse:
         "severity_totals": severity_totals,
         "open_total": severity_totals[-1],
         "oldest": oldest_open_case(project),
-        "chart": effects_chart(project, range_name, now, tallied),
+        "chart": effects_chart(
+            project, range_name, now, tallied, problems=request.GET.get("show") == "problems"
+        ),
         "last_day": last_day(project, day_ago),
         "strengths": effects.strengths,
         "agents": effects.agents,

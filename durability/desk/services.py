@@ -18,9 +18,9 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import F, QuerySet
 from django.utils import timezone
-from django.utils.timesince import timesince
 
 from durability import audit
+from durability.accounts.timezones import distance
 from durability.api.schemas import ReceiptIn
 from durability.desk import notifications
 from durability.ledger import machine, settling
@@ -109,7 +109,7 @@ class CaseChanged(Exception):
             what, when = f"{actor_named(last.actor)} made a change ({change})", last.at
         else:
             what, when = "someone else changed it", None
-        ago = f" {timesince(when)} ago" if when else ""
+        ago = f" {distance(when, now=timezone.now())}" if when else ""
         super().__init__(
             f"Case #{case.pk} changed while you were looking at it: {what}{ago}. "
             "Your action was not applied; review the case as it is now."

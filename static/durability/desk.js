@@ -5,6 +5,13 @@
 
   document.documentElement.classList.add("js");
 
+  // The browser's time zone, for the pages of an operator who chose none: sent once, in a
+  // cookie the server checks against its zone names (durability/accounts/timezones.py).
+  const zone = Intl.DateTimeFormat().resolvedOptions().timeZone;
+  if (zone && !document.cookie.split("; ").includes(`tallybook_tz=${zone}`)) {
+    document.cookie = `tallybook_tz=${zone}; path=/; max-age=31536000; SameSite=Lax`;
+  }
+
   // Whether keys typed at `target` are text (a radio button or a checkbox takes none: the
   // verdict `r` lands on still answers the case's keys).
   function typing(target) {

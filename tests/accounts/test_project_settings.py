@@ -429,5 +429,7 @@ def test_the_keys_table_says_active_or_revoked_and_when(project, admin, api_key)
     assert "<th>Status</th>" in table and "<th>Revoked</th>" not in table and "live" not in table
     assert re.search(r"<td>Active</td>", table)
     assert re.search(
-        r"<td>Revoked <span title=\"[^\"]+\">\d{4}-\d\d-\d\d \d\d:\d\d</span></td>", table
+        r"<td>Revoked <time datetime=\"[^\"]+Z\" title=\"[^\"]+\">"
+        r"\d{4}-\d\d-\d\d \d\d:\d\d</time></td>",
+        table,
     )

@@ -167,6 +167,7 @@ def test_a_resolution_on_a_stale_page_is_refused_and_says_who_changed_it(project
     text = _refused(desk, r, case)
     assert f"Case #{case.pk} changed while you were looking at it" in text
     assert "closed: it did not happen, by ada" in text and "Your action was not applied" in text
+    assert "just now" in text and "0\xa0minutes" not in text  # never "0 minutes ago"
     assert Effect.objects.get(cases=case).state == State.NOT_HAPPENED
 
 

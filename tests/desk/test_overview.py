@@ -150,6 +150,19 @@ def test_the_chart_stacks_each_bucket_by_state(api, client, operator):
     assert "<svg" in main and "<script" not in main and "style=" not in main
 
 
+def test_the_chart_can_show_the_problems_alone_scaled_to_them(api, client, operator):
+    _busy_day(api)
+    everything = client.get("/?range=24h").context["chart"]
+    chart = client.get("/?range=24h&show=problems").context["chart"]
+    assert chart.problems and not everything.problems
+    assert {state: n.n for state, n in chart.legend} == {"failed": 1, "timed_out": 1}
+    assert {s.state for bar in chart.bars for s in bar.segments} == {"failed", "timed_out"}
+    # The axis' top follows the problems, not the successes around them.
+    assert chart.ticks[-1][1] < everything.ticks[-1][1]
+    page = client.get("/?range=24h&show=problems").content.decode()
+    assert 'href="?range=1h&amp;show=problems"' in page and "Problems by state" in page
+
+
 def test_the_chart_shows_the_last_hour_of_a_young_project(api, client, operator):
     _agent(api, "first", "refund-bot")
     chart = client.get("/").context["chart"]
