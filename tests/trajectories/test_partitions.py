@@ -3,11 +3,13 @@ a span stored once whenever it is sent again, and the run page reading its run's
 
 from __future__ import annotations
 
+import io
 import re
 import threading
 from datetime import UTC, date, datetime, timedelta
 
 import pytest
+from django.core.management import CommandError, call_command
 from django.db import connection, connections
 from django.utils import timezone
 
@@ -173,3 +175,12 @@ def test_two_upkeeps_at_once_make_each_partition_once():
     made = sorted(name for names in results for name in names)
     days: list[date] = [later.date() + timedelta(days=n) for n in range(4)]
     assert made == sorted(partition_name(t, d) for t in PARTITIONED for d in days)
+
+
+def test_the_partitions_command_drops_what_the_days_given_leave_out(api):
+    _send_run(api)
+    out = io.StringIO()
+    call_command("partitions", "--days", "30", stdout=out)
+    assert "dropped 0 partitions" in out.getvalue() and Span.objects.count() == 3
+    with pytest.raises(CommandError, match="--days"):
+        call_command("partitions", "--days", "-1")
