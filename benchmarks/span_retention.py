@@ -6,9 +6,16 @@ Creates (dropping it first) the PostgreSQL database named by --db, migrates it, 
 with --spans spans over --days days (runs of 100 spans, one trace each, a run a day apart
 in turn), a partition a day. Then times `trajectories.retention.drop_expired` with the
 horizon one day past the oldest day (one day's partitions dropped, its traces and runs
-deleted), and, for comparison, a DELETE of the next day's spans row by row (what an
-unpartitioned table would need). Prints the times and the table's size before and after;
-drops the database at the end unless --keep.
+deleted), and, for comparison, a DELETE of the next day's spans row by row. Prints the times
+and the table's size before and after; drops the database at the end unless --keep.
+
+2026-12-01 17:10 UTC, a shared 2-core machine under other helpers' tests, PostgreSQL 15:
+1,000,000 spans over 30 days (367 MB in 39 partitions) filled in 39 s; `drop_expired` for one
+day 533 ms, all told: its two partitions detached and dropped, and 334 traces and 334 runs
+deleted in batches; 33,400 spans gone, 355 MB left. The DELETE of the next day's 33,400 rows
+took 45 ms, but only because the partitioning prunes it to one partition: it leaves 33,400
+dead rows for vacuum, and on one unpartitioned table it would walk an index on day (or the
+whole table) and bloat the hot table's indexes.
 """
 
 from __future__ import annotations
@@ -119,8 +126,9 @@ def main() -> None:
             cursor.execute("DELETE FROM trajectories_span WHERE day = %s", [next_day])
             deleted = cursor.rowcount
         print(
-            f"for comparison, DELETE of the next day's {deleted:,} spans row by row: "
-            f"{(time.perf_counter() - started) * 1000:.0f} ms (and the dead rows left to vacuum)"
+            f"for comparison, DELETE of the next day's {deleted:,} spans row by row (pruned to "
+            f"its partition): {(time.perf_counter() - started) * 1000:.0f} ms, "
+            "and the dead rows left to vacuum"
         )
     finally:
         connection.close()
