@@ -226,8 +226,9 @@ RAW_SPAN = (
     "INSERT INTO trajectories_span (project_id, run_id, trace_id, span_id, parent_span_id, kind, "
     'operation, name, start, "end", status, status_message, provider, request_model, '
     "response_model, input_tokens, output_tokens, tool_call_id, tool_name, resource, input, "
-    "output, attributes, capped, received) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
-    "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, '{}', %s)"
+    "output, attributes, capped, received, day) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
+    "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, '{}', %s, "
+    "(now() AT TIME ZONE 'UTC')::date)"
 )
 
 

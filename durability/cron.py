@@ -24,6 +24,7 @@ SCHEDULE = [
     (desk_jobs.bulks_resume, 60),
     (trajectories_jobs.links_repair, 60),
     (tallies.projects_tally, 60),
+    (trajectories_jobs.partitions_upkeep, 3600),
 ]
 for job, interval in SCHEDULE:
     register(job, queue_name="default", interval=interval)

@@ -25,8 +25,8 @@ class SpanAdmin(ReadOnly):
 
 @admin.register(EffectLink)
 class EffectLinkAdmin(ReadOnly):
-    list_display = ["effect", "run", "tool_span", "model_span", "resolved"]
-    raw_id_fields = ["effect", "run", "tool_span", "model_span"]
+    list_display = ["effect", "run", "tool_span_id", "model_span_id", "resolved"]
+    raw_id_fields = ["effect", "run"]
 
 
 admin.site.register(RunTrace, ReadOnly)

@@ -49,6 +49,7 @@ from trajectories.models import (
     SeenEvent,
     Span,
     SpanKind,
+    today,
 )
 from trajectories.schemas import (
     EVENT_SCHEMAS,
@@ -401,6 +402,10 @@ _JSON_TEXTS = SPAN_COLUMNS[18:23]
 # look-up of the spans just written. Its rows come as JSON arrays in lockstep (`_rows_json`),
 # parameters rather than a COPY, so that the statement is sent in the runs' round trip. A run
 # the batch did not write fails the statement (its run_id is null), never a span left out.
+# Each span goes to the partition of its trace's first-seen day (RunTrace.day, claimed
+# earlier in the same pipeline or in an earlier batch): a span sent again, after midnight or
+# a month later, meets its first copy in the one partition the conflict is checked in. (Today,
+# should retention have deleted the trace's day since: its first copy was dropped with it.)
 SPAN_UPSERT = (
     "WITH staged AS (SELECT "
     + ", ".join(
@@ -415,20 +420,22 @@ SPAN_UPSERT = (
     + ") AS batch(row, "
     + ", ".join(f'"{c}"' for c in _JSON_TEXTS)
     + ")), stored AS ("
-    f'INSERT INTO trajectories_span ("run_id", {", ".join(f'"{c}"' for c in SPAN_COLUMNS)}) '
+    f'INSERT INTO trajectories_span ("run_id", "day", {", ".join(f'"{c}"' for c in SPAN_COLUMNS)}) '
     "SELECT (SELECT run.id FROM trajectories_run run "
-    "WHERE run.project_id = %s AND run.run_id = staged.run_key), %s, "
+    "WHERE run.project_id = %s AND run.run_id = staged.run_key), "
+    "COALESCE((SELECT trace.day FROM trajectories_runtrace trace "
+    "WHERE trace.project_id = %s AND trace.trace_id = staged.trace_id), %s), %s, "
     + ", ".join(f'staged."{c}"' for c in SPAN_COLUMNS[1:-1])
     + ", %s FROM staged "
-    "ON CONFLICT (project_id, trace_id, span_id) DO UPDATE SET "
+    "ON CONFLICT (project_id, trace_id, span_id, day) DO UPDATE SET "
     + ", ".join(f'"{c}" = EXCLUDED."{c}"' for c in SPAN_UPDATED)
-    + " RETURNING id, trace_id, span_id) "
-    "INSERT INTO trajectories_requestedtoolcall (project_id, tool_call_id, span_id) "
-    "SELECT %s, call.id, stored.id FROM staged "
+    + " RETURNING trace_id, span_id, day) "
+    "INSERT INTO trajectories_requestedtoolcall (project_id, tool_call_id, trace_id, span_id, day) "
+    "SELECT %s, call.id, stored.trace_id, stored.span_id, stored.day FROM staged "
     "JOIN stored ON stored.trace_id = staged.trace_id AND stored.span_id = staged.span_id "
     "CROSS JOIN LATERAL jsonb_array_elements_text(staged.requested) AS call(id) "
     "WHERE staged.requested IS NOT NULL "
-    "ON CONFLICT (span_id, tool_call_id) DO NOTHING"
+    "ON CONFLICT (project_id, trace_id, span_id, tool_call_id, day) DO NOTHING"
 )
 
 
@@ -459,9 +466,9 @@ def _spans_upsert(
     SPAN_UPSERT on PostgreSQL, the ORM's bulk_create elsewhere (SQLite, for the demo)."""
     if connection.vendor == "postgresql":
         now = rows[0][-1]
-        cursor.execute(
-            SPAN_UPSERT, [*_rows_json(rows, spans), project.pk, project.pk, now, project.pk]
-        )
+        pk = project.pk
+        day = today()
+        cursor.execute(SPAN_UPSERT, [*_rows_json(rows, spans), pk, pk, day, pk, now, pk])
     else:
         _spans_create(project, rows, spans)
 
@@ -470,21 +477,33 @@ def _spans_create(project: Project, rows: list[tuple[Any, ...]], spans: list[Spa
     """Elsewhere (SQLite, for the demo): the ORM's bulk_create, in the runs the keys name."""
     keys = {s.run_key for s in spans}
     run_pks = dict(Run.objects.filter(project=project, run_id__in=keys).values_list("run_id", "pk"))
+    days = dict(
+        RunTrace.objects.filter(
+            project=project, trace_id__in={s.trace_id for s in spans}
+        ).values_list("trace_id", "day")
+    )
     created = []
     for row, s in zip(rows, spans, strict=True):
         values = dict(zip(SPAN_COLUMNS, row, strict=True))
         for name in JSON_COLUMNS:
             values[name] = None if values[name] is None else json.loads(values[name])
-        created.append(Span(run_id=run_pks[s.run_key], **values))
+        day = days.get(s.trace_id) or today()
+        created.append(Span(run_id=run_pks[s.run_key], day=day, **values))
     Span.objects.bulk_create(
         created,
         update_conflicts=True,
-        unique_fields=["project", "trace_id", "span_id"],
+        unique_fields=["project", "trace_id", "span_id", "day"],
         update_fields=[c.removesuffix("_id") if c == "run_id" else c for c in SPAN_UPDATED],
     )
     RequestedToolCall.objects.bulk_create(
         [
-            RequestedToolCall(project_id=span.project_id, tool_call_id=call_id, span=span)
+            RequestedToolCall(
+                project_id=span.project_id,
+                tool_call_id=call_id,
+                trace_id=span.trace_id,
+                span_id=span.span_id,
+                day=span.day,
+            )
             for span, s in zip(created, spans, strict=True)
             for call_id in s.requested_calls
         ],
@@ -502,11 +521,12 @@ RUNS_UPSERT = (
 )
 _RUN_ROW = "(%s, %s, %s, '', '', '', '', 'running', %s, '{}', 0, 0, 0, 0, %s)"
 # A trace joins the run its key names unless it has one already.
+# The trace's day is today's, once: a trace claimed before keeps the day it was first seen.
 TRACES_CLAIM = (
-    "INSERT INTO trajectories_runtrace (project_id, trace_id, run_id) VALUES {rows} "
+    "INSERT INTO trajectories_runtrace (project_id, trace_id, day, run_id) VALUES {rows} "
     "ON CONFLICT (project_id, trace_id) DO NOTHING"
 )
-_CLAIM_ROW = "(%s, %s, (SELECT id FROM trajectories_run WHERE project_id = %s AND run_id = %s))"
+_CLAIM_ROW = "(%s, %s, %s, (SELECT id FROM trajectories_run WHERE project_id = %s AND run_id = %s))"
 
 
 def _runs_write(
@@ -529,8 +549,9 @@ def _traces_claim(cursor: Any, project: Project, claims: dict[str, str]) -> None
     if not claims:
         return
     params: list[Any] = []
+    day = today()
     for trace_id, key in sorted(claims.items()):
-        params += [project.pk, trace_id, project.pk, key]
+        params += [project.pk, trace_id, day, project.pk, key]
     cursor.execute(TRACES_CLAIM.format(rows=", ".join([_CLAIM_ROW] * len(claims))), params)
 
 
@@ -604,6 +625,8 @@ RUNS_REFRESH = """UPDATE trajectories_run SET
     status = CASE WHEN NOT trajectories_run.inferred THEN trajectories_run.status
         WHEN agg.root_errors > 0 THEN 'error' WHEN agg.roots_ended > 0 THEN 'ok'
         ELSE 'running' END,
+    first_day = agg.first_day,
+    last_day = agg.last_day,
     {fills},
     updated = %s
 FROM (
@@ -614,6 +637,8 @@ FROM (
         coalesce(sum(span.output_tokens), 0) AS tokens_out,
         min(span.start) AS first,
         max(span."end") AS last,
+        min(span.day) AS first_day,
+        max(span.day) AS last_day,
         sum(CASE WHEN span.parent_span_id = '' AND span."end" IS NOT NULL
             THEN 1 ELSE 0 END) AS roots_ended,
         sum(CASE WHEN span.parent_span_id = '' AND span.status = 'error'

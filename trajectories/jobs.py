@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from durability.jobs import enqueue
 from durability.models import Effect, Receipt
-from trajectories import links
+from trajectories import links, retention
 
 
 def effect_link(effect_id: int) -> None:
@@ -14,6 +14,12 @@ def effect_link(effect_id: int) -> None:
 def links_repair() -> int:
     """Link the recent effects whose link job was lost (scheduled); returns how many."""
     return len(links.links_repair())
+
+
+def partitions_upkeep() -> list[str]:
+    """Create the span partitions ahead and drop the expired ones (scheduled); returns the
+    names of the partitions dropped."""
+    return retention.partitions_upkeep().dropped
 
 
 def effect_link_later(effect: Effect | None, *, receipt: Receipt | None = None) -> None:

@@ -14,14 +14,23 @@ reads everything committed before it.
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from durability.models import EFFECT_NAMES_TRAJECTORY, Effect
 from trajectories.ingest import Touched
-from trajectories.models import EffectLink, RequestedToolCall, Run, Span, SpanKind
+from trajectories.models import (
+    EffectLink,
+    RequestedToolCall,
+    Run,
+    RunTrace,
+    Span,
+    SpanKind,
+    spans_named,
+)
 
 # How far up the span tree an effect recorded inside a tool call's child span looks.
 MAX_ANCESTORS = 32
@@ -77,10 +86,20 @@ def link_resolve(*, effect_id: int) -> EffectLink | None:
         run = anchor.run if anchor else (model.run if model else None)
         if run is None and link.run_key:
             run = Run.objects.filter(project_id=link.project_id, run_id=link.run_key).first()
-        link.run, link.tool_span, link.model_span = run, tool, model
+        link.run = run
+        link.tool_trace_id, link.tool_span_id = (tool.trace_id, tool.span_id) if tool else ("", "")
+        link.model_trace_id, link.model_span_id = (
+            (model.trace_id, model.span_id) if model else ("", "")
+        )
         link.resolved = timezone.now() if (run or tool or model) else None
-        link.save(update_fields=["run", "tool_span", "model_span", "resolved"])
+        link.save(update_fields=[*LINK_FIELDS, "resolved"])
+        # What the pages read through tool_span and model_span: found already.
+        link._spans = {(s.trace_id, s.span_id): s for s in (tool, model) if s is not None}
     return link
+
+
+# What a resolution writes, apart from when.
+LINK_FIELDS = ["run", "tool_trace_id", "tool_span_id", "model_trace_id", "model_span_id"]
 
 
 def _anchor(link: EffectLink) -> Span | None:
@@ -88,7 +107,7 @@ def _anchor(link: EffectLink) -> Span | None:
     if not (link.trace_id and link.span_id):
         return None
     spans = Span.objects.select_related("run").filter(
-        project_id=link.project_id, trace_id=link.trace_id
+        project_id=link.project_id, trace_id=link.trace_id, day__in=_days(link, link.trace_id)
     )
     found = spans.filter(span_id=link.span_id).first()
     span = found
@@ -99,15 +118,18 @@ def _anchor(link: EffectLink) -> Span | None:
     return span if span is not None and span.kind == SpanKind.TOOL else found
 
 
+def _days(link: EffectLink, trace_id: str) -> QuerySet[RunTrace, Any]:
+    """The partition day of a trace, as a subquery: the spans' query reads one partition."""
+    return RunTrace.objects.filter(project_id=link.project_id, trace_id=trace_id).values("day")
+
+
 def _model_span(link: EffectLink, tool: Span | None, anchor: Span | None) -> Span | None:
     call_id = link.tool_call_id or (tool.tool_call_id if tool else "")
     if call_id:
-        asked = [
-            r.span
-            for r in RequestedToolCall.objects.select_related("span__run").filter(
-                project_id=link.project_id, tool_call_id=call_id
-            )
-        ]
+        asking = RequestedToolCall.objects.filter(project_id=link.project_id, tool_call_id=call_id)
+        asked = list(
+            spans_named(link.project_id, asking.values_list("trace_id", "span_id")).values()
+        )
         # Tool call ids are unique within a conversation, not across all of them.
         same_trace = [s for s in asked if anchor is not None and s.trace_id == anchor.trace_id]
         candidates = same_trace or asked
@@ -120,6 +142,7 @@ def _model_span(link: EffectLink, tool: Span | None, anchor: Span | None) -> Spa
         .filter(
             project_id=link.project_id,
             trace_id=anchor.trace_id,
+            day=anchor.day,
             kind=SpanKind.MODEL,
             start__lte=anchor.start,
         )
@@ -200,13 +223,9 @@ def links_repair(*, limit: int = REPAIR_BATCH) -> list[int]:
 def effect_trajectory(sender: object, *, effect: Effect, **_: object) -> dict[str, str | None]:
     """The run id and the tool and model span ids (hex) of a linked effect, for the API's
     effect detail (durability.api.signals.effect_detail)."""
-    link = (
-        EffectLink.objects.filter(pk=effect.pk)
-        .select_related("run", "tool_span", "model_span")
-        .first()
-    )
+    link = EffectLink.objects.filter(pk=effect.pk).select_related("run").first()
     return {
         "run_id": link.run.run_id if link and link.run else None,
-        "tool_span_id": link.tool_span.span_id if link and link.tool_span else None,
-        "model_span_id": link.model_span.span_id if link and link.model_span else None,
+        "tool_span_id": (link.tool_span_id or None) if link else None,
+        "model_span_id": (link.model_span_id or None) if link else None,
     }

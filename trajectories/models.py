@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from collections.abc import Iterable
+from datetime import UTC, date, datetime
+from functools import cached_property
 
 from django.db import models
 from django.db.models import Q
@@ -18,6 +20,11 @@ from durability.models import Effect, Project
 # or year 1 turned into 1 BC by its offset) would make every page that lists it fail.
 # The latest is no real time, only one that Python loads in any zone with room to spare.
 LATEST_STORED = datetime(3000, 1, 1, tzinfo=UTC)
+
+
+def today() -> date:
+    """The current UTC day: the partition of the traces first seen now."""
+    return timezone.now().astimezone(UTC).date()
 
 
 def _in_range(name: str, *, null: bool = False) -> Q:
@@ -53,6 +60,10 @@ class Run(models.Model):
     error_count = models.PositiveIntegerField(default=0)
     input_tokens = models.PositiveBigIntegerField(default=0)
     output_tokens = models.PositiveBigIntegerField(default=0)
+    # The first and last partition day (Span.day) of the run's spans, recomputed with the
+    # aggregates: the run page reads only those partitions, retention finds runs gone with them.
+    first_day = models.DateField(null=True, blank=True)
+    last_day = models.DateField(null=True, blank=True)
     updated = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -69,6 +80,8 @@ class Run(models.Model):
         indexes = [
             # The runs page: runs in a time range, newest first, keyset on (started, id).
             models.Index(fields=["project", "-started", "-id"], name="run_project_started_idx"),
+            # Retention (every project at once): the runs whose spans all expired.
+            models.Index(fields=["last_day"], name="run_last_day_idx"),
         ]
 
     def __str__(self) -> str:
@@ -91,11 +104,18 @@ class RunTrace(models.Model):
     project = models.ForeignKey(Project, models.CASCADE, related_name="+", db_index=False)
     trace_id = models.CharField(max_length=32)
     run = models.ForeignKey(Run, models.CASCADE, related_name="traces")
+    # The UTC day the trace was first seen: the partition of all its spans (Span.day), so
+    # that a span sent again, whenever, lands where it was stored first.
+    day = models.DateField(default=today)
 
     class Meta:
         constraints = [
             # Span ingest: the run of a trace, by (project, trace_id).
             models.UniqueConstraint(fields=["project", "trace_id"], name="runtrace_trace_uniq"),
+        ]
+        indexes = [
+            # Retention (every project at once): the traces whose partition was dropped.
+            models.Index(fields=["day"], name="runtrace_day_idx"),
         ]
 
     def __str__(self) -> str:
@@ -116,7 +136,12 @@ class SpanStatus(models.TextChoices):
 
 
 class Span(models.Model):
-    """One step of a run. Input, output and attributes are stored redacted and capped."""
+    """One step of a run. Input, output and attributes are stored redacted and capped.
+
+    On PostgreSQL the table is partitioned by `day` (one partition per UTC day, and a
+    DEFAULT one; trajectories.retention), its primary key is (id, day), and nothing holds a
+    foreign key to it: other rows name a span by value (project, trace_id, span_id).
+    """
 
     # Every span written updates every index: the foreign keys use the indexes that lead
     # with them (span_identity_uniq, span_run_start_idx) rather than two of their own.
@@ -124,6 +149,9 @@ class Span(models.Model):
     run = models.ForeignKey(Run, models.CASCADE, related_name="spans", db_index=False)
     trace_id = models.CharField(max_length=32)
     span_id = models.CharField(max_length=16)
+    # The partition key: its trace's first-seen day (RunTrace.day), never the span's own
+    # times, so every copy of a span lands in one partition and the identity holds.
+    day = models.DateField(default=today)
     parent_span_id = models.CharField(max_length=16, blank=True)
     kind = models.CharField(max_length=8, choices=SpanKind.choices, default=SpanKind.OTHER)
     # The GenAI operation (chat, execute_tool, invoke_agent, …) when the span names one.
@@ -150,9 +178,11 @@ class Span(models.Model):
 
     class Meta:
         constraints = [
-            # Re-sent spans update in place; effect links find spans by these ids.
+            # Re-sent spans update in place; effect links find spans by these ids. The
+            # partition key is a column of any unique index of a partitioned table; the day
+            # is a function of (project, trace_id), so this is still one row per identity.
             models.UniqueConstraint(
-                fields=["project", "trace_id", "span_id"], name="span_identity_uniq"
+                fields=["project", "trace_id", "span_id", "day"], name="span_identity_uniq"
             ),
             models.CheckConstraint(condition=Q(kind__in=SpanKind.values), name="span_kind_valid"),
             models.CheckConstraint(
@@ -192,16 +222,25 @@ class Span(models.Model):
 
 
 class RequestedToolCall(models.Model):
-    """A tool call a model span asked for (a `tool_call` part of its output messages)."""
+    """A tool call a model span asked for (a `tool_call` part of its output messages).
+
+    Names its span by value, and is partitioned by the span's day as spans are: retention
+    drops both together.
+    """
 
     # requested_call_id_idx and requested_call_uniq lead with these: no index of their own.
     project = models.ForeignKey(Project, models.CASCADE, related_name="+", db_index=False)
     tool_call_id = models.CharField(max_length=255)
-    span = models.ForeignKey(Span, models.CASCADE, related_name="requested_calls", db_index=False)
+    trace_id = models.CharField(max_length=32)
+    span_id = models.CharField(max_length=16)
+    day = models.DateField(default=today)
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["span", "tool_call_id"], name="requested_call_uniq"),
+            models.UniqueConstraint(
+                fields=["project", "trace_id", "span_id", "tool_call_id", "day"],
+                name="requested_call_uniq",
+            ),
         ]
         indexes = [
             # Effect links: the model span that asked for a tool call id.
@@ -245,12 +284,12 @@ class EffectLink(models.Model):
     span_id = models.CharField(max_length=16, blank=True)
     tool_call_id = models.CharField(max_length=255, blank=True)
     run = models.ForeignKey(Run, models.SET_NULL, null=True, blank=True, related_name="links")
-    tool_span = models.ForeignKey(
-        Span, models.SET_NULL, null=True, blank=True, related_name="tool_links"
-    )
-    model_span = models.ForeignKey(
-        Span, models.SET_NULL, null=True, blank=True, related_name="model_links"
-    )
+    # The tool span and the model span found, by value (in the link's project): spans are
+    # partitioned, and outlive nothing that points at them (blank: none found).
+    tool_trace_id = models.CharField(max_length=32, blank=True)
+    tool_span_id = models.CharField(max_length=16, blank=True)
+    model_trace_id = models.CharField(max_length=32, blank=True)
+    model_span_id = models.CharField(max_length=16, blank=True)
     resolved = models.DateTimeField(null=True, blank=True)
 
     class Meta:
@@ -265,3 +304,36 @@ class EffectLink(models.Model):
 
     def __str__(self) -> str:
         return f"link of effect {self.effect_id}"
+
+    @cached_property
+    def _spans(self) -> dict[tuple[str, str], Span]:
+        """The tool and model spans named, still stored: one query, in their partitions."""
+        return spans_named(
+            self.project_id,
+            [(self.tool_trace_id, self.tool_span_id), (self.model_trace_id, self.model_span_id)],
+        )
+
+    @property
+    def tool_span(self) -> Span | None:
+        return self._spans.get((self.tool_trace_id, self.tool_span_id))
+
+    @property
+    def model_span(self) -> Span | None:
+        return self._spans.get((self.model_trace_id, self.model_span_id))
+
+
+def spans_named(project_id: int, names: Iterable[tuple[str, str]]) -> dict[tuple[str, str], Span]:
+    """The spans of a project named by value, (trace_id, span_id) pairs (blank ones skipped),
+    with their runs: one query, reading only their traces' partitions."""
+    wanted = {(t, s) for t, s in names if t and s}
+    if not wanted:
+        return {}
+    traces = {t for t, _ in wanted}
+    days = RunTrace.objects.filter(project_id=project_id, trace_id__in=traces).values("day")
+    found = Span.objects.select_related("run").filter(
+        project_id=project_id,
+        trace_id__in=traces,
+        span_id__in={s for _, s in wanted},
+        day__in=days,
+    )
+    return {(s.trace_id, s.span_id): s for s in found if (s.trace_id, s.span_id) in wanted}

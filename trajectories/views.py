@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.contrib.auth.decorators import login_required
-from django.db.models import Count, Q
+from django.db.models import Count, Q, QuerySet
 from django.http import Http404, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
@@ -159,7 +159,8 @@ class Tree:
     roots: list[Span]
     start: datetime
     span_seconds: float
-    effects: dict[int, list[EffectLink]]
+    # Effects by the (trace_id, span_id) of their tool span, else of their model span.
+    effects: dict[tuple[str, str], list[EffectLink]]
     loose_effects: list[EffectLink]
 
     def node(self, span: Span) -> Node:
@@ -170,7 +171,7 @@ class Tree:
             x=round(offset / self.span_seconds * TIMELINE, 2),
             width=max(round(duration / self.span_seconds * TIMELINE, 2), 1),
             child_count=len(self.children.get((span.trace_id, span.span_id), [])),
-            effects=self.effects.get(span.pk, []),
+            effects=self.effects.get((span.trace_id, span.span_id), []),
         )
 
     def kids(self, span: Span) -> list[Span]:
@@ -212,9 +213,16 @@ class Tree:
         return nodes, more
 
 
+def run_spans(run: Run) -> QuerySet[Span]:
+    """The run's spans, read from the partitions of its first to its last day only."""
+    if run.first_day is None or run.last_day is None:
+        return Span.objects.none()
+    return Span.objects.filter(run=run, day__range=(run.first_day, run.last_day))
+
+
 def _tree(run: Run) -> Tree:
     """All spans of the run in one query, arranged as a forest; effects by their span."""
-    spans = list(Span.objects.filter(run=run).only(*TREE_FIELDS).order_by("start", "id"))
+    spans = list(run_spans(run).only(*TREE_FIELDS).order_by("start", "id"))
     present = {(s.trace_id, s.span_id) for s in spans}
     children: dict[tuple[str, str], list[Span]] = defaultdict(list)
     roots = []
@@ -225,7 +233,7 @@ def _tree(run: Run) -> Tree:
             roots.append(s)
     start = min((s.start for s in spans), default=run.started)
     end = max((s.end or s.start for s in spans), default=start)
-    effects: dict[int, list[EffectLink]] = defaultdict(list)
+    effects: dict[tuple[str, str], list[EffectLink]] = defaultdict(list)
     loose = []
     links = (
         EffectLink.objects.filter(run=run)
@@ -234,11 +242,14 @@ def _tree(run: Run) -> Tree:
         .order_by("effect_id")
     )
     for link in links:
-        span_pk = link.tool_span_id or link.model_span_id
-        if span_pk is None:
-            loose.append(link)
+        if link.tool_span_id:
+            effects[(link.tool_trace_id, link.tool_span_id)].append(link)
+        elif link.model_span_id:
+            effects[(link.model_trace_id, link.model_span_id)].append(link)
         else:
-            effects[span_pk].append(link)
+            loose.append(link)
+    # A link whose span is not among the run's (dropped by retention) is shown on its own.
+    loose += [link for key, kept in effects.items() if key not in present for link in kept]
     return Tree(
         spans,
         children,
@@ -262,7 +273,7 @@ def run(request: AuthedRequest, run_pk: int, span_pk: int | None = None) -> Http
     )
     selected = None
     if span_pk is not None:
-        selected = Span.objects.filter(run=found, pk=span_pk).first()
+        selected = run_spans(found).filter(pk=span_pk).first()
         if selected is None:
             raise Http404("No such span in this run")
         if request.htmx:
@@ -295,15 +306,22 @@ def run(request: AuthedRequest, run_pk: int, span_pk: int | None = None) -> Http
 
 
 def _span_context(span: Span) -> dict[str, Any]:
+    # Through the run's links (link.run is the run of the tool span, else the model span's).
+    named = Q(tool_trace_id=span.trace_id, tool_span_id=span.span_id) | Q(
+        model_trace_id=span.trace_id, model_span_id=span.span_id
+    )
     links = (
-        EffectLink.objects.filter(Q(tool_span=span) | Q(model_span=span))
+        EffectLink.objects.filter(named, run_id=span.run_id)
         .select_related("effect")
         .prefetch_related("effect__receipts")
         .order_by("effect_id")
     )
     parent = (
         Span.objects.filter(
-            project_id=span.project_id, trace_id=span.trace_id, span_id=span.parent_span_id
+            project_id=span.project_id,
+            trace_id=span.trace_id,
+            span_id=span.parent_span_id,
+            day=span.day,
         )
         .only("id", "run_id", "name")
         .first()

@@ -95,9 +95,7 @@ def approval_sign(
 
 def approvals_shown() -> QuerySet[Approval]:
     """Approvals with what their pages show, in a fixed number of queries."""
-    return Approval.objects.select_related(
-        "effect__link__run", "effect__link__model_span", "effect__link__tool_span", "grant"
-    ).prefetch_related(
+    return Approval.objects.select_related("effect__link__run", "grant").prefetch_related(
         Prefetch("signoffs", queryset=Signoff.objects.select_related("user").order_by("id"))
     )
 

@@ -119,10 +119,10 @@ def test_the_model_span_that_asked_wins_over_a_nearer_one(send):
 def test_links_stay_when_the_spans_are_sent_again(send):
     send.spans(*genai())
     effect = send.intent(trace_id=TRACE, span_id=TOOL)
-    before = EffectLink.objects.values("run", "tool_span", "model_span").get(pk=effect)
+    before = EffectLink.objects.values(*links.LINK_FIELDS).get(pk=effect)
     send.spans(*genai())
     send.spans(*reversed(genai()))
-    assert EffectLink.objects.values("run", "tool_span", "model_span").get(pk=effect) == before
+    assert EffectLink.objects.values(*links.LINK_FIELDS).get(pk=effect) == before
     assert send.trajectory(effect) == (TRACE, TOOL, MODEL)
 
 

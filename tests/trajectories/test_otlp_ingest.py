@@ -63,9 +63,8 @@ def test_it_maps_genai_spans_onto_a_run_inferred_from_the_trace(api, as_json):
     assert (model.input_tokens, model.output_tokens, model.parent_span_id) == (100, 20, ROOT)
     assert model.output is not None and model.output[0]["parts"][0]["id"] == "call_1"
     assert model.resource == {"service.name": "refund-agent"}
-    assert list(RequestedToolCall.objects.values_list("tool_call_id", "span_id")) == [
-        ("call_1", model.pk)
-    ]
+    asked = RequestedToolCall.objects.values_list("tool_call_id", "trace_id", "span_id", "day")
+    assert list(asked) == [("call_1", model.trace_id, model.span_id, model.day)]
     executed = Span.objects.get(span_id="2222222222222222")
     assert (executed.kind, executed.tool_name, executed.tool_call_id) == (
         "tool",
@@ -148,7 +147,7 @@ def test_it_accepts_the_older_genai_names_and_the_openinference_and_traceloop_al
         11,
     )
     assert spans["3"].attributes["llm.token_count.total"] == 16
-    assert RequestedToolCall.objects.get(span=spans["3"]).tool_call_id == "call_oi"
+    assert RequestedToolCall.objects.get(span_id=spans["3"].span_id).tool_call_id == "call_oi"
     assert (spans["4"].kind, spans["4"].tool_name, spans["4"].output) == (
         "tool",
         "lookup",

@@ -1,0 +1,186 @@
+"""Spans partitioned by day on PostgreSQL: partitions made ahead, expired ones dropped whole,
+a span stored once whenever it is sent again, and the run page reading its run's days only."""
+
+from __future__ import annotations
+
+import io
+import re
+import threading
+from datetime import UTC, date, datetime, timedelta
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connection, connections
+from django.utils import timezone
+
+from tests.trajectories.support import TRACE, chat, post_traces, request, span, tool
+from trajectories import retention
+from trajectories.links import effect_link_record
+from trajectories.models import EffectLink, RequestedToolCall, Run, RunTrace, Span
+from trajectories.retention import PARTITIONED, partition_name, partitions
+from trajectories.views import run_spans
+
+AGENT, MODEL, TOOL = "a" * 16, "1" * 16, "2" * 16
+SPANS, CALLS = PARTITIONED
+
+
+def _now() -> datetime:
+    return timezone.now().astimezone(UTC)
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """Set the time Tallybook reads (django.utils.timezone.now) to a given moment."""
+
+    def set_to(moment: datetime) -> None:
+        monkeypatch.setattr(timezone, "now", lambda: moment)
+
+    return set_to
+
+
+def _partition_of(span_id: str) -> str:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT tableoid::regclass::text FROM trajectories_span WHERE span_id = %s", [span_id]
+        )
+        return cursor.fetchone()[0]
+
+
+def _send_run(api) -> Run:
+    post_traces(
+        api.client,
+        api.key,
+        request(
+            span(AGENT, "invoke_agent refunds", duration_ms=500),
+            chat(MODEL, parent=AGENT, at_ms=10, calls=("call_1",)),
+            tool(TOOL, "call_1", parent=AGENT, at_ms=100),
+        ),
+    )
+    return Run.objects.get()
+
+
+def test_the_migration_makes_the_partitions_of_today_and_the_week_ahead(db):
+    today = _now().date()
+    for table in PARTITIONED:
+        assert set(partitions(table)) >= {today + timedelta(days=n) for n in range(8)}
+
+
+def test_upkeep_creates_partitions_ahead_once(db):
+    later = _now() + timedelta(days=40)
+    days = [later.date() + timedelta(days=n) for n in range(3)]
+    created = retention.partitions_create(now=later, ahead=2)
+    assert created == [partition_name(table, day) for table in PARTITIONED for day in days]
+    assert retention.partitions_create(now=later, ahead=2) == []
+    for table in PARTITIONED:
+        assert set(days) <= set(partitions(table))
+
+
+def test_retention_drops_the_partitions_wholly_past_the_horizon_and_the_runs_left_empty(api):
+    run = _send_run(api)
+    today = _now().date()
+    assert _partition_of(TOOL) == partition_name(SPANS, today)
+    # Thirty days on, today's partition is still inside the horizon.
+    kept = retention.drop_expired(now=_now() + timedelta(days=30), days=30)
+    assert kept.dropped == [] and Span.objects.count() == 3
+    # A day later it is wholly past it: dropped, with the traces and the run it held.
+    report = retention.drop_expired(now=_now() + timedelta(days=31), days=30)
+    assert partition_name(SPANS, today) in report.dropped
+    assert partition_name(CALLS, today) in report.dropped
+    assert today not in partitions(SPANS) and today + timedelta(days=1) in partitions(SPANS)
+    assert (report.traces_deleted, report.runs_deleted) == (1, 1)
+    assert not Span.objects.exists() and not RequestedToolCall.objects.exists()
+    assert not RunTrace.objects.exists() and not Run.objects.filter(pk=run.pk).exists()
+    # Run again, it finds nothing more to do.
+    again = retention.drop_expired(now=_now() + timedelta(days=31), days=30)
+    assert (again.dropped, again.runs_deleted, again.traces_deleted) == ([], 0, 0)
+
+
+def test_a_span_sent_again_after_midnight_is_stored_once_in_the_partition_of_its_first_day(
+    api, clock
+):
+    day = _now().date() + timedelta(days=1)
+    midnight = datetime.combine(day + timedelta(days=1), datetime.min.time(), tzinfo=UTC)
+    clock(midnight - timedelta(seconds=1))
+    post_traces(api.client, api.key, request(span(AGENT, "before midnight")))
+    clock(midnight + timedelta(seconds=1))
+    post_traces(api.client, api.key, request(span(AGENT, "after midnight")))
+    stored = Span.objects.get()
+    assert (stored.name, stored.day) == ("after midnight", day)
+    assert _partition_of(AGENT) == partition_name(SPANS, day)
+    # A trace first seen after midnight goes to the next day's partition, which exists.
+    other = "5" * 32
+    post_traces(api.client, api.key, request(span(MODEL, trace_id=other)))
+    assert _partition_of(MODEL) == partition_name(SPANS, day + timedelta(days=1))
+
+
+def test_a_span_of_a_day_without_a_partition_is_kept_and_moved_into_it_when_it_is_made(api, clock):
+    later = _now() + timedelta(days=20)
+    clock(later)
+    assert post_traces(api.client, api.key, request(span(AGENT))).status_code == 200
+    assert _partition_of(AGENT) == f"{SPANS}_default"
+    assert partition_name(SPANS, later.date()) in retention.partitions_create(now=later, ahead=0)
+    assert _partition_of(AGENT) == partition_name(SPANS, later.date())
+    assert Span.objects.count() == 1
+
+
+def test_the_run_pages_span_query_reads_only_the_partitions_of_its_days(api):
+    run = _send_run(api)
+    plan = run_spans(run).order_by("start", "id").explain()
+    read = set(re.findall(rf"\b{SPANS}_(?:p\d{{8}}|default)\b", plan))
+    assert read == {partition_name(SPANS, _now().date())}
+
+
+def test_effects_link_to_their_tool_call_and_model_request_by_value(client, alice, api):
+    run = _send_run(api)
+    effect = api.intent("refund:1", trace_id=TRACE, span_id=TOOL).json()["effect"]["id"]
+    effect_link_record(effect_id=effect)
+    link = EffectLink.objects.get(pk=effect)
+    assert (link.tool_trace_id, link.tool_span_id) == (TRACE, TOOL)
+    assert (link.model_trace_id, link.model_span_id) == (TRACE, MODEL)
+    client.force_login(alice)
+    # On the run page the effect sits under its tool call.
+    executed = Span.objects.get(span_id=TOOL)
+    page = client.get(f"/runs/{run.pk}/spans/{executed.pk}/").content.decode()
+    assert "refund:1" in page
+    effect_page = client.get(f"/effects/{effect}/").content.decode()
+    for span_id in (TOOL, MODEL):
+        found = Span.objects.get(span_id=span_id)
+        assert f'href="/runs/{run.pk}/spans/{found.pk}/"' in effect_page
+    # Once retention has dropped the spans, the effect still names them, as no longer kept.
+    retention.drop_expired(now=_now() + timedelta(days=31), days=30)
+    effect_page = client.get(f"/effects/{effect}/").content.decode()
+    assert TOOL in effect_page and "no longer kept" in effect_page
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_upkeeps_at_once_make_each_partition_once():
+    later = _now() + timedelta(days=60)
+    results: list[list[str]] = []
+    errors: list[BaseException] = []
+
+    def upkeep() -> None:
+        try:
+            results.append(retention.partitions_create(now=later, ahead=3))
+        except BaseException as exc:  # reported below, in the test's thread
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=upkeep) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    made = sorted(name for names in results for name in names)
+    days: list[date] = [later.date() + timedelta(days=n) for n in range(4)]
+    assert made == sorted(partition_name(t, d) for t in PARTITIONED for d in days)
+
+
+def test_the_partitions_command_drops_what_the_days_given_leave_out(api):
+    _send_run(api)
+    out = io.StringIO()
+    call_command("partitions", "--days", "30", stdout=out)
+    assert "dropped 0 partitions" in out.getvalue() and Span.objects.count() == 3
+    with pytest.raises(CommandError, match="--days"):
+        call_command("partitions", "--days", "-1")
