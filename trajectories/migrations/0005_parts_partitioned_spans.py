@@ -146,7 +146,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ("durability", "0022_notices_invitations"),
-        ("trajectories", "0003_stored_times_in_range"),
+        ("trajectories", "0004_search_run_indexes"),
     ]
 
     operations = [
