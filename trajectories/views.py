@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from durability.accounts.access import AuthedRequest, object_access, project_access
 from durability.accounts.roles import Perm
-from durability.inbound import decimal_digits, number_param
+from durability.inbound import EARLIEST, decimal_digits, number_param
 from trajectories.models import EffectLink, Run, RunStatus, Span
 
 PAGE_SIZE = 50
@@ -51,6 +51,10 @@ TREE_FIELDS = [
 FILTERS = ["agent", "workflow", "version", "status"]
 
 
+# The latest moment a filter may name: far ahead, and still a date in every time zone.
+LATEST = datetime(9000, 1, 1, tzinfo=UTC)
+
+
 def _when(value: str, default: datetime | None) -> tuple[datetime | None, str | None]:
     """A datetime-local field (in the operator's time zone) as an aware datetime, or the
     default and an error."""
@@ -58,9 +62,14 @@ def _when(value: str, default: datetime | None) -> tuple[datetime | None, str | 
         return default, None
     try:
         parsed = datetime.fromisoformat(value)
-    except ValueError:
+        aware = parsed if parsed.tzinfo else timezone.make_aware(parsed)
+        # In UTC, and shown again in the operator's zone: both must exist.
+        utc = aware.astimezone(UTC)
+    except (ValueError, OverflowError):
         return default, f"{value!r} is not a date and time"
-    return (parsed if parsed.tzinfo else timezone.make_aware(parsed)), None
+    if not EARLIEST <= utc <= LATEST:
+        return default, f"{value!r} is not between {EARLIEST:%Y-%m-%d} and {LATEST:%Y-%m-%d}"
+    return utc, None
 
 
 def _cursor(value: str) -> tuple[datetime, int] | None:
