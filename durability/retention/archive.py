@@ -72,7 +72,8 @@ def _entry_row(entry: AuditEntry) -> dict[str, Any]:
     return {name: getattr(entry, name) for name in ENTRY_FIELDS}
 
 
-def _entry_of(row: dict[str, Any]) -> AuditEntry:
+def entry_of(row: dict[str, Any]) -> AuditEntry:
+    """The (unsaved) audit entry an archived row describes."""
     values = dict(row)
     for name in ("at", "pruned"):
         if values[name] is not None:
@@ -202,11 +203,11 @@ def archive_verify(path: Path) -> Verified:
             elif kind == "effect":
                 seen["effects"] += 1
                 seen["entries"] += len(record["audit"])
-                effects.append((record["id"], [_entry_of(e) for e in record["audit"]]))
+                effects.append((record["id"], [entry_of(e) for e in record["audit"]]))
             elif kind == "project_entry":
                 seen["entries"] += 1
                 record.pop("type")
-                project_chain.append(_entry_of(record))
+                project_chain.append(entry_of(record))
             elif kind == "run":
                 seen["runs"] += 1
                 seen["spans"] += len(record.get("spans", ()))
