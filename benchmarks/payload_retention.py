@@ -25,6 +25,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 # The queue benchmark beside this script (the script's folder is first on sys.path).
 queue_page = importlib.import_module("queue_page")
@@ -114,7 +115,7 @@ def chains(project: Any) -> int:
                             None,
                             "",
                             "",
-                            psycopg.types.json.Jsonb(data),
+                            Jsonb(data),
                             entry.data_digest,
                             None,
                             entry.prev_hash,

@@ -403,6 +403,11 @@ class EffectResultOut(BaseModel):
 class EffectDetailOut(BaseModel):
     effect: EffectOut
     request: Any
+    payload_pruned: str | None = Field(
+        default=None,
+        description="When retention removed the request and the receipts' data (null then);"
+        " the fingerprint and the receipts' external ids stay.",
+    )
     authority: dict[str, Any] | None
     attempts: list[AttemptOut]
     receipts: list[ReceiptOut]

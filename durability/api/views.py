@@ -124,6 +124,7 @@ def _effect_detail(effect: Effect) -> JsonResponse:
         EffectDetailOut(
             effect=EffectOut.of(effect),
             request=effect.request,
+            payload_pruned=effect.payload_pruned.isoformat() if effect.payload_pruned else None,
             authority=effect.authority,
             attempts=[AttemptOut.of(a) for a in effect.attempts.all()],
             receipts=[ReceiptOut.of(r) for r in effect.receipts.all()],

@@ -10,10 +10,11 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from durability.audit import first_broken_entry
+from durability.ledger.machine import Event
 from durability.models import AuditAction, AuditEntry, Effect, Receipt, State
 from durability.retention import services
 from tests.desk.support import logged_in, uncertain_case
-from tests.ledger.support import intent, receipt
+from tests.ledger.support import intent, receipt, settle
 from tests.retention.support import later, policy, succeeded
 
 
@@ -95,13 +96,35 @@ def test_a_batch_costs_the_same_queries_however_many_effects_it_prunes(project):
     assert small == large
 
 
-def test_the_effect_and_case_pages_say_when_the_payload_was_pruned(project, alice):
+def test_the_api_answers_when_the_payload_was_pruned(project, api):
+    policy(project, payload_days=1)
+    effect = succeeded(project, "refund:1", "re_1")
+    services.payloads_prune(project=project, now=later())
+    detail = api.get(f"effects/{effect.pk}").json()
+    assert detail["request"] is None and detail["payload_pruned"]
+    assert [(r["external_id"], r["data"]) for r in detail["receipts"]] == [("re_1", None)]
+    assert detail["effect"]["fingerprint"] == effect.fingerprint
+
+
+def test_the_effect_page_says_when_the_payload_was_pruned(project, alice):
     policy(project, payload_days=1)
     effect = succeeded(project, "refund:1")
     services.payloads_prune(project=project, now=later())
     page = logged_in(alice).get(f"/effects/{effect.pk}/").content.decode()
     assert "payload pruned on" in page and "(archived: no)" in page
     assert "4242" not in page
+
+
+def test_a_closed_cases_story_stays_and_says_what_was_pruned(project, alice):
+    policy(project, payload_days=1)
+    case = uncertain_case(project, "k1", request={"card": "4242"})
+    settle(project, "k1", Event.ATTEST_NOT_HAPPENED)
+    assert services.payloads_prune(project=project, now=later()).effects == 1
+    page = logged_in(alice).get(f"/cases/{case.pk}/").content.decode()
+    assert "payload pruned on" in page and "details pruned on" in page
+    # The timeout's entry lost its reason (the case's summary, never pruned, still says it).
+    assert AuditEntry.objects.get(effect=case.effect, action=AuditAction.TIMEOUT).data == {}
+    assert "checked the provider&#x27;s dashboard" in page  # the resolution stays
 
 
 def test_the_command_prunes_each_project_and_says_what(project, capsys):
