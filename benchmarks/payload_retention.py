@@ -21,6 +21,7 @@ import argparse
 import importlib
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -33,63 +34,63 @@ queue_page = importlib.import_module("queue_page")
 ERROR = "HTTP 502 from the provider after 30 s: upstream connect error or disconnect"
 
 
-def chains(project: Any) -> int:
-    """Two audit entries per effect (its intent, a failure with the agent's error), at its
-    `updated`, hashed by durability.audit; the
-    receipts, one per effect; the heads on the effects. Entries go in by COPY."""
-    from django.db import connection, transaction
+FIELDS = [
+    "project_id",
+    "seq",
+    "at",
+    "actor",
+    "action",
+    "effect_id",
+    "case_id",
+    "from_state",
+    "to_state",
+    "data",
+    "data_digest",
+    "pruned",
+    "prev_hash",
+    "hash",
+]
+CHUNK = 50_000
+
+
+def retried[T](step: Callable[[], T], tries: int = 5) -> T:
+    """`step` in a transaction of its own, again on a new connection should the server end
+    this one (on a shared machine, other runs' tests terminate connections)."""
+    from django.db import OperationalError, connection, transaction
+
+    for attempt in range(tries):
+        try:
+            with transaction.atomic():
+                return step()
+        except OperationalError as exc:
+            print(f"connection lost ({exc}); again", file=sys.stderr)
+            connection.close()
+            if attempt == tries - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _chunk_chains(project: Any, effects: list[tuple[int, datetime]]) -> int:
+    from django.db import connection
 
     from durability.audit import GENESIS, data_digest, entry_hash
-    from durability.models import AuditEntry, Effect, Receipt
+    from durability.models import AuditEntry
 
-    started = time.perf_counter()
-    fields = [
-        "project_id",
-        "seq",
-        "at",
-        "actor",
-        "action",
-        "effect_id",
-        "case_id",
-        "from_state",
-        "to_state",
-        "data",
-        "data_digest",
-        "pruned",
-        "prev_hash",
-        "hash",
-    ]
-    receipt_sql, receipt_params = queue_page._insert_select(
-        Receipt,
-        f"{Effect._meta.db_table} e",
-        {
-            "project_id": "e.project_id",
-            "effect_id": "e.id",
-            "key": "e.key",
-            "system": "'fakepay'",
-            "external_id": "'re_' || e.id",
-            "data": "jsonb_build_object('amount', 1250, 'card', '4242', 'id', 're_' || e.id)",
-            "received": "e.updated",
-        },
-    )
-    n = 0
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(receipt_sql + " WHERE e.project_id = %s", [*receipt_params, project.pk])
+    with connection.cursor() as cursor:
         cursor.execute("CREATE TEMP TABLE heads (id bigint, head char(64)) ON COMMIT DROP")
         raw = connection.connection
-        effects = list(Effect.objects.filter(project=project).values_list("id", "updated"))
         heads: list[tuple[int, str]] = []
-        columns = ", ".join(fields)
-        with raw.cursor().copy(f"COPY durability_auditentry ({columns}) FROM STDIN") as copy:
+        n = 0
+        with raw.cursor().copy(
+            f"COPY durability_auditentry ({', '.join(FIELDS)}) FROM STDIN"
+        ) as copy:
             for effect_id, updated in effects:
                 prev = GENESIS
-                for seq, (action, data) in enumerate(
-                    [
-                        ("intent", {"attempt": 1, "fingerprint": f"fp-{effect_id}"}),
-                        ("failure", {"error": ERROR}),
-                    ],
-                    start=1,
-                ):
+                steps = [
+                    ("intent", {"attempt": 1, "fingerprint": f"fp-{effect_id}"}),
+                    ("failure", {"error": ERROR}),
+                ]
+                for seq, (action, data) in enumerate(steps, start=1):
                     entry = AuditEntry(
                         project_id=project.pk,
                         seq=seq,
@@ -105,22 +106,8 @@ def chains(project: Any) -> int:
                     )
                     entry.hash = prev = entry_hash(entry)
                     copy.write_row(
-                        [
-                            project.pk,
-                            seq,
-                            updated,
-                            entry.actor,
-                            action,
-                            effect_id,
-                            None,
-                            "",
-                            "",
-                            Jsonb(data),
-                            entry.data_digest,
-                            None,
-                            entry.prev_hash,
-                            entry.hash,
-                        ]
+                        [project.pk, seq, updated, entry.actor, action, effect_id, None, "", ""]
+                        + [Jsonb(data), entry.data_digest, None, entry.prev_hash, entry.hash]
                     )
                     n += 1
                 heads.append((effect_id, prev))
@@ -132,6 +119,44 @@ def chains(project: Any) -> int:
             "UPDATE durability_effect e SET audit_seq = 2, audit_head = h.head "
             "FROM heads h WHERE h.id = e.id"
         )
+    return n
+
+
+def chains(project: Any) -> int:
+    """Two audit entries per effect (its intent, a failure with the agent's error), at its
+    `updated`, hashed by durability.audit; the receipts, one per effect; the heads on the
+    effects. Entries go in by COPY, a transaction per 50,000 effects."""
+    from django.db import connection
+
+    from durability.models import Effect, Receipt
+
+    started = time.perf_counter()
+    receipt_sql, receipt_params = queue_page._insert_select(
+        Receipt,
+        f"{Effect._meta.db_table} e",
+        {
+            "project_id": "e.project_id",
+            "effect_id": "e.id",
+            "key": "e.key",
+            "system": "'fakepay'",
+            "external_id": "'re_' || e.id",
+            "data": "jsonb_build_object('amount', 1250, 'card', '4242', 'id', 're_' || e.id)",
+            "received": "e.updated",
+        },
+    )
+
+    def receipts() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(receipt_sql + " WHERE e.project_id = %s", [*receipt_params, project.pk])
+
+    retried(receipts)
+    effects = list(
+        Effect.objects.filter(project=project).order_by("id").values_list("id", "updated")
+    )
+    n = 0
+    for at in range(0, len(effects), CHUNK):
+        chunk = effects[at : at + CHUNK]
+        n += retried(lambda chunk=chunk: _chunk_chains(project, chunk))  # type: ignore[misc]
     with connection.cursor() as cursor:
         cursor.execute("VACUUM ANALYZE durability_auditentry")
         cursor.execute("VACUUM ANALYZE durability_effect")
@@ -183,9 +208,11 @@ def main() -> None:
     project = data["project"]
     try:
         chains(project)
+        from django.db import OperationalError, connection
         from django.utils import timezone
 
         from durability.accounts.services import project_retention_set
+        from durability.models import AuditEntry, Effect, Receipt
         from durability.retention.services import payloads_prune
 
         project_retention_set(
@@ -199,12 +226,22 @@ def main() -> None:
         now = timezone.now() + timedelta(days=args.days, seconds=args.prune - args.effects)
         explain(project, now - timedelta(days=args.days))
         started = time.perf_counter()
-        done = payloads_prune(project=project, batch=args.batch, now=now)
+        for _attempt in range(5):
+            try:
+                payloads_prune(project=project, batch=args.batch, now=now)
+                break
+            except OperationalError as exc:
+                # Each batch is its own transaction: the next pass carries on after it.
+                print(f"connection lost ({exc}); again", file=sys.stderr)
+                connection.close()
         took = time.perf_counter() - started
+        effects = Effect.objects.filter(project=project).exclude(payload_pruned=None).count()
+        receipts = Receipt.objects.filter(project=project).exclude(data_pruned=None).count()
+        entries = AuditEntry.objects.filter(project=project).exclude(pruned=None).count()
         print(
-            f"{args.effects:,} effects, batches of {args.batch}: pruned {done.effects:,} effects,"
-            f" {done.receipts:,} receipts, {done.entries:,} audit entries in {done.batches}"
-            f" batches, {took:.1f}s: {done.effects / took:,.0f} effects/s"
+            f"{args.effects:,} effects, batches of {args.batch}: pruned {effects:,} effects,"
+            f" {receipts:,} receipts, {entries:,} audit entries in {took:.1f}s:"
+            f" {effects / took:,.0f} effects/s"
         )
         verify(project, "after pruning")
     finally:
