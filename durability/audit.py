@@ -25,9 +25,24 @@ from durability.models import (
 
 GENESIS = "0" * 64
 
+# SQLite has no setting a trigger could read: its update trigger lets through the one shape
+# of update that retention's pruning makes (durability.retention.services.audit_entries_prune,
+# PostgreSQL's durability_audit_prune): data emptied, kept digest, pruned time set, nothing
+# else changed. Any other UPDATE, and every DELETE, is refused.
 SQLITE_TRIGGERS = [
-    """CREATE TRIGGER IF NOT EXISTS durability_audit_no_update
+    "DROP TRIGGER IF EXISTS durability_audit_no_update",
+    """CREATE TRIGGER IF NOT EXISTS durability_audit_no_update_but_prune
        BEFORE UPDATE ON durability_auditentry
+       WHEN NOT (
+           OLD.pruned IS NULL AND NEW.pruned IS NOT NULL
+           AND OLD.data_digest <> '' AND NEW.data = '{}'
+           AND NEW.id IS OLD.id AND NEW.project_id IS OLD.project_id AND NEW.seq IS OLD.seq
+           AND NEW.at IS OLD.at AND NEW.actor IS OLD.actor AND NEW.action IS OLD.action
+           AND NEW.effect_id IS OLD.effect_id AND NEW.case_id IS OLD.case_id
+           AND NEW.from_state IS OLD.from_state AND NEW.to_state IS OLD.to_state
+           AND NEW.data_digest IS OLD.data_digest AND NEW.prev_hash IS OLD.prev_hash
+           AND NEW.hash IS OLD.hash
+       )
        BEGIN SELECT RAISE(ABORT, 'durability_auditentry is append-only: UPDATE refused'); END""",
     """CREATE TRIGGER IF NOT EXISTS durability_audit_no_delete
        BEFORE DELETE ON durability_auditentry
@@ -49,8 +64,22 @@ def sqlite_triggers_ensure(using: str = "default", **kwargs: Any) -> None:
                 cursor.execute(statement)
 
 
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def data_digest(data: Any) -> str:
+    """SHA-256 of an entry's data as canonical JSON: what its hash covers in its place."""
+    return hashlib.sha256(_canonical(data).encode()).hexdigest()
+
+
 def entry_hash(entry: AuditEntry) -> str:
-    """SHA-256 over the previous hash and the canonical JSON of the entry's content."""
+    """SHA-256 over the previous hash and the canonical JSON of the entry's content.
+
+    The content names the data by its digest (`data_digest`), so that an entry whose data
+    retention removed verifies from the digest it kept; an entry written before digests
+    (`data_digest` empty) is hashed over its whole data, and cannot be pruned.
+    """
     content = {
         "seq": entry.seq,
         "at": entry.at.isoformat(),
@@ -60,10 +89,19 @@ def entry_hash(entry: AuditEntry) -> str:
         "case": entry.case_id,
         "from": entry.from_state,
         "to": entry.to_state,
-        "data": entry.data,
     }
-    canonical = json.dumps(content, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256((entry.prev_hash + canonical).encode()).hexdigest()
+    if entry.data_digest:
+        content["data_digest"] = entry.data_digest
+    else:
+        content["data"] = entry.data
+    return hashlib.sha256((entry.prev_hash + _canonical(content)).encode()).hexdigest()
+
+
+def entry_holds(entry: AuditEntry) -> bool:
+    """The entry's data is the one its digest names, or, pruned, gone with the digest kept."""
+    if entry.pruned is not None:
+        return bool(entry.data_digest) and entry.data == {}
+    return not entry.data_digest or entry.data_digest == data_digest(entry.data)
 
 
 @dataclass
@@ -172,6 +210,7 @@ def _linked(entries: list[AuditEntry], seq: int, prev: str) -> tuple[int, str]:
     for entry in entries:
         seq += 1
         entry.seq, entry.prev_hash = seq, prev
+        entry.data_digest = data_digest(entry.data)
         entry.hash = prev = entry_hash(entry)
     return seq, prev
 
@@ -192,10 +231,17 @@ def trail(project: Project | int, actor: str) -> Iterator[Trail]:
         gathered.append(commit=own)
 
 
-def _first_broken_in_chain(entries: Iterable[AuditEntry], head: str | None) -> AuditEntry | None:
+def first_broken_in_chain(entries: Iterable[AuditEntry], head: str | None) -> AuditEntry | None:
+    """The first entry of one chain (in seq order, from its start) that does not verify, or
+    its last if the chain does not end at `head`; None if it holds."""
     prev, expected_seq, last = GENESIS, 1, None
     for entry in entries:
-        if entry.seq != expected_seq or entry.prev_hash != prev or entry_hash(entry) != entry.hash:
+        if (
+            entry.seq != expected_seq
+            or entry.prev_hash != prev
+            or not entry_holds(entry)
+            or entry_hash(entry) != entry.hash
+        ):
             return entry
         prev, expected_seq, last = entry.hash, expected_seq + 1, entry
     # A chain that stops short of the head its row records has lost its tail.
@@ -217,6 +263,6 @@ def first_broken_entry(project: Project) -> AuditEntry | None:
     broken = [
         entry
         for effect_id, chain in groupby(entries.iterator(2000), key=lambda e: e.effect_id)
-        if (entry := _first_broken_in_chain(chain, heads.get(effect_id))) is not None
+        if (entry := first_broken_in_chain(chain, heads.get(effect_id))) is not None
     ]
     return min(broken, key=lambda e: e.pk) if broken else None

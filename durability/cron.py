@@ -11,6 +11,7 @@ from durability import notices, tallies
 from durability.desk import jobs as desk_jobs
 from durability.ledger import jobs as ledger_jobs
 from durability.reconcilers import jobs as reconciler_jobs
+from durability.retention import jobs as retention_jobs
 from trajectories import jobs as trajectories_jobs
 
 # (job, seconds between runs). A lost or duplicated run changes nothing the next one would
@@ -25,6 +26,7 @@ SCHEDULE = [
     (trajectories_jobs.links_repair, 60),
     (tallies.projects_tally, 60),
     (trajectories_jobs.partitions_upkeep, 3600),
+    (retention_jobs.payloads_prune, 3600),
 ]
 for job, interval in SCHEDULE:
     register(job, queue_name="default", interval=interval)

@@ -318,6 +318,18 @@ class Decision(models.TextChoices):
 EFFECT_NAMES_TRAJECTORY = ~Q(trace_id="") | ~Q(tool_call_id="") | ~Q(run_id="")
 
 
+# The states an effect may rest in: retention may prune the payloads of effects in them
+# (never of one pending, awaiting approval or timed out, whose outcome is still open).
+SETTLED_STATES = [
+    State.SUCCEEDED,
+    State.FAILED,
+    State.NOT_HAPPENED,
+    State.COMPENSATED,
+    State.ABANDONED,
+    State.DENIED,
+]
+
+
 # The effect's columns its cases copy: the queue filters on them.
 CASE_NAMES = ("kind", "target", "agent", "workflow", "run_id")
 
@@ -370,6 +382,12 @@ class Effect(models.Model):
     # Head of the effect's audit hash chain, moved under the effect's row lock.
     audit_seq = models.PositiveIntegerField(default=0, editable=False)
     audit_head = models.CharField(max_length=64, default="0" * 64, editable=False)
+    # When retention removed the request and the receipts' data (durability.retention), and
+    # the archive that held them then, if one did.
+    payload_pruned = models.DateTimeField(null=True, blank=True, editable=False)
+    payload_archive = models.ForeignKey(
+        "Archive", models.SET_NULL, null=True, blank=True, related_name="+", editable=False
+    )
 
     class Meta:
         constraints = [
@@ -405,6 +423,14 @@ class Effect(models.Model):
                 fields=["created"],
                 name="effect_link_repair_idx",
                 condition=EFFECT_NAMES_TRAJECTORY,
+            ),
+            # Payload retention (durability.retention): a project's settled effects whose
+            # payloads are still kept, by when they last changed, keyset on (updated, id).
+            # An effect leaves it once pruned; a pending one is never in it.
+            models.Index(
+                fields=["project", "updated", "id"],
+                name="effect_payload_due_idx",
+                condition=Q(state__in=SETTLED_STATES, payload_pruned__isnull=True),
             ),
         ]
 
@@ -485,6 +511,8 @@ class Receipt(models.Model):
     span_id = models.CharField(max_length=16, blank=True)
     late = models.BooleanField(default=False)
     received = models.DateTimeField(default=timezone.now)
+    # When retention removed `data` with its effect's payload (Effect.payload_pruned).
+    data_pruned = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["received", "id"]
@@ -856,6 +884,10 @@ class AuditAction(models.TextChoices):
     APIKEY_REVOKED = "apikey_revoked", "Apikey revoked"
     AUTHORITY_POLICY_SET = "authority_policy_set", "Authority policy set"
     REDACTION_SET = "redaction_set", "Redaction set"
+    # Retention (durability.retention).
+    RETENTION_SET = "retention_set", "Retention set"
+    PAYLOADS_PRUNED = "payloads_pruned", "Payloads pruned"
+    ARCHIVE_WRITTEN = "archive_written", "Archive written"
     # Logins (durability.accounts.lockouts): in every project the user is a member of.
     LOGIN_LOCKED_OUT = "login_locked_out", "Login locked out"
     LOGIN_UNLOCKED = "login_unlocked", "Login unlocked"
@@ -901,6 +933,13 @@ class AuditEntry(models.Model):
     from_state = models.CharField(max_length=20, blank=True)
     to_state = models.CharField(max_length=20, blank=True)
     data = models.JSONField(default=dict, blank=True)
+    # SHA-256 of `data`'s canonical JSON, which the hash covers in place of `data` itself, so
+    # that retention may empty `data` and the chain still verifies (durability.audit).
+    # Empty for an entry hashed over its whole data, before digests: it cannot be pruned.
+    data_digest = models.CharField(max_length=64, blank=True, default="", editable=False)
+    # When retention emptied `data` through the one path the database lets through
+    # (durability_audit_prune, migration 0023); its digest still stands for it.
+    pruned = models.DateTimeField(null=True, blank=True, editable=False)
     prev_hash = models.CharField(max_length=64)
     hash = models.CharField(max_length=64)
 
@@ -1340,3 +1379,94 @@ class WebhookDelivery(models.Model):
 
     def __str__(self) -> str:
         return f"{self.source_id}:{self.delivery_id}"
+
+
+class RetentionPolicy(models.Model):
+    """How long a project keeps what retention may remove (durability.retention); a project
+    without a row keeps the environment's defaults (`RetentionPolicy.of`).
+
+    Never removed whatever the policy: effects with their fingerprints and keys (so an
+    effect's key deduplicates for as long as the effect row exists), receipts with their
+    external ids, cases, and the audit chain.
+    """
+
+    project = models.OneToOneField(
+        Project, models.CASCADE, primary_key=True, related_name="retention"
+    )
+    # Runs and their spans, after this many days (trajectories' retention).
+    span_days = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    # The request and receipt data of settled effects, this many days after they last
+    # changed; None: kept for ever.
+    payload_days = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)]
+    )
+    # Prune no payload that no archive (`Archive`) holds.
+    require_archive = models.BooleanField(default=False)
+    updated = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        verbose_name_plural = "retention policies"
+        constraints = [
+            models.CheckConstraint(condition=Q(span_days__gte=1), name="retention_span_days_min"),
+            models.CheckConstraint(
+                condition=Q(payload_days__isnull=True) | Q(payload_days__gte=1),
+                name="retention_payload_days_min",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"retention of {self.project_id}"
+
+    @classmethod
+    def of(cls, project: Project) -> RetentionPolicy:
+        """The project's policy: its row, or an unsaved one with the environment's defaults."""
+        found = cls.objects.filter(project=project).first()
+        if found is not None:
+            return found
+        return cls(
+            project=project,
+            span_days=settings.TALLYBOOK_SPAN_RETENTION_DAYS,
+            payload_days=settings.TALLYBOOK_PAYLOAD_RETENTION_DAYS,
+            require_archive=settings.TALLYBOOK_RETENTION_REQUIRE_ARCHIVE,
+        )
+
+
+ARCHIVE_MARGIN = timedelta(minutes=1)
+
+
+class Archive(models.Model):
+    """An archive `manage.py archive` wrote: what it holds, by the SHA-256 of its content,
+    which its `archive_written` audit entry records too (durability.retention.archive)."""
+
+    project = models.ForeignKey(Project, models.CASCADE, related_name="archives")
+    # Every effect of the project last changed before this, with its story, and the runs
+    # started before it with their spans.
+    before = models.DateTimeField()
+    created = models.DateTimeField(default=timezone.now)
+    actor = models.CharField(max_length=150)
+    # Where it was written, for people; the file may have moved since.
+    path = models.CharField(max_length=1000)
+    sha256 = models.CharField(max_length=64)
+    effects = models.PositiveIntegerField(default=0)
+    entries = models.PositiveIntegerField(default=0)
+    runs = models.PositiveIntegerField(default=0)
+    spans = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["project", "sha256"], name="archive_sha256_uniq"),
+        ]
+        indexes = [
+            # Retention's "which archive covers this?": the project's latest.
+            models.Index(fields=["project", "-created"], name="archive_project_recent_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"archive of {self.project_id} before {self.before:%Y-%m-%d}"
+
+    @property
+    def covers_until(self) -> datetime:
+        """An effect whose story (its latest audit entry) ended before this is in the archive
+        whole. An entry's time is taken just before its transaction commits, so an archive
+        vouches only for stories that ended a minute before it began."""
+        return min(self.before, self.created - ARCHIVE_MARGIN)

@@ -252,6 +252,20 @@ TALLYBOOK_SPAN_PARTITIONS_AHEAD = env_int("TALLYBOOK_SPAN_PARTITIONS_AHEAD", 7)
 # Bulk actions on more cases than this run as a background job with a progress bar.
 TALLYBOOK_BULK_INLINE = env_int("TALLYBOOK_BULK_INLINE", 200)
 
+# Retention (durability.retention): the defaults of a project that set no policy of its own
+# on its settings page. Runs and spans after N days; the request and receipt data of settled
+# effects M days after they last changed (unset: never); whether to prune only what an
+# archive (`manage.py archive`) holds. Effects, receipts' external ids, cases and the audit
+# chain are never removed.
+TALLYBOOK_SPAN_RETENTION_DAYS = env_int("TALLYBOOK_SPAN_RETENTION_DAYS", 30)
+TALLYBOOK_PAYLOAD_RETENTION_DAYS: int | None = (
+    env_int("TALLYBOOK_PAYLOAD_RETENTION_DAYS", 0) or None
+)
+TALLYBOOK_RETENTION_REQUIRE_ARCHIVE = env_bool("TALLYBOOK_RETENTION_REQUIRE_ARCHIVE")
+# Archives write the runs and spans through these (dotted paths, imported when used), so
+# the retention room needs no import of trajectories.
+TALLYBOOK_ARCHIVE_SECTIONS = ["trajectories.archive.runs_archived"]
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]

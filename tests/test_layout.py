@@ -84,6 +84,7 @@ ROOMS = (
         "Django, the standard library, each other (models: also reconcilers.base)",
     ),
     Room("accounts", ("durability/accounts/",), CORE, "shared core"),
+    Room("retention", ("durability/retention/",), CORE, "shared core"),
     Room("ledger", ("durability/ledger/",), CORE + INPUT_SCHEMAS, "shared core, api.schemas"),
     Room(
         "api",

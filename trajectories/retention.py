@@ -27,6 +27,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from durability.models import Project, RetentionPolicy
 from trajectories.models import RequestedToolCall, Run, RunTrace, Span
 
 PARTITIONED = (Span._meta.db_table, RequestedToolCall._meta.db_table)
@@ -209,9 +210,48 @@ def _batches(model: type[Run] | type[RunTrace], expired: Q) -> int:
     return deleted
 
 
+def span_days_of_projects() -> tuple[int, dict[int, int]]:
+    """The longest span retention of any project (its retention policy's `span_days`, else
+    TALLYBOOK_SPAN_RETENTION_DAYS), which whole partitions wait for, and the projects that
+    keep their spans for less, with their days."""
+    default = settings.TALLYBOOK_SPAN_RETENTION_DAYS
+    chosen = dict(RetentionPolicy.objects.values_list("project_id", "span_days"))
+    others = Project.objects.exclude(pk__in=list(chosen)).values_list("pk", flat=True)
+    days = chosen | dict.fromkeys(others, default)
+    longest = max(days.values(), default=default)
+    return longest, {project: n for project, n in days.items() if n < longest}
+
+
+def project_expire(project_id: int, *, now: datetime | None = None, days: int) -> Report:
+    """Delete one project's spans, traces and runs older than its own horizon, in the
+    partitions the others still keep: one DELETE per table, which PostgreSQL confines to the
+    partitions of the days before the horizon (cold: no span batch writes there)."""
+    horizon = _utc_day(now) - timedelta(days=days)
+    report = Report(horizon=horizon)
+    with _upkeep_lock():
+        for model in (RequestedToolCall, Span):
+            deleted = model.objects.filter(project_id=project_id, day__lt=horizon).delete()
+            report.rows_deleted += deleted[0]
+        report.traces_deleted = _batches(RunTrace, Q(project_id=project_id, day__lt=horizon))
+        since = datetime.combine(horizon, datetime.min.time(), tzinfo=UTC)
+        report.runs_deleted = _batches(
+            Run,
+            Q(project_id=project_id)
+            & (Q(last_day__lt=horizon) | Q(last_day__isnull=True, updated__lt=since)),
+        )
+    return report
+
+
 def partitions_upkeep(*, now: datetime | None = None) -> Report:
-    """The scheduled upkeep: create the partitions ahead, then drop the expired ones."""
+    """The scheduled upkeep: create the partitions ahead, drop those every project's
+    retention has passed, then delete the spans of the projects that keep theirs for less."""
     created = partitions_create(now=now)
-    report = drop_expired(now=now)
+    longest, shorter = span_days_of_projects()
+    report = drop_expired(now=now, days=longest)
     report.created = created
+    for project_id, days in sorted(shorter.items()):
+        expired = project_expire(project_id, now=now, days=days)
+        report.rows_deleted += expired.rows_deleted
+        report.traces_deleted += expired.traces_deleted
+        report.runs_deleted += expired.runs_deleted
     return report

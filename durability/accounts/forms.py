@@ -70,6 +70,44 @@ class PolicyForm(forms.Form):
     )
 
 
+# Ten years: a longer retention is "for ever", said by leaving the payload field empty.
+RETENTION_MAX_DAYS = 3650
+
+
+class RetentionForm(forms.Form):
+    """How long the project keeps what retention may remove (durability.retention)."""
+
+    span_days = forms.IntegerField(
+        label="Keep runs and spans for (days)",
+        min_value=1,
+        max_value=RETENTION_MAX_DAYS,
+        help_text="then they are dropped",
+    )
+    payload_days = forms.IntegerField(
+        label="Keep request and receipt data of settled effects for (days)",
+        required=False,
+        min_value=1,
+        max_value=RETENTION_MAX_DAYS,
+        help_text="after the effect last changed; empty: for ever. The effect, its"
+        " fingerprint, its receipts' external ids, its cases and the audit chain stay",
+    )
+    require_archive = forms.BooleanField(
+        label="Require an archive first",
+        required=False,
+        help_text="prune only what an archive (manage.py archive) holds",
+    )
+
+    def clean(self) -> dict[str, object] | None:
+        data = super().clean()
+        if data and data.get("require_archive") and data.get("payload_days") is None:
+            self.add_error(
+                "require_archive",
+                "Payloads are kept for ever, so there is nothing to archive first: give the"
+                " days to keep them, or untick this.",
+            )
+        return data
+
+
 def _lines(text: str) -> list[str]:
     return [line.strip() for line in text.splitlines() if line.strip()]
 

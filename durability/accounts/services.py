@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from django.contrib.auth.models import User
+from django.utils import timezone
 
 from durability import audit, notices, redaction
 from durability.models import (
@@ -20,6 +21,7 @@ from durability.models import (
     NoticeKind,
     Preference,
     Project,
+    RetentionPolicy,
     Role,
 )
 
@@ -198,6 +200,44 @@ def project_policy_set(*, project: Project, actor: str, policy: AuthorityPolicy)
         Project.objects.filter(pk=project.pk).update(authority_policy=policy)
         project.authority_policy = policy
         trail.add(AuditAction.AUTHORITY_POLICY_SET, was=before, policy=policy.value)
+    return True
+
+
+def project_retention_set(
+    *,
+    project: Project,
+    actor: str,
+    span_days: int,
+    payload_days: int | None,
+    require_archive: bool,
+) -> bool:
+    """Set how long the project keeps spans and payloads (durability.retention); True when
+    it changed. The audit entry names the old policy and the new one."""
+    with audit.trail(project.pk, actor) as trail:
+        _lock(project)
+        policy = RetentionPolicy.of(project)
+        was = {
+            "span_days": policy.span_days,
+            "payload_days": policy.payload_days,
+            "require_archive": policy.require_archive,
+        }
+        now = {
+            "span_days": span_days,
+            "payload_days": payload_days,
+            "require_archive": require_archive,
+        }
+        if was == now and not policy._state.adding:
+            return False
+        RetentionPolicy.objects.update_or_create(
+            project=project, defaults={**now, "updated": timezone.now()}
+        )
+        trail.add(
+            AuditAction.RETENTION_SET,
+            was=was,
+            span_days=span_days,
+            payload_days=payload_days,
+            require_archive=require_archive,
+        )
     return True
 
 

@@ -42,4 +42,5 @@ urlpatterns = [
     ),
     path("settings/<int:project_id>/policy/", views.policy, name="settings-policy"),
     path("settings/<int:project_id>/redaction/", views.redaction, name="settings-redaction"),
+    path("settings/<int:project_id>/retention/", views.retention, name="settings-retention"),
 ]

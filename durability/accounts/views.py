@@ -37,11 +37,20 @@ from durability.accounts.forms import (
     NotificationsForm,
     PolicyForm,
     RedactionForm,
+    RetentionForm,
     TimeZoneForm,
 )
 from durability.accounts.roles import Access, Perm
 from durability.accounts.timezones import COOKIE, chosen_zone_remember, zone_named
-from durability.models import ApiKey, AuthorityPolicy, Membership, Preference, Role
+from durability.models import (
+    ApiKey,
+    AuthorityPolicy,
+    Membership,
+    Preference,
+    Project,
+    RetentionPolicy,
+    Role,
+)
 from durability.site import site_url
 
 
@@ -72,6 +81,7 @@ def _page(
         "key_form": bound.get("key_form") or ApiKeyForm(),
         "policy_form": bound.get("policy_form")
         or PolicyForm(initial={"authority_policy": project.authority_policy}),
+        "retention_form": bound.get("retention_form") or _retention_form(project),
         "redaction_form": bound.get("redaction_form")
         or RedactionForm(
             initial={
@@ -85,6 +95,17 @@ def _page(
         # The raw key (or the one-time link) is in this response only: no cache may keep it.
         add_never_cache_headers(response)
     return response
+
+
+def _retention_form(project: Project) -> RetentionForm:
+    policy = RetentionPolicy.of(project)
+    return RetentionForm(
+        initial={
+            "span_days": policy.span_days,
+            "payload_days": policy.payload_days,
+            "require_archive": policy.require_archive,
+        }
+    )
 
 
 def _errors(form: Form) -> str:
@@ -214,6 +235,25 @@ def policy(request: AuthedRequest, project_id: int) -> HttpResponseBase:
     new = AuthorityPolicy(form.cleaned_data["authority_policy"])
     if members.project_policy_set(project=access.project, actor=actor_of(request), policy=new):
         messages.success(request, f"Intents that name no grant now get: {new.label}.")
+    return redirect("settings")
+
+
+@login_required
+@require_POST
+def retention(request: AuthedRequest, project_id: int) -> HttpResponseBase:
+    access = project_access(request, Perm.MANAGE, project_id=project_id)
+    form = RetentionForm(request.POST)
+    if not form.is_valid():
+        return _page(request, access, status=400, retention_form=form)
+    data = form.cleaned_data
+    if members.project_retention_set(
+        project=access.project,
+        actor=actor_of(request),
+        span_days=data["span_days"],
+        payload_days=data["payload_days"],
+        require_archive=data["require_archive"],
+    ):
+        messages.success(request, "Retention saved: the next hourly pass applies it.")
     return redirect("settings")
 
 

@@ -449,6 +449,11 @@ class EffectResultOut(BaseModel):
 class EffectDetailOut(BaseModel):
     effect: EffectOut
     request: Any
+    payload_pruned: str | None = Field(
+        default=None,
+        description="When retention removed the request and the receipts' data (null then);"
+        " the fingerprint and the receipts' external ids stay.",
+    )
     authority: dict[str, Any] | None
     amount: AmountOut | None = Field(
         description="What the intent asked to move (its `amount`), checked against the grant."

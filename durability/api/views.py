@@ -128,6 +128,7 @@ def _effect_detail(effect: Effect) -> JsonResponse:
         EffectDetailOut(
             effect=EffectOut.of(effect),
             request=effect.request,
+            payload_pruned=effect.payload_pruned.isoformat() if effect.payload_pruned else None,
             authority=effect.authority,
             amount=amount_of(effect.amount, effect.currency),
             grant=GrantLimitsOut.of(effect.grant) if effect.grant else None,

@@ -10,7 +10,15 @@ from django.contrib.auth.models import User
 from django.db import connection
 
 from durability.audit import first_broken_entry
-from durability.models import ApiKey, AuditEntry, AuthorityPolicy, Membership, Project, Role
+from durability.models import (
+    ApiKey,
+    AuditEntry,
+    AuthorityPolicy,
+    Membership,
+    Project,
+    RetentionPolicy,
+    Role,
+)
 from tests.conftest import Api
 from tests.desk.support import logged_in, member, search
 from tests.desk.test_case_race import _at_once
@@ -41,6 +49,10 @@ def _actions(project, alice, api_key):
         "revoke": (f"{base}/keys/{key_id}/revoke/", {}),
         "policy": (f"{base}/policy/", {"authority_policy": "enforce"}),
         "redaction": (f"{base}/redaction/", {"patterns": r"cust-[0-9]{6}", "keys": "iban"}),
+        "retention": (
+            f"{base}/retention/",
+            {"span_days": "7", "payload_days": "90", "require_archive": "on"},
+        ),
     }
 
 
@@ -54,12 +66,13 @@ def _state(project):
         (project.redaction_patterns, project.redaction_keys),
         AuditEntry.objects.filter(project=project).count(),
         sorted(User.objects.values_list("username", flat=True)),
+        list(RetentionPolicy.objects.filter(project=project).values()),
     )
 
 
 # Admins act (the new key's page is a 200 showing it); other members are refused; a
 # stranger, with a project of their own or none, is not told the project exists.
-ACTIONS = ["add", "invite", "role", "remove", "key", "revoke", "policy", "redaction"]
+ACTIONS = ["add", "invite", "role", "remove", "key", "revoke", "policy", "redaction", "retention"]
 EXPECTED = {
     "admin": {
         "add": 302,
@@ -70,6 +83,7 @@ EXPECTED = {
         "revoke": 302,
         "policy": 302,
         "redaction": 302,
+        "retention": 302,
     },
     **{
         persona: dict.fromkeys(ACTIONS, status)
@@ -375,6 +389,7 @@ def test_settings_changes_extend_the_projects_audit_chain(project, admin, alice,
         "apikey_revoked",
         "authority_policy_set",
         "redaction_set",
+        "retention_set",
     ]
     assert first_broken_entry(Project.objects.get(pk=project.pk)) is None
 
@@ -415,7 +430,7 @@ def test_the_page_takes_the_same_few_queries_however_many_members_and_keys(
         member(project, f"user{n}", Role.VIEWER)
         ApiKey.issue(project, name=f"key{n}")
     client = logged_in(admin)
-    with django_assert_max_num_queries(8):
+    with django_assert_max_num_queries(9):
         page = client.get("/settings/").content.decode()
     assert "user29" in page and "key29" in page
 

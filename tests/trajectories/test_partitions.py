@@ -184,3 +184,19 @@ def test_the_partitions_command_drops_what_the_days_given_leave_out(api):
     assert "dropped 0 partitions" in out.getvalue() and Span.objects.count() == 3
     with pytest.raises(CommandError, match="--days"):
         call_command("partitions", "--days", "-1")
+
+
+def test_a_project_that_keeps_spans_for_less_loses_them_before_the_partitions_go(api, project):
+    """Partitions hold every project's spans: they go at the longest retention of any
+    project, and a project whose policy keeps spans for less has its own deleted first."""
+    from durability.models import Project, RetentionPolicy
+
+    run = _send_run(api)
+    RetentionPolicy.objects.create(project=project, span_days=10)
+    Project.objects.create(name="keeps the default")  # TALLYBOOK_SPAN_RETENTION_DAYS: 30
+    assert retention.span_days_of_projects() == (30, {project.pk: 10})
+    report = retention.partitions_upkeep(now=_now() + timedelta(days=11))
+    assert report.dropped == [] and report.rows_deleted == 4  # 3 spans, 1 requested call
+    assert not Span.objects.filter(project=project).exists()
+    assert not Run.objects.filter(pk=run.pk).exists() and report.runs_deleted == 1
+    assert _now().date() in partitions(SPANS), "the other project's days are still kept"

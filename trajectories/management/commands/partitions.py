@@ -11,9 +11,10 @@ from trajectories import retention
 
 class Command(BaseCommand):
     help = (
-        "Create the span partitions of the days ahead and drop those wholly older than the "
-        "retention (TALLYBOOK_SPAN_RETENTION_DAYS, or --days), with the runs left empty; "
-        "what the scheduler runs hourly."
+        "Create the span partitions of the days ahead and drop those wholly older than every "
+        "project's span retention (its policy, else TALLYBOOK_SPAN_RETENTION_DAYS), deleting "
+        "the spans of projects that keep theirs for less, with the runs left empty; what the "
+        "scheduler runs hourly. --days N: one horizon for every project instead."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -22,8 +23,12 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         if options["days"] is not None and options["days"] < 0:
             raise CommandError("--days: expected 0 or more")
-        created = retention.partitions_create()
-        report = retention.drop_expired(days=options["days"])
+        if options["days"] is None:
+            report = retention.partitions_upkeep()
+            created = report.created
+        else:
+            created = retention.partitions_create()
+            report = retention.drop_expired(days=options["days"])
         self.stdout.write(f"horizon {report.horizon}: created {len(created)} partitions")
         self.stdout.write(
             f"dropped {len(report.dropped)} partitions ({', '.join(report.dropped) or 'none'}); "
