@@ -56,6 +56,11 @@ def _against(args: argparse.Namespace) -> None:
     process on its own database: the medians of their rounds, side by side."""
     codes = {"this": ROOT, "against": args.against.resolve()}
     got: dict[str, list[dict[str, float]]] = {name: [] for name in codes}
+    import psycopg
+
+    with psycopg.connect(f"{PG}/postgres", autocommit=True) as admin:
+        for name in codes:  # the first run of each creates and migrates it again
+            admin.execute(f'DROP DATABASE IF EXISTS "{args.db}_{name}"')
     for run in range(args.runs):
         for name, code in codes.items():
             out = subprocess.run(
