@@ -226,7 +226,7 @@ def measure(
     rounds: int,
     light: int,
     db: str,
-    threads: int = 1,
+    threads: int | None = None,
 ) -> dict[str, Any]:
     """The whole run on a fresh database `db`: effects/s of both paths over `rounds`
     alternating rounds, the intents' latencies under that load, then `light` pairs from one
@@ -246,6 +246,7 @@ def measure(
             conn.execute("SELECT id FROM durability_project WHERE name = 'bench-raw'")
         )
 
+    threads = server.deployed("--threads") if threads is None else threads
     per_round = max(1, pairs // clients // rounds)
     pairs = per_round * clients * rounds
 
@@ -301,13 +302,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--pairs", type=int, default=4000, help="intent+receipt pairs per path")
     parser.add_argument("--clients", type=int, default=8, help="concurrent client processes")
-    parser.add_argument("--workers", type=int, default=4, help="gunicorn worker processes")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=server.deployed("--workers"),
+        help="gunicorn worker processes (default: deploy/systemd's)",
+    )
     parser.add_argument(
         "--threads",
         type=int,
-        default=1,
-        help="gunicorn threads per worker: 1 is the sync worker (a connection per request), "
-        "more the gthread worker with keep-alive, as deploy/systemd runs it (4)",
+        default=server.deployed("--threads"),
+        help="gunicorn threads per worker (default: deploy/systemd's, the gthread worker with "
+        "keep-alive); 1 is the sync worker, a connection per request",
     )
     parser.add_argument("--rounds", type=int, default=4, help="alternating HTTP/raw rounds")
     parser.add_argument("--light", type=int, default=1000, help="pairs from one client")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
@@ -12,6 +13,16 @@ from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+UNIT = ROOT / "deploy" / "systemd" / "tallybook-web.service"
+
+
+def deployed(flag: str) -> int:
+    """A number gunicorn is started with by the deploy unit (`--workers`, `--threads`): the
+    benchmarks serve as production does unless told otherwise."""
+    found = re.search(rf"^ExecStart=.*gunicorn .*{flag} (\d+)", UNIT.read_text(), re.MULTILINE)
+    if found is None:
+        raise SystemExit(f"{UNIT} starts gunicorn without {flag}")
+    return int(found[1])
 
 
 def manage(env: dict[str, str], *args: str) -> str:
@@ -37,8 +48,10 @@ PLAIN_HTTP = {"SECURE_SSL_REDIRECT": "0", "SESSION_COOKIE_SECURE": "0", "CSRF_CO
 
 
 @contextmanager
-def gunicorn(env: dict[str, str], workers: int, threads: int = 1) -> Iterator[int]:
-    """Tallybook under gunicorn on a free port, once it answers; stopped on the way out."""
+def gunicorn(env: dict[str, str], workers: int, threads: int | None = None) -> Iterator[int]:
+    """Tallybook under gunicorn on a free port, once it answers; stopped on the way out.
+    Threads as the deploy unit has them unless given (1: the sync worker)."""
+    threads = deployed("--threads") if threads is None else threads
     port = free_port()
     env = {**env, **PLAIN_HTTP}
     server = subprocess.Popen(

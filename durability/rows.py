@@ -225,10 +225,23 @@ def _update_sql(model: type[models.Model], names: frozenset[str]) -> tuple[str, 
     return f"UPDATE {_quoted(model._meta.db_table)} SET {sets} WHERE {pk} = %s", fields
 
 
+# Writes sent as one statement at most (data-modifying CTEs): the staged writes of a request
+# are a handful; a bulk action's hundreds go in statements of this many.
+WRITES_PER_STATEMENT = 8
+
+
 @dataclass
 class Writes:
     """Rows to insert or update at the end of a transaction, each written once with its
-    final values, in the order they were first staged."""
+    final values, in the order they were first staged.
+
+    On PostgreSQL the writes go as few statements: each a `WITH` of up to
+    WRITES_PER_STATEMENT inserts and updates (data-modifying CTEs), answering the keys the
+    database drew. Its parts see one snapshot and none of each other's rows, which no write
+    here needs (each row is written once; foreign keys are checked at the statement's end);
+    a row written twice (two instances of it) starts a new statement. On SQLite each write
+    is a statement of its own.
+    """
 
     staged: dict[int, tuple[models.Model, set[str] | None]] = field(default_factory=dict)
 
@@ -242,37 +255,81 @@ class Writes:
         elif held[1] is not None:
             held[1].update(fields)
 
-    def send(self) -> list[tuple[models.Model | None, Any]]:
+    def send(self) -> list[tuple[list[models.Model], Any]]:
         """Execute every staged write (queued, inside a pipeline). Returns each statement's
-        cursor, with the row whose key the database draws (else None), for `keys_take`
-        once the pipeline has synced."""
-        sent: list[tuple[models.Model | None, Any]] = []
+        cursor, with the rows whose keys the database draws (in the order of its answer's
+        columns), for `keys_take` once the pipeline has synced."""
+        group: list[_Write] = []
+        rows: set[tuple[str, Any]] = set()
+        sent: list[tuple[list[models.Model], Any]] = []
+        merge = WRITES_PER_STATEMENT if connection.vendor == "postgresql" else 1
         for obj, names in self.staged.values():
-            obj._prepare_related_fields_for_save(operation_name="save")  # type: ignore[attr-defined]
-            if names is None:
-                sql, fields = _insert_sql(type(obj), obj.pk is not None)
-                params = [_value(obj, f, add=True) for f in fields]
-                drawn = obj.pk is None
-                obj._state.adding = False
-            elif names:
-                sql, fields = _update_sql(type(obj), frozenset(names))
-                params = [*(_value(obj, f, add=False) for f in fields), obj.pk]
-                drawn = False
-            else:
+            write = _write(obj, names)
+            if write is None:
                 continue
-            cursor = connection.cursor()
-            cursor.execute(sql, params)
-            sent.append((obj if drawn else None, cursor))
+            if len(group) == merge or (write.row is not None and write.row in rows):
+                sent.append(_execute(group))
+                group, rows = [], set()
+            group.append(write)
+            if write.row is not None:
+                rows.add(write.row)
+        if group:
+            sent.append(_execute(group))
         self.staged = {}
         return sent
 
 
-def keys_take(sent: list[tuple[models.Model | None, Any]]) -> None:
+@dataclass
+class _Write:
+    sql: str
+    params: list[Any]
+    drawn: models.Model | None  # the row whose key the database draws (RETURNING it)
+    row: tuple[str, Any] | None  # (table, key) of a row whose key is known
+
+
+def _write(obj: models.Model, names: set[str] | None) -> _Write | None:
+    obj._prepare_related_fields_for_save(operation_name="save")  # type: ignore[attr-defined]
+    table = obj._meta.db_table
+    if names is None:
+        sql, fields = _insert_sql(type(obj), obj.pk is not None)
+        params = [_value(obj, f, add=True) for f in fields]
+        obj._state.adding = False
+        if obj.pk is None:
+            return _Write(sql, params, obj, None)
+        return _Write(sql, params, None, (table, obj.pk))
+    if names:
+        sql, fields = _update_sql(type(obj), frozenset(names))
+        params = [*(_value(obj, f, add=False) for f in fields), obj.pk]
+        return _Write(sql, params, None, (table, obj.pk))
+    return None
+
+
+def _execute(group: list[_Write]) -> tuple[list[models.Model], Any]:
+    cursor = connection.cursor()
+    if len(group) == 1:
+        (write,) = group
+        cursor.execute(write.sql, write.params)
+        return [write.drawn] if write.drawn is not None else [], cursor
+    parts = ", ".join(f"w{n} AS ({write.sql})" for n, write in enumerate(group))
+    keys = [
+        (f"(SELECT {_quoted(write.drawn._meta.pk.column)} FROM w{n})", write.drawn)
+        for n, write in enumerate(group)
+        if write.drawn is not None
+    ]
+    answer = ", ".join(sql for sql, _ in keys) or "1"
+    cursor.execute(
+        f"WITH {parts} SELECT {answer}", [value for write in group for value in write.params]
+    )
+    return [drawn for _, drawn in keys], cursor
+
+
+def keys_take(sent: list[tuple[list[models.Model], Any]]) -> None:
     """Give the inserted rows the keys the database drew for them (after the sync), and
     close the statements' cursors."""
-    for obj, cursor in sent:
-        if obj is not None:
-            obj.pk = cursor.fetchone()[0]
+    for drawn, cursor in sent:
+        if drawn:
+            for obj, pk in zip(drawn, cursor.fetchone(), strict=True):
+                obj.pk = pk
         cursor.close()
 
 

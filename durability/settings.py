@@ -83,12 +83,15 @@ MIDDLEWARE = [
     # Outermost: it turns the HTML errors of every layer below into JSON for the API's paths.
     "durability.api.middleware.JsonErrors",
     "django.middleware.security.SecurityMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "durability.site.RequestOrigin",
+    # The API's, OTLP's and the webhooks' paths go from here to their view: what lies
+    # between is the pages' own middleware, which has nothing to do for a machine.
+    "durability.api.middleware.MachinesBypass",
     # Page reads from the read replica, when there is one (durability/replica.py).
     "durability.replica.ReplicaReads",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
-    "django.middleware.common.CommonMiddleware",
-    "durability.site.RequestOrigin",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "durability.accounts.timezones.OperatorTimeZone",
@@ -97,8 +100,9 @@ MIDDLEWARE = [
     "django.middleware.csp.ContentSecurityPolicyMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "durability.accounts.access.NoProjectMiddleware",
-    # Last, as django-axes asks: it turns a refused login into the locked-out page.
+    # Last of the pages', as django-axes asks: it turns a refused login into the locked-out page.
     "axes.middleware.AxesMiddleware",
+    "durability.api.middleware.MachinesRejoin",
 ]
 
 ROOT_URLCONF = "durability.urls"

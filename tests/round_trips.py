@@ -42,7 +42,12 @@ def _outer_table(sql: str) -> str | None:
 
 
 def shape(sql: str) -> str:
-    """A statement as a reader names it: `SELECT durability_effect FOR UPDATE`, `BEGIN`."""
+    """A statement as a reader names it: `SELECT durability_effect FOR UPDATE`, `BEGIN`; writes
+    sent together as one (`durability.rows.Writes`) as `WITH INSERT durability_effect, UPDATE
+    ...`."""
+    if sql.startswith("WITH w0 AS ("):
+        parts = re.findall(r'w\d+ AS \((INSERT INTO|UPDATE) "(\w+)"', sql)
+        return "WITH " + ", ".join(f"{verb} {table}" for verb, table in parts)
     if found := re.match(r'(INSERT INTO|UPDATE) "(\w+)"', sql):
         return f"{found[1]} {found[2]}"
     if sql.startswith("SELECT ") and (table := _outer_table(sql)):

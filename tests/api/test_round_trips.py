@@ -27,9 +27,9 @@ INTENT = [
     "SELECT durability_receipt",  # receipts that came before the intent, to adopt
     "SELECT durability_attempt",  # the effect's latest attempt (for a known key)
     "SELECT durability_receipt",  # its first receipt (for a known key)
-    # one pipeline:
-    "INSERT INTO durability_effect",  # with its audit chain head
-    "INSERT INTO durability_attempt",  # attempt 1
+    # one pipeline: the writes as one statement (the effect with its audit chain head,
+    # attempt 1, the audit entry), and the COMMIT
+    "WITH INSERT INTO durability_effect, INSERT INTO durability_attempt, "
     "INSERT INTO durability_auditentry",
     "COMMIT",
     "COMMIT",  # Django's, which finds the transaction closed and sends nothing
@@ -44,9 +44,9 @@ RECEIPT = [
     "SELECT durability_receipt",  # the same receipt sent before?
     "SELECT nextval",  # if not, a key drawn for it
     "SELECT durability_grant",  # the effect's grant, which the evidence is compared with
-    # one pipeline:
-    "INSERT INTO durability_receipt",
-    "UPDATE durability_effect",  # pending -> succeeded, and its audit chain head
+    # one pipeline: the receipt, the effect's move (pending -> succeeded, and its audit
+    # chain head) and the audit entry as one statement, and the COMMIT
+    "WITH INSERT INTO durability_receipt, UPDATE durability_effect, "
     "INSERT INTO durability_auditentry",
     "COMMIT",
     "COMMIT",
