@@ -3,7 +3,7 @@
 Without the setting there is no `replica` database and nothing here runs. With it:
 
 - `ReplicaReads` (middleware) lets a request read from the replica when it is a GET or HEAD
-  for a page: not the API (`/api/`), not the intake (`/hooks/`), not the admin, and not within
+  for a page (the API, OTLP and the intake never pass here), not the admin, and not within
   `TALLYBOOK_REPLICA_PIN_SECONDS` of the same browser's last write (a verdict, a comment, a
   login), so that an operator always sees what they just did.
 - `PrimaryOrReplica` (the database router) sends those requests' reads to the replica, except
@@ -31,9 +31,10 @@ from django.http import HttpRequest, HttpResponse
 
 REPLICA = "replica"
 PIN_COOKIE = "tb_primary_until"
-# Paths whose GETs answer from the primary: the ledger's answers (decisions), signed intake,
-# and the admin, whose pages edit what they show.
-PRIMARY_PATHS = ("/api/", "/hooks/", "/admin/")
+# Paths whose GETs answer from the primary: the admin, whose pages edit what they show. (The
+# API's, OTLP's and the intake's requests never reach this middleware: MachinesBypass sends
+# them past the pages' middleware, and so to the primary.)
+PRIMARY_PATHS = ("/admin/",)
 # Who may see what is read where it is written.
 PRIMARY_MODELS = frozenset(
     {
@@ -115,7 +116,7 @@ class ReplicaReads:
                 secure=settings.SESSION_COOKIE_SECURE,
             )
             return response
-        if request.path.startswith(PRIMARY_PATHS) or self._pinned(request):
+        if request.path_info.startswith(PRIMARY_PATHS) or self._pinned(request):
             return self.get_response(request)
         with reads_from_replica():
             return self.get_response(request)

@@ -247,10 +247,9 @@ PASSWORD_RESET_TIMEOUT = env_int("PASSWORD_RESET_TIMEOUT", 3 * 24 * 60 * 60)
 # is answered 429 with Retry-After. 0: no such limit.
 TALLYBOOK_INGEST_LARGE_PER_PROCESS = env_int("TALLYBOOK_INGEST_LARGE_PER_PROCESS", 1)
 
-# Spans (and the runs left with none) are kept this many days: their partitions, a UTC day
-# each, are dropped whole once wholly older (trajectories.retention). Partitions are created
-# this many days ahead.
-TALLYBOOK_SPAN_RETENTION_DAYS = env_int("TALLYBOOK_SPAN_RETENTION_DAYS", 30)
+# Span partitions, a UTC day each, are created this many days ahead and dropped whole once
+# wholly older than every project's span retention (trajectories.retention; the default
+# retention is TALLYBOOK_SPAN_RETENTION_DAYS below).
 TALLYBOOK_SPAN_PARTITIONS_AHEAD = env_int("TALLYBOOK_SPAN_PARTITIONS_AHEAD", 7)
 
 # Bulk actions on more cases than this run as a background job with a progress bar.

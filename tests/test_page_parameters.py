@@ -48,3 +48,25 @@ def test_switching_to_a_project_of_ones_own_still_works(client, alice, project):
     client.force_login(alice)
     response = client.post("/projects/switch/", {"project": str(project.pk), "next": "/effects/"})
     assert response.status_code == 302 and response["Location"] == "/effects/"
+
+
+@pytest.mark.parametrize(
+    "cursor",
+    ["99999999999999999999.1", "-99999999999999999.1", "1.2.3.4", "3", "1.-2"],
+)
+@pytest.mark.parametrize("grouped", ["", "&grouped=1"])
+def test_a_queue_cursor_no_page_could_have_made_is_refused_on_the_page(
+    client, alice, recorded, cursor, grouped
+):
+    client.force_login(alice)
+    response = client.get(f"/queue/?after={cursor}{grouped}")
+    assert response.status_code == 200
+    assert "Not a page of this queue." in response.content.decode()
+
+
+def test_a_queue_cursor_past_every_case_id_is_a_page_after_its_moment(client, alice, recorded):
+    """An id no bigint holds is after every case of its moment: the cases opened since
+    (refund:1's, long after 1970) are the page, and nothing overflows."""
+    client.force_login(alice)
+    response = client.get("/queue/?after=1.99999999999999999999")
+    assert response.status_code == 200 and recorded.key in response.content.decode()

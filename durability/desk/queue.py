@@ -80,9 +80,15 @@ class QueueFilter(forms.Form):
         if not value:
             return None
         try:
-            return tuple(int(part) for part in value.split("."))
-        except ValueError:
+            parts = tuple(int(part) for part in value.split("."))
+            # The moment (last but one) one a datetime can hold; the last, a case's id (a
+            # bigint) or a group's key (128 bits).
+            if len(parts) not in (2, 3) or not 0 <= parts[-1] < 2**128 or abs(parts[0]) > 2**63:
+                raise ValueError(value)
+            _from_micros(parts[-2])
+        except (ValueError, OverflowError, OSError):
             raise forms.ValidationError("Not a page of this queue.") from None
+        return parts
 
 
 @dataclass
@@ -180,6 +186,10 @@ def _latest_attempt() -> QuerySet[Attempt]:
     return Attempt.objects.filter(effect_id=OuterRef("effect_id")).order_by("-number")
 
 
+# A cursor's id past any a case can have (bigint) means after them all.
+BIGGEST_ID = 2**63 - 1
+
+
 def _micros(value: datetime) -> int:
     return int(value.timestamp() * 1_000_000)
 
@@ -213,14 +223,14 @@ def _in_order(qs: QuerySet[Case], sort: str, after: tuple[int, ...] | None) -> Q
     if sort == Sort.SEVERITY:
         qs = qs.order_by("-severity", "opened", "id")
         if after and len(after) == 3:
-            sev, opened, pk = after[0], _from_micros(after[1]), after[2]
+            sev, opened, pk = after[0], _from_micros(after[1]), min(after[2], BIGGEST_ID)
             qs = qs.filter(severity__lte=sev).filter(
                 Q(severity__lt=sev) | Q(opened__gt=opened) | Q(opened=opened, id__gt=pk)
             )
     else:
         qs = qs.order_by("opened", "id")
         if after and len(after) == 2:
-            opened, pk = _from_micros(after[0]), after[1]
+            opened, pk = _from_micros(after[0]), min(after[1], BIGGEST_ID)
             qs = qs.filter(opened__gte=opened).filter(Q(opened__gt=opened) | Q(id__gt=pk))
     return qs
 

@@ -18,7 +18,7 @@ import hashlib
 import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import date, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -56,7 +56,7 @@ Section = Callable[[Project, datetime], Iterator[dict[str, Any]]]
 
 
 def _plain(value: Any) -> Any:
-    if isinstance(value, datetime):
+    if isinstance(value, datetime | date):  # a span's and a trace's day are dates
         return value.isoformat()
     if isinstance(value, Decimal | UUID):
         return str(value)

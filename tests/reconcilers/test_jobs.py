@@ -173,7 +173,7 @@ def test_jobs_wait_for_the_transaction_to_commit(api, stripe, server, queue, set
     assert queue.count == 0
 
 
-def test_the_schedule_runs_the_sweep_the_probe_scan_the_alerts_emails_repairs_and_tallies(queue):
+def test_the_schedule_runs_the_sweep_probes_alerts_emails_repairs_tallies_and_retention(queue):
     scheduler = CronScheduler(connection=queue.connection)
     scheduler.load_config_from_file("durability.cron")
     names = {job.func_name: job.interval for job in scheduler.get_jobs()}
@@ -186,6 +186,8 @@ def test_the_schedule_runs_the_sweep_the_probe_scan_the_alerts_emails_repairs_an
         "durability.desk.jobs.bulks_resume": 60,
         "trajectories.jobs.links_repair": 60,
         "durability.tallies.projects_tally": 60,
+        "trajectories.jobs.partitions_upkeep": 3600,
+        "durability.retention.jobs.payloads_prune": 3600,
     }
 
 

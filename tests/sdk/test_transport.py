@@ -167,14 +167,21 @@ def test_connection_refused_is_retried_then_reported():
     assert len(clock.pauses) == 2
 
 
-def test_a_budget_ends_the_retries_before_a_pause_would_pass_it():
+def test_a_budget_ends_the_retries_before_a_pause_would_pass_it(monkeypatch):
+    # No jitter: the pauses are 1, 2 and 4 s of the clock's pretended time, so the tries
+    # start with 10, 9, 7 and 3 s of the budget left, and each has at least 3 real seconds to
+    # be answered in, however busy the machine.
+    monkeypatch.setattr("tallybook.transport.random.uniform", lambda low, high: high)
     clock = Clock()
     with Script(answer(503)) as server, pytest.raises(ServerUnavailable, match="tries: HTTP 503"):
-        client = transport(server.url, retries=10, backoff=0.4, clock=clock)
-        client.request("GET", "/x", budget=1.0)
+        client = Transport(
+            server.url, "tb_test", timeout=5.0, retry=Retry(10, 1.0, 4.0), user_agent="test",
+            sleep=clock.sleep, clock=clock,
+        )  # fmt: skip
+        client.request("GET", "/x", budget=10.0)
 
-    # The budget, not the retries, ended it: no pause went past the second.
-    assert 2 <= len(server.seen) < 11 and sum(clock.pauses) < 1.0
+    # The budget, not the ten retries, ended it: the next pause (4 s) would have passed it.
+    assert len(server.seen) == 4 and clock.pauses == [1.0, 2.0, 4.0]
 
 
 def test_one_connection_is_reused_for_consecutive_requests():
