@@ -28,13 +28,16 @@ GENESIS = "0" * 64
 # SQLite has no setting a trigger could read: its update trigger lets through the one shape
 # of update that retention's pruning makes (durability.retention.services.audit_entries_prune,
 # PostgreSQL's durability_audit_prune): data emptied, kept digest, pruned time set, nothing
-# else changed. Any other UPDATE, and every DELETE, is refused.
+# else changed, and only of an effect's failure or timeout entry (PRUNABLE_ACTIONS). Any
+# other UPDATE, and every DELETE, is refused.
 SQLITE_TRIGGERS = [
     "DROP TRIGGER IF EXISTS durability_audit_no_update",
-    """CREATE TRIGGER IF NOT EXISTS durability_audit_no_update_but_prune
+    "DROP TRIGGER IF EXISTS durability_audit_no_update_but_prune",
+    """CREATE TRIGGER IF NOT EXISTS durability_audit_no_update_but_prune_attempts
        BEFORE UPDATE ON durability_auditentry
        WHEN NOT (
-           OLD.pruned IS NULL AND NEW.pruned IS NOT NULL
+           OLD.action IN ('failure', 'timeout') AND OLD.effect_id IS NOT NULL
+           AND OLD.pruned IS NULL AND NEW.pruned IS NOT NULL
            AND OLD.data_digest <> '' AND NEW.data = '{}'
            AND NEW.id IS OLD.id AND NEW.project_id IS OLD.project_id AND NEW.seq IS OLD.seq
            AND NEW.at IS OLD.at AND NEW.actor IS OLD.actor AND NEW.action IS OLD.action

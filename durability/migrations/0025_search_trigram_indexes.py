@@ -27,16 +27,22 @@ INDEXES = {
 def _create(apps, schema_editor):
     if schema_editor.connection.vendor == "postgresql":
         for name, (table, columns) in INDEXES.items():
-            schema_editor.execute(f'CREATE INDEX "{name}" ON "{table}" USING gin ({columns})')
+            schema_editor.execute(
+                f'CREATE INDEX CONCURRENTLY IF NOT EXISTS "{name}" ON "{table}" USING gin ({columns})'
+            )
 
 
 def _drop(apps, schema_editor):
     if schema_editor.connection.vendor == "postgresql":
         for name in INDEXES:
-            schema_editor.execute(f'DROP INDEX IF EXISTS "{name}"')
+            schema_editor.execute(f'DROP INDEX CONCURRENTLY IF EXISTS "{name}"')
 
 
 class Migration(migrations.Migration):
+    # CONCURRENTLY: the ledger keeps writing effects and receipts while the indexes are
+    # built, outside a transaction. A build that fails leaves an invalid index: drop it
+    # (DROP INDEX CONCURRENTLY name), then migrate again.
+    atomic = False
     dependencies = [
         ("durability", "0024_flow_saved_views"),
     ]

@@ -82,6 +82,11 @@ def test_verifyaudit_fails_on_a_tampered_pruned_entry(pruned, change):
         " UPDATE durability_auditentry SET data = '{\"a\": 1}'::jsonb, pruned = now()",
         "SET LOCAL tallybook.audit_prune = 'on'; UPDATE durability_auditentry SET pruned = NULL",
         "SET LOCAL tallybook.audit_prune = 'on'; DELETE FROM durability_auditentry",
+        # Nor the pruning's change of an entry retention never prunes (an intent, a verdict,
+        # a project's): only an effect's failure and timeout entries lose their data.
+        "SET LOCAL tallybook.audit_prune = 'on';"
+        " UPDATE durability_auditentry SET data = '{}'::jsonb, pruned = now()"
+        " WHERE action NOT IN ('failure', 'timeout')",
     ],
 )
 def test_the_database_refuses_every_change_of_an_entry_but_the_pruning_path(pruned, sql):
@@ -92,9 +97,19 @@ def test_the_database_refuses_every_change_of_an_entry_but_the_pruning_path(prun
     assert after == before
 
 
+def test_the_pruning_function_leaves_every_entry_but_failures_and_timeouts_whole(project):
+    effect = succeeded(project, "k1")
+    others = AuditEntry.objects.filter(effect=effect).exclude(
+        action__in=[AuditAction.FAILURE, AuditAction.TIMEOUT]
+    )
+    assert others.exists()
+    assert services.audit_entries_prune([e.pk for e in others], now=later()) == 0
+    assert not AuditEntry.objects.filter(pruned__isnull=False).exists()
+
+
 def test_the_pruning_function_empties_data_and_keeps_everything_the_hash_covers(project):
     effect = succeeded(project, "k1")
-    entry = AuditEntry.objects.get(effect=effect, action=AuditAction.INTENT, seq=1)
+    entry = AuditEntry.objects.get(effect=effect, action=AuditAction.FAILURE)
     assert services.audit_entries_prune([entry.pk], now=later()) == 1
     after = AuditEntry.objects.get(pk=entry.pk)
     assert after.data == {} and after.data_digest == entry.data_digest
