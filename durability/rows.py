@@ -233,14 +233,18 @@ WRITES_PER_STATEMENT = 8
 @dataclass
 class Writes:
     """Rows to insert or update at the end of a transaction, each written once with its
-    final values, in the order they were first staged.
+    final values; statements go in the order their first row was staged, but the parts of
+    one statement run in no set order.
 
     On PostgreSQL the writes go as few statements: each a `WITH` of up to
     WRITES_PER_STATEMENT inserts and updates (data-modifying CTEs), answering the keys the
     database drew. Its parts see one snapshot and none of each other's rows, which no write
     here needs (each row is written once; foreign keys are checked at the statement's end);
-    a row written twice (two instances of it) starts a new statement. On SQLite each write
-    is a statement of its own.
+    a row written twice (two instances of it) starts a new statement. A unique index that
+    is not deferred (`case_one_open_per_effect_reason`) is checked row by row in that
+    unknown order: a path that closes an effect's open case and opens another of the same
+    reason must not stage both for one statement (none does today; the ledger adds to the
+    open case instead). On SQLite each write is a statement of its own.
     """
 
     staged: dict[int, tuple[models.Model, set[str] | None]] = field(default_factory=dict)

@@ -99,7 +99,10 @@ def partitions(table: str) -> dict[date, str]:
 def _partition_create(table: str, day: date) -> str:
     """Create the partition of `day`, moving into it what the DEFAULT partition holds of that
     day; one transaction. ATTACH, not CREATE … PARTITION OF: it locks the parent table
-    against other DDL only, not against the reads and writes of ingest and the pages."""
+    against other DDL only, not against the reads and writes of ingest and the pages. It
+    does lock the DEFAULT partition (its rows are checked against the new bounds): a span
+    of a day with no partition waits for it, at most DDL_LOCK_TIMEOUT, and the scheduler
+    creates partitions days ahead so that none does."""
     name = partition_name(table, day)
     bounds = [day.isoformat(), (day + timedelta(days=1)).isoformat()]
     # DDL takes no parameters: the bounds are dates' ISO texts.
