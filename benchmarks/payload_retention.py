@@ -191,6 +191,25 @@ def explain(project: Any, before: datetime) -> None:
         print("\n".join(row[0] for row in cursor.fetchall()))
 
 
+def prune(project: Any, *, batch: int, now: datetime) -> float:
+    """`payloads_prune` of the project as the hourly job runs it at `now`, carried on by a new
+    pass should the server end its connection; the seconds it took."""
+    from django.db import OperationalError, connection
+
+    from durability.retention.services import payloads_prune
+
+    started = time.perf_counter()
+    for _attempt in range(5):
+        try:
+            payloads_prune(project=project, batch=batch, now=now)
+            break
+        except OperationalError as exc:
+            # Each batch is its own transaction: the next pass carries on after it.
+            print(f"connection lost ({exc}); again", file=sys.stderr)
+            connection.close()
+    return time.perf_counter() - started
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--effects", type=int, default=1_000_000)
@@ -208,12 +227,10 @@ def main() -> None:
     project = data["project"]
     try:
         chains(project)
-        from django.db import OperationalError, connection
         from django.utils import timezone
 
         from durability.accounts.services import project_retention_set
         from durability.models import AuditEntry, Effect, Receipt
-        from durability.retention.services import payloads_prune
 
         project_retention_set(
             project=project,
@@ -225,16 +242,7 @@ def main() -> None:
         # Effect g changed g seconds ago: retention runs when the oldest --prune are due.
         now = timezone.now() + timedelta(days=args.days, seconds=args.prune - args.effects)
         explain(project, now - timedelta(days=args.days))
-        started = time.perf_counter()
-        for _attempt in range(5):
-            try:
-                payloads_prune(project=project, batch=args.batch, now=now)
-                break
-            except OperationalError as exc:
-                # Each batch is its own transaction: the next pass carries on after it.
-                print(f"connection lost ({exc}); again", file=sys.stderr)
-                connection.close()
-        took = time.perf_counter() - started
+        took = prune(project, batch=args.batch, now=now)
         effects = Effect.objects.filter(project=project).exclude(payload_pruned=None).count()
         receipts = Receipt.objects.filter(project=project).exclude(data_pruned=None).count()
         entries = AuditEntry.objects.filter(project=project).exclude(pruned=None).count()

@@ -34,6 +34,52 @@ PG = "postgres://root@127.0.0.1:5432"
 SPANS_PER_RUN = 100
 
 
+def fill(project_id: int, *, spans: int, days: int) -> float:
+    """`spans` spans of the project over the `days` days up to today (runs of SPANS_PER_RUN
+    spans, one trace each, a run a day apart in turn), a partition a day created first, in
+    three INSERT … SELECT over generate_series, then ANALYZE; the seconds it took."""
+    from django.db import connection
+
+    from trajectories import retention
+
+    first = datetime.now(UTC).date() - timedelta(days=days - 1)
+    retention.partitions_create(
+        now=datetime.combine(first, datetime.min.time(), tzinfo=UTC), ahead=days + 7
+    )
+    runs = spans // SPANS_PER_RUN
+    started = time.perf_counter()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO trajectories_run (project_id, run_id, inferred, agent, workflow, "
+            "workflow_version, conversation_id, status, started, attributes, span_count, "
+            "error_count, input_tokens, output_tokens, updated, first_day, last_day) "
+            "SELECT %s, 'run-' || g, true, 'bench', 'bench', '1', '', 'ok', "
+            "d + interval '1 hour', '{}', %s, 0, 0, 0, d, d::date, d::date "
+            "FROM generate_series(0, %s - 1) g, "
+            "LATERAL (SELECT %s::date + (g %% %s) AS d) AS day",
+            [project_id, SPANS_PER_RUN, runs, first, days],
+        )
+        cursor.execute(
+            "INSERT INTO trajectories_runtrace (project_id, trace_id, run_id, day) "
+            "SELECT project_id, lpad(to_hex(id), 32, '0'), id, first_day "
+            "FROM trajectories_run WHERE project_id = %s",
+            [project_id],
+        )
+        cursor.execute(
+            "INSERT INTO trajectories_span (project_id, run_id, trace_id, span_id, "
+            "parent_span_id, kind, operation, name, start, status, status_message, provider, "
+            "request_model, response_model, tool_call_id, tool_name, attributes, resource, "
+            "capped, received, day) "
+            "SELECT r.project_id, r.id, lpad(to_hex(r.id), 32, '0'), lpad(to_hex(s), 16, '0'), "
+            "'', 'other', '', 'step', r.started + s * interval '1 second', 'ok', '', '', '', "
+            "'', '', '', '{\"step\": 1}', '{}', '{}', r.started, r.first_day "
+            "FROM trajectories_run r, generate_series(1, %s) s WHERE r.project_id = %s",
+            [SPANS_PER_RUN, project_id],
+        )
+        cursor.execute("ANALYZE")
+    return time.perf_counter() - started
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--spans", type=int, default=1_000_000)
@@ -61,42 +107,8 @@ def main() -> None:
     try:
         call_command("migrate", verbosity=0)
         project = Project.objects.create(name="bench-retention")
-        now = datetime.now(UTC)
-        first = now.date() - timedelta(days=args.days - 1)
-        retention.partitions_create(
-            now=datetime.combine(first, datetime.min.time(), tzinfo=UTC), ahead=args.days + 7
-        )
-        runs = args.spans // SPANS_PER_RUN
-        started = time.perf_counter()
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "INSERT INTO trajectories_run (project_id, run_id, inferred, agent, workflow, "
-                "workflow_version, conversation_id, status, started, attributes, span_count, "
-                "error_count, input_tokens, output_tokens, updated, first_day, last_day) "
-                "SELECT %s, 'run-' || g, true, 'bench', 'bench', '1', '', 'ok', "
-                "d + interval '1 hour', '{}', %s, 0, 0, 0, d, d::date, d::date "
-                "FROM generate_series(0, %s - 1) g, "
-                "LATERAL (SELECT %s::date + (g %% %s) AS d) AS day",
-                [project.pk, SPANS_PER_RUN, runs, first, args.days],
-            )
-            cursor.execute(
-                "INSERT INTO trajectories_runtrace (project_id, trace_id, run_id, day) "
-                "SELECT project_id, lpad(to_hex(id), 32, '0'), id, first_day "
-                "FROM trajectories_run"
-            )
-            cursor.execute(
-                "INSERT INTO trajectories_span (project_id, run_id, trace_id, span_id, "
-                "parent_span_id, kind, operation, name, start, status, status_message, provider, "
-                "request_model, response_model, tool_call_id, tool_name, attributes, resource, "
-                "capped, received, day) "
-                "SELECT r.project_id, r.id, lpad(to_hex(r.id), 32, '0'), lpad(to_hex(s), 16, '0'), "
-                "'', 'other', '', 'step', r.started + s * interval '1 second', 'ok', '', '', '', "
-                "'', '', '', '{\"step\": 1}', '{}', '{}', r.started, r.first_day "
-                "FROM trajectories_run r, generate_series(1, %s) s",
-                [SPANS_PER_RUN],
-            )
-            cursor.execute("ANALYZE")
-        filled = time.perf_counter() - started
+        first = datetime.now(UTC).date() - timedelta(days=args.days - 1)
+        filled = fill(project.pk, spans=args.spans, days=args.days)
 
         def size() -> tuple[int, str]:
             with connection.cursor() as cursor:
