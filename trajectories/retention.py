@@ -21,7 +21,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
-from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -97,22 +96,6 @@ def partitions(table: str) -> dict[date, str]:
     return found
 
 
-def _referenced_first(cursor: Any, table: str) -> None:
-    """Lock the tables `table`'s foreign keys reference (the runs, the projects) before its
-    DDL, in name order. ATTACH and DETACH add or drop a partition's foreign keys, which lock
-    those tables too; an ingest transaction writes the runs before the spans, so taking
-    them in the same order, first, leaves it waiting behind the DDL instead of deadlocking
-    with it (the scale run's finding)."""
-    cursor.execute(
-        "SELECT DISTINCT confrelid::regclass::text FROM pg_constraint "
-        "WHERE conrelid = %s::regclass AND contype = 'f' ORDER BY 1",
-        [table],
-    )
-    referenced = [row[0] for row in cursor.fetchall()]
-    if referenced:
-        cursor.execute(f"LOCK TABLE {', '.join(referenced)} IN SHARE ROW EXCLUSIVE MODE")
-
-
 def _partition_create(table: str, day: date) -> str:
     """Create the partition of `day`, moving into it what the DEFAULT partition holds of that
     day; one transaction. ATTACH, not CREATE … PARTITION OF: it locks the parent table
@@ -126,7 +109,6 @@ def _partition_create(table: str, day: date) -> str:
     low, high = (f"'{bound}'::date" for bound in bounds)
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SELECT set_config('lock_timeout', %s, true)", [DDL_LOCK_TIMEOUT])
-        _referenced_first(cursor, table)
         cursor.execute(
             f'CREATE TABLE "{name}" (LIKE "{table}" INCLUDING DEFAULTS INCLUDING CONSTRAINTS)'
         )
@@ -154,7 +136,6 @@ def _partition_drop(table: str, name: str) -> None:
         # A table is not dropped with foreign key checks pending (rows written earlier in an
         # enclosing transaction): they run now.
         cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
-        _referenced_first(cursor, table)
         cursor.execute(f'ALTER TABLE "{table}" DETACH PARTITION "{name}"')
         cursor.execute(f'DROP TABLE "{name}"')
 
