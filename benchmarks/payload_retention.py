@@ -34,23 +34,14 @@ queue_page = importlib.import_module("queue_page")
 ERROR = "HTTP 502 from the provider after 30 s: upstream connect error or disconnect"
 
 
-FIELDS = [
-    "project_id",
-    "seq",
-    "at",
-    "actor",
-    "action",
-    "effect_id",
-    "case_id",
-    "from_state",
-    "to_state",
-    "data",
-    "data_digest",
-    "pruned",
-    "prev_hash",
-    "hash",
-]
 CHUNK = 50_000
+
+
+def _entry_columns() -> list[str]:
+    """The audit entry's columns the archive writes, but the id the COPY leaves to the table."""
+    from durability.retention.archive import ENTRY_FIELDS
+
+    return [name for name in ENTRY_FIELDS if name != "id"]
 
 
 def retried[T](step: Callable[[], T], tries: int = 5) -> T:
@@ -82,7 +73,7 @@ def _chunk_chains(project: Any, effects: list[tuple[int, datetime]]) -> int:
         heads: list[tuple[int, str]] = []
         n = 0
         with raw.cursor().copy(
-            f"COPY durability_auditentry ({', '.join(FIELDS)}) FROM STDIN"
+            f"COPY durability_auditentry ({', '.join(_entry_columns())}) FROM STDIN"
         ) as copy:
             for effect_id, updated in effects:
                 prev = GENESIS

@@ -79,19 +79,9 @@
   }
 
   function queueKey(event) {
+    if (rowsKey(event)) return true;
     const row = currentRow();
     switch (event.key) {
-      case "j":
-        move(1);
-        break;
-      case "k":
-        move(-1);
-        break;
-      case "o":
-      case "Enter":
-        if (!row) return false;
-        window.location.assign(row.dataset.url);
-        break;
       case "r":
         // To the case's first verdict (#verdict, a radio button): the browser focuses the
         // element a fragment names when it can be focused, and clears the focus otherwise,
@@ -176,7 +166,8 @@
 
   // -- approvals ---------------------------------------------------------------------
 
-  function approvalsKey(event) {
+  // The keys of any list of rows (the queue's cases, the approvals waiting): move, open.
+  function rowsKey(event) {
     const row = currentRow();
     switch (event.key) {
       case "j":
@@ -285,7 +276,7 @@
     } else if (document.querySelector("[data-case]")) {
       handled = caseKey(event);
     } else if (document.querySelector("[data-approvals]")) {
-      handled = approvalsKey(event);
+      handled = rowsKey(event);
     } else if (document.querySelector("[data-approval]")) {
       handled = approvalKey(event);
     }
