@@ -181,3 +181,27 @@ def test_a_stopped_worker_and_scheduler_exit_while_redis_is_away(private_redis, 
     for command in (worker, scheduler):
         command.process.terminate()
         assert command.process.wait(PATIENCE_S) == 0, command.output()
+
+
+def test_a_worker_asked_to_stop_before_rq_installs_its_handlers_stops_cleanly(
+    private_redis, monkeypatch
+):
+    """rq logs "Listening on" and takes the scheduler lock before it installs its signal
+    handlers: a SIGTERM there (a deploy restarting workers) used to kill the worker
+    outright, leaving its registration in Redis."""
+    from django.core.management import call_command
+    from rq import Worker
+
+    def signalled_while_starting(self, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(Worker, "_start_scheduler", signalled_while_starting)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        call_command("worker")
+    finally:
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+
+    connection = redis.Redis.from_url(private_redis.url)
+    assert Worker.all(connection=connection) == []
