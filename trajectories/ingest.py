@@ -643,7 +643,7 @@ FROM (
             THEN 1 ELSE 0 END) AS roots_ended,
         sum(CASE WHEN span.parent_span_id = '' AND span.status = 'error'
             THEN 1 ELSE 0 END) AS root_errors
-    FROM trajectories_run run JOIN trajectories_span span ON span.run_id = run.id
+    FROM trajectories_run run JOIN trajectories_span span ON span.run_id = run.id {days}
     WHERE run.project_id = %s AND {runs} GROUP BY span.run_id, run.run_id
 ) AS agg JOIN ({hints}) AS hint ON hint.run = agg.run_key
 WHERE trajectories_run.id = agg.run_id
@@ -654,6 +654,16 @@ _FILLS = ",\n    ".join(
     for name in RUN_HINTS
 )
 _HINT_ROW = "SELECT %s AS run, " + ", ".join(f"%s AS {name}" for name in RUN_HINTS)
+# The days a refresh reads spans of: those of the runs (first_day, last_day, as of their last
+# refresh) and of the traces of the batch (a new trace's spans, or a trace merged into one of
+# the runs). Scalar subqueries, computed once before the scan: PostgreSQL then reads only the
+# span partitions of those days, not every partition's index for every run.
+_DAYS = """AND span.day >= (SELECT LEAST(min(r.first_day), (SELECT min(t.day)
+        FROM trajectories_runtrace t WHERE t.project_id = %s AND {traces}))
+    FROM trajectories_run r WHERE r.project_id = %s AND {bound_runs})
+    AND span.day <= (SELECT GREATEST(max(r.last_day), (SELECT max(t.day)
+        FROM trajectories_runtrace t WHERE t.project_id = %s AND {traces}))
+    FROM trajectories_run r WHERE r.project_id = %s AND {bound_runs})"""
 
 
 def _runs_refresh(
@@ -663,7 +673,9 @@ def _runs_refresh(
     fill blank names from those spans' hints.
 
     One statement. Rescans each run's spans (one index range per run), so counts stay
-    right however often a span is re-sent.
+    right however often a span is re-sent. Given spans, on PostgreSQL, it reads only the
+    partitions of the days of those runs and of those spans' traces (_DAYS); without (a
+    merge of runs, rare), every partition.
     """
     if not hints:
         return
@@ -675,10 +687,17 @@ def _runs_refresh(
         )
         hint_values += [key, *(distinct(_hint(ordered, name), extras)[:255] for name in RUN_HINTS)]
     runs, keys = _in("run.run_id", hints)
+    traces = {s.trace_id for spans in hints.values() for s in spans}
+    days, day_values = "", []
+    if traces and connection.vendor == "postgresql":
+        in_traces, trace_values = _in("t.trace_id", traces)
+        bound_runs, _ = _in("r.run_id", hints)
+        days = _DAYS.format(traces=in_traces, bound_runs=bound_runs)
+        day_values = [project.pk, *trace_values, project.pk, *keys] * 2
     sql = RUNS_REFRESH.format(
-        fills=_FILLS, runs=runs, hints=" UNION ALL ".join([_HINT_ROW] * len(hints))
+        fills=_FILLS, runs=runs, days=days, hints=" UNION ALL ".join([_HINT_ROW] * len(hints))
     )
-    cursor.execute(sql, [timezone.now(), project.pk, *keys, *hint_values])
+    cursor.execute(sql, [timezone.now(), *day_values, project.pk, *keys, *hint_values])
 
 
 def _hint(spans: list[SpanData], name: str) -> str:

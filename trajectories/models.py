@@ -145,8 +145,17 @@ class Span(models.Model):
 
     # Every span written updates every index: the foreign keys use the indexes that lead
     # with them (span_identity_uniq, span_run_start_idx) rather than two of their own.
-    project = models.ForeignKey(Project, models.CASCADE, related_name="+", db_index=False)
-    run = models.ForeignKey(Run, models.CASCADE, related_name="spans", db_index=False)
+    # No constraint in the database (db_constraint=False): a partition's foreign keys would
+    # put triggers on the run and project tables, and dropping the partition then locks
+    # those tables, which an ingest transaction holds as it writes its spans (a deadlock).
+    # Ingest writes a span's run in the span's own transaction (RUNS_UPSERT locks it), and
+    # Django's CASCADE still deletes a run's or a project's spans.
+    project = models.ForeignKey(
+        Project, models.CASCADE, related_name="+", db_index=False, db_constraint=False
+    )
+    run = models.ForeignKey(
+        Run, models.CASCADE, related_name="spans", db_index=False, db_constraint=False
+    )
     trace_id = models.CharField(max_length=32)
     span_id = models.CharField(max_length=16)
     # The partition key: its trace's first-seen day (RunTrace.day), never the span's own
@@ -229,7 +238,11 @@ class RequestedToolCall(models.Model):
     """
 
     # requested_call_id_idx and requested_call_uniq lead with these: no index of their own.
-    project = models.ForeignKey(Project, models.CASCADE, related_name="+", db_index=False)
+    # No constraint in the database, as for Span.project (dropping a partition must not lock
+    # the project table).
+    project = models.ForeignKey(
+        Project, models.CASCADE, related_name="+", db_index=False, db_constraint=False
+    )
     tool_call_id = models.CharField(max_length=255)
     trace_id = models.CharField(max_length=32)
     span_id = models.CharField(max_length=16)

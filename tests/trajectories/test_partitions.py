@@ -10,7 +10,7 @@ from datetime import UTC, date, datetime, timedelta
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 from django.utils import timezone
 
 from tests.trajectories.support import TRACE, chat, post_traces, request, span, tool
@@ -200,3 +200,65 @@ def test_a_project_that_keeps_spans_for_less_loses_them_before_the_partitions_go
     assert not Span.objects.filter(project=project).exists()
     assert not Run.objects.filter(pk=run.pk).exists() and report.runs_deleted == 1
     assert _now().date() in partitions(SPANS), "the other project's days are still kept"
+
+
+def test_the_partitioned_tables_hold_no_foreign_keys(db):
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT conrelid::regclass::text FROM pg_constraint WHERE contype = 'f' "
+            "AND conrelid IN (SELECT oid FROM pg_class WHERE relname LIKE ANY (%s))",
+            [[f"{table}%" for table in PARTITIONED]],
+        )
+        assert cursor.fetchall() == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_dropping_a_partition_does_not_wait_for_an_ingest_holding_the_run_table(api):
+    """An OTLP batch writes its runs first (RUNS_UPSERT), then its spans. Were the partitions
+    to hold foreign keys to the runs, dropping one would lock the run table behind that
+    batch while the batch waits for the span table behind the drop: a deadlock, one side
+    aborted. Now the drop needs the span tables only."""
+    run = _send_run(api)
+    old = _now() - timedelta(days=40)
+    retention.partitions_create(now=old, ahead=0)
+    outcome: list[object] = []
+
+    def upkeep() -> None:
+        try:
+            outcome.append(retention.drop_expired(days=30))
+        except BaseException as exc:  # reported below, in the test's thread
+            outcome.append(exc)
+        finally:
+            connections.close_all()
+
+    with transaction.atomic():
+        # The batch in progress: its run written and locked, its spans not yet.
+        Run.objects.filter(pk=run.pk).update(updated=timezone.now())
+        thread = threading.Thread(target=upkeep)
+        thread.start()
+        thread.join(120)
+        assert not thread.is_alive()
+    [report] = outcome
+    assert isinstance(report, retention.Report), report
+    assert report.dropped == [partition_name(t, old.date()) for t in PARTITIONED]
+    assert Span.objects.count() == 3 and Run.objects.filter(pk=run.pk).exists()
+
+
+def test_a_batch_refreshes_its_runs_from_the_partitions_of_their_days_only(api):
+    _send_run(api)
+    refreshes: list[tuple[str, object]] = []
+
+    def keep(execute, sql, params, many, context):
+        if sql.startswith("UPDATE trajectories_run SET"):
+            refreshes.append((sql, params))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(keep):
+        post_traces(api.client, api.key, request(span("3" * 16, parent=AGENT, at_ms=200)))
+    [(sql, params)] = refreshes
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) " + sql, params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    scanned = set(re.findall(rf"on ({SPANS}_(?:p\d{{8}}|default)) \w+ \(actual", plan))
+    assert scanned == {partition_name(SPANS, _now().date())}, plan
+    assert Run.objects.get().span_count == 4
