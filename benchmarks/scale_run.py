@@ -278,7 +278,7 @@ def _run(args: argparse.Namespace, data: dict[str, Any], effects_took: float) ->
         pages_during = rounds > 1
         upkeep.join()
     if upkeep.error is not None:
-        # Its DDL deadlocks with ingest's writes (see docs/scaling.md): timed alone instead.
+        # It no longer deadlocks with ingest (docs/scaling.md); should it fail, timed alone.
         print(f"partitions_upkeep while ingest ran: {upkeep.error}; again, alone")
         upkeep = Upkeep()
         upkeep.run()
