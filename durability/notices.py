@@ -74,7 +74,7 @@ def _who(actor: str) -> str:
 def message(notice: Notice) -> EmailMessage:
     """The email of a notice: what happened, to which case and effect, and the link. Its
     times are in the recipient's zone (their Preference; UTC without one), as the pages
-    write them ({% when %}), with the zone's name: a mail has no hover title. One query."""
+    write them ({% when %}), with the zone's name: a mail has no hover title."""
     zone = zone_named(chosen_zone_name(notice.user)) or UTC
     base = site_url()
     case = notice.case
