@@ -7,7 +7,9 @@ inserts of the same span rows, in one run on one PostgreSQL database.
 Each batch is one OTLP/protobuf ExportTraceServiceRequest of 512 GenAI spans (an agent
 span, then model calls that ask for tools and the tool calls that run them). The
 paths alternate in rounds, so that all see the same machine when other work comes and
-goes. Prints spans/s for both paths and their ratio, twice: the raw path with its rows
+goes. The HTTP clients wait out a 429 or a 503 as an exporter does (Retry-After, at most
+TRIES tries a batch) and the output counts them. Prints spans/s for both paths and their
+ratio, twice: the raw path with its rows
 prepared before its timer starts, and preparing them (decoding the batches into rows)
 inside its timer (issue 13's figure). It creates (and drops at the start) the database
 named by --db; `measure()` is the same run for benchmarks/run_all.py.
@@ -26,6 +28,7 @@ import importlib
 import json
 import multiprocessing as mp
 import os
+import queue
 import sys
 import time
 import zlib
@@ -33,7 +36,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -45,6 +48,9 @@ server = importlib.import_module("server")
 PG = "postgres://root@127.0.0.1:5432"
 SPANS_PER_BATCH = 512
 SPANS_PER_TRACE = 64
+# Tries of one OTLP batch, and the longest a client waits before one, whatever Retry-After says.
+TRIES = 20
+MAX_WAIT = 10.0
 
 
 def _kv(key: str, value: str | int) -> KeyValue:
@@ -151,18 +157,50 @@ def batch(index: int, *, tag: str) -> bytes:
     return bytes(request.SerializeToString())
 
 
-def _http_worker(port: int, key: str, tag: str, indexes: list[int], out: mp.Queue[int]) -> None:
+class Refusals(NamedTuple):
+    """What one client's batches were answered besides a 200: `again` answers it waited out
+    (429 or 503, after Retry-After; a connection the server ended), `lost` batches it gave up
+    on after TRIES tries."""
+
+    again: int = 0
+    lost: int = 0
+
+    def __add__(self, other: object) -> Refusals:
+        assert isinstance(other, Refusals)
+        return Refusals(self.again + other.again, self.lost + other.lost)
+
+
+def _http_worker(port: int, key: str, tag: str, indexes: list[int], out: mp.Queue[Any]) -> None:
+    """Send the batches as an OTLP exporter does: a 429 or a 503 (ingest's slots all taken,
+    a large batch past TALLYBOOK_INGEST_LARGE_PER_PROCESS, a lock wait too long) is tried
+    again once Retry-After has passed, at most TRIES times a batch. Reports its Refusals."""
     bodies = [batch(i, tag=tag) for i in indexes]
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/x-protobuf"}
     out.put(0)  # ready
+    again = lost = 0
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     for body in bodies:
-        conn.request("POST", "/v1/traces", body, headers)
-        response = conn.getresponse()
-        answer = response.read()
-        assert response.status == 200, (response.status, answer[:300])
-        assert answer == b"", answer  # no partialSuccess: every span stored
-    out.put(len(bodies))
+        for _try in range(TRIES):
+            try:
+                conn.request("POST", "/v1/traces", body, headers)
+                response = conn.getresponse()
+                answer = response.read()
+            except (OSError, http.client.HTTPException):
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+                again += 1
+                continue
+            if response.status in (429, 503):
+                again += 1
+                time.sleep(min(float(response.getheader("Retry-After") or 1), MAX_WAIT))
+                continue
+            assert response.status == 200, (response.status, answer[:300])
+            assert answer == b"", answer  # no partialSuccess: every span stored
+            break
+        else:
+            lost += 1
+    conn.close()
+    out.put(Refusals(again, lost))
 
 
 def _rows(project_id: int, tag: str, index: int) -> tuple[list[tuple[Any, ...]], list[Any]]:
@@ -233,7 +271,7 @@ RAW_SPAN = (
 
 
 def _raw_worker(
-    dsn: str, project_id: int, tag: str, indexes: list[int], timed_rows: bool, out: mp.Queue[int]
+    dsn: str, project_id: int, tag: str, indexes: list[int], timed_rows: bool, out: mp.Queue[Any]
 ) -> None:
     if timed_rows:
         out.put(0)  # ready: decoding the batches into rows is inside the timer
@@ -252,24 +290,37 @@ def _raw_worker(
     out.put(len(prepared))
 
 
+def _next(out: mp.Queue[Any], procs: list[mp.Process]) -> Any:
+    """The next report of a worker; SystemExit when one ended without giving its own (an
+    assertion failed) instead of waiting for it for ever."""
+    while True:
+        try:
+            return out.get(timeout=1)
+        except queue.Empty:
+            if any(p.exitcode not in (None, 0) for p in procs):
+                for p in procs:
+                    p.terminate()
+                raise SystemExit("a benchmark worker failed") from None
+
+
 def _run(
     target: Callable[..., None], args_of: Callable[[int], tuple[object, ...]], clients: int
-) -> float:
-    """Seconds from the moment every client has its batches encoded to the last answer."""
-    out: mp.Queue[int] = mp.Queue()
+) -> tuple[float, list[Any]]:
+    """Seconds from the moment every client has its batches encoded to the last answer, and
+    what each client reported at its end."""
+    out: mp.Queue[Any] = mp.Queue()
     procs = [mp.Process(target=target, args=(*args_of(c), out)) for c in range(clients)]
     for p in procs:
         p.start()
     for _ in procs:
-        out.get()
+        _next(out, procs)
     start = time.perf_counter()
-    for _ in procs:
-        out.get()
+    reports = [_next(out, procs) for _ in procs]
     elapsed = time.perf_counter() - start
     for p in procs:
         p.join()
         assert p.exitcode == 0, "a benchmark worker failed"
-    return elapsed
+    return elapsed, reports
 
 
 def _http_args(
@@ -347,25 +398,28 @@ def measure(*, batches: int, clients: int, workers: int, rounds: int, db: str) -
         first = (round_ * clients + client) * per_client
         return list(range(first, first + per_client))
 
+    refused = Refusals()
     with server.gunicorn(env, workers) as port:
         # Warm up each worker's imports and connections.
-        _run(_http_worker, lambda c: (port, key, "warm", [c]), workers)
+        _, reports = _run(_http_worker, lambda c: (port, key, "warm", [c]), workers)
+        refused = sum(reports, refused)
         http_time = raw_time = timed_time = 0.0
         for r in range(rounds):
-            http_time += _run(_http_worker, partial(_http_args, port, key, share, r), clients)
+            took, reports = _run(_http_worker, partial(_http_args, port, key, share, r), clients)
+            http_time, refused = http_time + took, sum(reports, refused)
             raw_time += _run(
                 _raw_worker, partial(_raw_args, dsn, raw_project, "raw", share, False, r), clients
-            )
+            )[0]
             timed_time += _run(
                 _raw_worker, partial(_raw_args, dsn, raw_project, "timed", share, True, r), clients
-            )
+            )[0]
 
     spans = batches * SPANS_PER_BATCH
     with psycopg.connect(dsn) as conn:
         row = conn.execute("SELECT count(*) FROM trajectories_span").fetchone()
         assert row is not None
         stored = row[0]
-    expected = spans * 3 + workers * SPANS_PER_BATCH
+    expected = (spans * 3 + workers * SPANS_PER_BATCH) - refused.lost * SPANS_PER_BATCH
     assert stored == expected, f"{stored} spans stored, {expected} expected"
     return {
         "spans": spans,
@@ -373,7 +427,9 @@ def measure(*, batches: int, clients: int, workers: int, rounds: int, db: str) -
         "clients": clients,
         "workers": workers,
         "rounds": rounds,
-        "http_rate": spans / http_time,
+        "http_rate": (spans - refused.lost * SPANS_PER_BATCH) / http_time,
+        "http_again": refused.again,
+        "http_lost": refused.lost,
         "raw_rate": spans / raw_time,
         "timed_rate": spans / timed_time,
     }
@@ -408,6 +464,10 @@ def main() -> None:
         f"cores: {os.cpu_count()}"
     )
     print(f"HTTP OTLP/protobuf:             {m['http_rate']:8.0f} spans/s")
+    print(
+        f"  refused: {m['http_again']} answers waited out (429, 503, reset), "
+        f"{m['http_lost']} batches given up after {TRIES} tries"
+    )
     print(f"raw psycopg, same rows:         {m['raw_rate']:8.0f} spans/s")
     print(f"ratio HTTP / raw:               {m['http_rate'] / m['raw_rate']:8.2f}")
     print(f"raw, preparing its rows timed:  {m['timed_rate']:8.0f} spans/s")

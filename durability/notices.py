@@ -12,7 +12,7 @@ twice; only a crash between the send and the commit can.
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -24,8 +24,8 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.encoding import force_bytes
 from django.utils.http import urlsafe_base64_encode
-from django.utils.timesince import timesince
 
+from durability.accounts.timezones import chosen_zone_name, zone_named
 from durability.jobs import enqueue
 from durability.models import BulkAction, Case, Comment, Notice, NoticeKind, Project
 from durability.site import site_url
@@ -71,8 +71,11 @@ def _who(actor: str) -> str:
     return actor.removeprefix("user:") or "Tallybook"
 
 
-def message(notice: Notice, *, now: datetime | None = None) -> EmailMessage:
-    """The email of a notice: what happened, to which case and effect, and the link."""
+def message(notice: Notice) -> EmailMessage:
+    """The email of a notice: what happened, to which case and effect, and the link. Its
+    times are in the recipient's zone (their Preference; UTC without one), as the pages
+    write them ({% when %}), with the zone's name: a mail has no hover title."""
+    zone = zone_named(chosen_zone_name(notice.user)) or UTC
     base = site_url()
     case = notice.case
     context = {
@@ -84,7 +87,7 @@ def message(notice: Notice, *, now: datetime | None = None) -> EmailMessage:
         "effect": case.effect if case else None,
         "comment": notice.comment,
         "case_url": base + case.get_absolute_url() if case else "",
-        "open_for": timesince(case.opened, now or timezone.now()) if case else "",
+        "zone": str(zone),
         "preferences_url": base + reverse("settings-notifications"),
         "set_password_url": (
             base + set_password_path(notice.user)
@@ -96,8 +99,9 @@ def message(notice: Notice, *, now: datetime | None = None) -> EmailMessage:
         "cases": _bulk_cases(notice, base),
         "link_days": settings.PASSWORD_RESET_TIMEOUT // (24 * 60 * 60),
     }
-    subject = render_to_string("durability/notices/subject.txt", context)
-    body = render_to_string(f"durability/notices/{notice.kind}.txt", context)
+    with timezone.override(zone):
+        subject = render_to_string("durability/notices/subject.txt", context)
+        body = render_to_string(f"durability/notices/{notice.kind}.txt", context)
     return EmailMessage(
         subject=" ".join(subject.split()), body=body.strip() + "\n", to=[notice.user.email]
     )
@@ -116,7 +120,7 @@ def _bulk_cases(notice: Notice, base: str) -> list[tuple[Case, str]]:
     return [(case, base + case.get_absolute_url()) for case in listed]
 
 
-def notice_deliver(notice_id: int, *, now: datetime | None = None) -> bool:
+def notice_deliver(notice_id: int) -> bool:
     """Send one notice unless it was sent (or another run holds it); True if this sent it.
 
     Raises NoticeFailed after recording the error, so the failure is logged as a job's.
@@ -132,7 +136,7 @@ def notice_deliver(notice_id: int, *, now: datetime | None = None) -> bool:
             return False
         notice.tries += 1
         try:
-            message(notice, now=now).send()
+            message(notice).send()
         except OSError as exc:  # smtplib's errors are OSErrors too
             notice.error = f"{type(exc).__name__}: {exc}"[:1000]
             notice.save(update_fields=["tries", "error"])
@@ -156,13 +160,13 @@ def notices_unsent(*, now: datetime | None = None, limit: int = 100) -> list[int
     return list(unsent.order_by("created", "id").values_list("pk", flat=True)[:limit])
 
 
-def notices_send(notice_ids: list[int], *, now: datetime | None = None) -> int:
+def notices_send(notice_ids: list[int]) -> int:
     """Send these notices in turn, stopping at the first failure (the mail server is likely
     down: the next pass tries again); returns how many were sent."""
     sent = 0
     for notice_id in notice_ids:
         try:
-            sent += notice_deliver(notice_id, now=now)
+            sent += notice_deliver(notice_id)
         except NoticeFailed as exc:
             logger.warning("%s; the next pass tries again", exc)
             break

@@ -141,6 +141,14 @@ def _intent(server: ServerProcess, raw_key: str, key: str) -> tuple[int, dict[st
         return refused.code, json.loads(refused.read())
 
 
+SEARCH = "/search/?q="
+
+
+def _link(decision: dict[str, Any]) -> str:
+    """The effect's link on a page (a search for its key echoes the key in the box)."""
+    return f'href="{urllib.parse.urlsplit(decision["effect"]["url"]).path}"'
+
+
 def _server(primary: Postgres, standby: Postgres, pin_seconds: int) -> ServerProcess:
     server = ServerProcess(primary.url)
     server.env["DATABASE_REPLICA_URL"] = standby.url
@@ -159,16 +167,22 @@ def test_pages_read_the_replica_while_the_ledger_decides_on_the_primary(clusters
         assert "refund:replica-1" not in operator.get("/effects/")
         _replay(standby, paused=True)
         try:
-            assert _intent(server, raw_key, "refund:replica-1")[1]["decision"] == "proceed"
+            first = _intent(server, raw_key, "refund:replica-1")[1]
+            assert first["decision"] == "proceed"
+            link = _link(first)
             # The agent asks again: the primary holds the pending effect, so it must wait.
             status, again = _intent(server, raw_key, "refund:replica-1")
             assert (status, again["decision"]) == (200, "wait")
-            # The page reads the standby, whose replay is paused: not there yet.
+            # The pages read the standby, whose replay is paused: not there yet.
             assert "refund:replica-1" not in operator.get("/effects/")
+            assert link not in operator.get(SEARCH + "refund:replica-1")
         finally:
             _replay(standby, paused=False)
         wait_until(
             lambda: "refund:replica-1" in operator.get("/effects/"), 30, "the page to show it"
+        )
+        wait_until(
+            lambda: link in operator.get(SEARCH + "refund:replica-1"), 30, "the search to find it"
         )
     finally:
         server.close()
@@ -178,11 +192,13 @@ def test_pages_read_the_replica_while_the_ledger_decides_on_the_primary(clusters
     try:
         _replay(standby, paused=True)
         try:
-            assert _intent(server, raw_key, "refund:replica-2")[1]["decision"] == "proceed"
+            second = _intent(server, raw_key, "refund:replica-2")[1]
+            assert second["decision"] == "proceed"
             # Logging in is a write: this browser reads from the primary from now on.
             operator = Browser(server.url)
             assert replica.PIN_COOKIE in {cookie.name for cookie in operator.jar}
             assert "refund:replica-2" in operator.get("/effects/")
+            assert _link(second) in operator.get(SEARCH + "refund:replica-2")
         finally:
             _replay(standby, paused=False)
     finally:

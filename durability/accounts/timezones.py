@@ -33,11 +33,16 @@ def zone_named(name: str | None) -> ZoneInfo | None:
     return ZoneInfo(name) if name and name in zone_names() else None
 
 
+def chosen_zone_name(user: Any) -> str:
+    """The zone name of the user's Preference; blank when they chose none. One query."""
+    chosen = Preference.objects.filter(user=user).values_list("time_zone", flat=True).first()
+    return chosen or ""
+
+
 def chosen_zone_remember(request: HttpRequest, user: Any) -> None:
     """Keep the user's choice in their session, so that no page asks the database for it;
     at login (a signal receiver) and whenever they choose."""
-    chosen = Preference.objects.filter(user=user).values_list("time_zone", flat=True).first()
-    request.session[SESSION] = chosen or ""
+    request.session[SESSION] = chosen_zone_name(user)
 
 
 def on_user_logged_in(sender: Any, request: HttpRequest | None, user: Any, **kwargs: Any) -> None:
@@ -84,6 +89,13 @@ JUST_NOW_S = 10
 def _local(value: datetime) -> datetime:
     aware = value if timezone.is_aware(value) else value.replace(tzinfo=UTC)
     return timezone.localtime(aware)
+
+
+def utc_iso(value: datetime, *, timespec: str = "auto") -> str:
+    """The instant in UTC, ISO 8601 with a Z: what machines read (a `<time>`'s `datetime`,
+    a webhook's text)."""
+    aware = value if timezone.is_aware(value) else value.replace(tzinfo=UTC)
+    return aware.astimezone(UTC).isoformat(timespec=timespec).replace("+00:00", "Z")
 
 
 def exact(value: datetime) -> str:

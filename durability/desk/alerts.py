@@ -10,8 +10,8 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
-from django.utils.timesince import timesince
 
+from durability.accounts.timezones import utc_iso
 from durability.models import Case, CaseAlert, Reason, Severity
 
 # Reasons the settings do not name (added after them) alert after an hour.
@@ -19,8 +19,9 @@ DEFAULT_AFTER_S = 60 * 60
 POST_TIMEOUT_S = 10
 
 
-def alert_text(case: Case, now: datetime) -> str:
-    """One line a person reads in a chat channel, with a link to the case."""
+def alert_text(case: Case) -> str:
+    """One line a person reads in a chat channel, with a link to the case. Its time is UTC
+    in ISO 8601: the channel's readers are in any zone, and its bots parse it."""
     what = (
         f"{case.effect.key} ({case.effect.kind} on {case.effect.target})"
         if case.effect
@@ -29,7 +30,7 @@ def alert_text(case: Case, now: datetime) -> str:
     url = settings.SITE_URL + case.get_absolute_url()
     return (
         f"[Tallybook · {case.project.name}] {case.get_severity_display()} {case.reason} case "
-        f"open for {timesince(case.opened, now)}: {what}. {case.summary} {url}"
+        f"open since {utc_iso(case.opened, timespec='seconds')}: {what}. {case.summary} {url}"
     )
 
 
@@ -93,7 +94,7 @@ def alerts_send(*, now: datetime | None = None, limit: int = 100) -> list[CaseAl
                 continue
             alert.tries += 1
             try:
-                _post(url, alert_text(alert.case, now))
+                _post(url, alert_text(alert.case))
             except (OSError, ValueError) as exc:
                 alert.error = str(exc)[:1000]
                 alert.save(update_fields=["tries", "error"])

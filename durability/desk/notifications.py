@@ -131,4 +131,4 @@ def overdue_announce(*, now: datetime | None = None, limit: int = 100) -> int:
     )
     # ignore_conflicts gives no ids back: read the ones no run has tried yet.
     fresh = Notice.objects.filter(case_id__in=due, kind=NoticeKind.OVERDUE, sent=None, tries=0)
-    return notices.notices_send(list(fresh.order_by("id").values_list("pk", flat=True)), now=now)
+    return notices.notices_send(list(fresh.order_by("id").values_list("pk", flat=True)))

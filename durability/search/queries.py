@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django import forms
-from django.db import connection, transaction
+from django.db import connection, connections, router, transaction
 from django.db.models import F, IntegerField, QuerySet, TextField, Value
 from django.db.models.functions import Cast
 from django.db.models.lookups import IContains
@@ -235,11 +235,14 @@ def _planned_for_their_values() -> Iterator[None]:
     """On PostgreSQL, each statement planned for the text it has: a prepared statement gets
     a generic plan after its fifth run, which cannot know how rare the text is, and read
     a million effects newest first for a text that none has (0.1 ms planned for the text,
-    137 ms generic, at 20,000). One statement more, in the transaction it is LOCAL to."""
-    if connection.vendor != "postgresql":
+    137 ms generic, at 20,000). One statement more, in the transaction it is LOCAL to, on
+    the database the router reads effects from: the replica for a page that may read it (a
+    transaction on the primary would keep every read of the search there)."""
+    using = router.db_for_read(Effect)
+    if connections[using].vendor != "postgresql":
         yield
         return
-    with transaction.atomic(), connection.cursor() as cursor:
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
         cursor.execute("SET LOCAL plan_cache_mode = force_custom_plan")
         yield
 

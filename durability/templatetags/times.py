@@ -10,13 +10,13 @@ where no element may stand (an SVG `<title>`). CSV exports and the API keep ISO 
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 
 from django import template
 from django.utils import timezone
 from django.utils.html import format_html
 
-from durability.accounts.timezones import absolute, distance, exact
+from durability.accounts.timezones import absolute, distance, exact, utc_iso
 
 register = template.Library()
 
@@ -35,9 +35,9 @@ def when_html(
     text = distance(value, now=now) if relative else absolute(value, seconds=seconds)
     if plain:
         return text
-    aware = value if timezone.is_aware(value) else value.replace(tzinfo=UTC)
-    instant = aware.astimezone(UTC).isoformat().replace("+00:00", "Z")
-    return format_html('<time datetime="{}" title="{}">{}</time>', instant, exact(value), text)
+    return format_html(
+        '<time datetime="{}" title="{}">{}</time>', utc_iso(value), exact(value), text
+    )
 
 
 @register.simple_tag(takes_context=True)

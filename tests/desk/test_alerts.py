@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, timedelta
 
 import django_rq
 import pytest
@@ -46,7 +46,8 @@ def test_an_overdue_case_posts_once_to_the_webhook(api, webhook, settings):
     text = post.json()["text"]
     assert set(post.json()) == {"text"}
     assert "alpha" in text and "uncertain" in text and "refund:1" in text
-    assert "open for 2\xa0hours" in text
+    opened = case.opened.astimezone(UTC).replace(microsecond=0).isoformat()
+    assert f"case open since {opened.replace('+00:00', 'Z')}: refund:1 " in text
     assert settings.SITE_URL + f"/cases/{case.pk}/" in text
     assert alerts_send(now=now + HOUR) == []
     assert len(webhook.seen) == 1

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import django_rq
 import pytest
@@ -18,7 +18,7 @@ from durability import notices
 from durability.desk import jobs as desk_jobs
 from durability.desk import services
 from durability.desk.notifications import mentions, overdue_announce
-from durability.models import BulkVerb, Membership, Notice, NoticeKind, Role
+from durability.models import BulkVerb, Case, Membership, Notice, NoticeKind, Preference, Role
 from tests.desk.support import logged_in, member, uncertain_case
 
 HOUR = timedelta(hours=1)
@@ -78,7 +78,8 @@ def test_an_assignment_emails_the_assignee_with_the_case_its_effect_and_link(
     )
     body = email.body
     assert f"ada assigned you case #{case.pk} in alpha." in body
-    assert f"Case #{case.pk} · uncertain · high severity · open for 0\xa0minutes" in body
+    opened = case.opened.astimezone(UTC).strftime("%Y-%m-%d %H:%M")
+    assert f"Case #{case.pk} · uncertain · high severity · open since {opened} UTC" in body
     assert case.summary in body
     assert "Effect: refund:1 — payment on stripe, now timed_out" in body
     assert f"Open the case: {settings.SITE_URL}/cases/{case.pk}/" in body
@@ -207,8 +208,30 @@ def test_an_overdue_case_emails_its_assignee_once_however_often_the_scan_runs(
     (email,) = mail.outbox
     assert email.to == ["alice@example.com"]
     assert email.subject.startswith(f"[Tallybook · alpha] Case #{case.pk} is overdue: uncertain")
-    assert "open for 2\xa0hours" in email.body
+    opened = case.opened.astimezone(UTC).strftime("%Y-%m-%d %H:%M")
+    assert email.subject.endswith(f", open since {opened} UTC · refund:1")
+    assert f"is overdue: it has been open since {opened} UTC and still needs you." in email.body
     assert Notice.objects.filter(kind=NoticeKind.OVERDUE).count() == 1
+
+
+def test_an_email_states_its_times_in_the_recipients_zone_as_the_pages_do(
+    project, ada, alice_mail, case, django_capture_on_commit_callbacks
+):
+    """Not "5 minutes ago": an email is read later, and anywhere."""
+    Case.objects.filter(pk=case.pk).update(opened=datetime(2026, 1, 15, 23, 30, 5, tzinfo=UTC))
+    Preference.objects.create(user=alice_mail, time_zone="Asia/Tokyo")
+    with django_capture_on_commit_callbacks(execute=True):
+        _assign(logged_in(ada), case, "alice")
+    (email,) = mail.outbox
+    # {% when %}'s words, in Tokyo (UTC+9): the next day.
+    assert "open since 2026-01-16 08:30 Asia/Tokyo" in email.body
+    assert " ago" not in email.body
+    mail.outbox.clear()
+
+    overdue_announce(now=timezone.now())
+    (email,) = mail.outbox
+    assert email.subject.endswith(", open since 2026-01-16 08:30 Asia/Tokyo · refund:1")
+    assert "it has been open since 2026-01-16 08:30 Asia/Tokyo and still needs you" in email.body
 
 
 def test_an_overdue_case_with_no_assignee_or_one_who_opted_out_sends_nothing(

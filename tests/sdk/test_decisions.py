@@ -3,21 +3,34 @@
 
 from __future__ import annotations
 
+import inspect
+import typing
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 from tallybook import (
     EffectConflict,
     EffectDenied,
     EffectInDoubt,
     EffectUnsettled,
     Tallybook,
+    testing,
 )
 from tallybook.testing import FakeTallybook
 from tallybook.transport import Retry, Transport
 
-from durability.api.schemas import ReceiptIn
+from durability.api.schemas import (
+    DecisionOut,
+    EffectDetailOut,
+    EffectResultOut,
+    FailureIn,
+    IntentIn,
+    ReceiptIn,
+    ReceiptResultOut,
+    TimeoutIn,
+)
 from durability.ledger import settling
 from durability.ledger.machine import Event
 from durability.models import Effect
@@ -285,3 +298,105 @@ def test_the_fake_answers_a_completed_tool_with_its_result():
         "result": {"id": "msg-1"}
     }
     tb.close()
+
+
+def test_the_fake_takes_the_fields_the_api_takes():
+    for path, schema in {
+        "/api/v1/intents": IntentIn,
+        "/api/v1/receipts": ReceiptIn,
+        "/api/v1/failures": FailureIn,
+        "/api/v1/timeouts": TimeoutIn,
+    }.items():
+        required, optional = testing.TAKES[path]
+        fields = schema.model_fields
+        assert set(required) == {n for n, f in fields.items() if f.is_required()}, path
+        assert set(required + optional) == set(fields), path
+
+
+def _models(annotation: Any) -> list[type[BaseModel]]:
+    if inspect.isclass(annotation) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in _models(arg)]
+
+
+def _as_declared(schema: type[BaseModel], body: dict[str, Any]) -> None:
+    """`body` has the fields the server's answer `schema` declares, nested, and no other."""
+    schema.model_validate(body)
+    assert set(body) == set(schema.model_fields), schema.__name__
+    for name, declared in schema.model_fields.items():
+        value = body[name]
+        for inner in _models(declared.annotation):
+            for item in value if isinstance(value, list) else [value]:
+                if isinstance(item, dict):
+                    _as_declared(inner, item)
+
+
+TRACE, SPAN = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+
+
+def test_the_fake_answers_the_fields_the_server_answers(backend):
+    """Amounts, grants, deadlines, attempts, ids: what an agent's test may read off an
+    answer is there on the fake as on the server, alike where the two can agree."""
+    api = backend.api
+    claim = _claim(backend, {})
+    intent = {"key": KEY, "request": REQUEST, "timeout_s": 600, "worker": "w1", **claim}
+    intent |= {"run_id": "run-1", "trace_id": TRACE, "span_id": SPAN}
+    intent["context"] = {"workflow_version": "3"}
+    proceed = api.request("POST", "/api/v1/intents", intent)
+    assert proceed.status == 201
+    _as_declared(DecisionOut, proceed.body)
+    assert proceed.body["effect"]["deadline"] is not None
+
+    receipt = {"key": KEY, "system": "fakepay", "external_id": "re_1", "attempt": 1}
+    receipt |= {"amount": {"value": "50.0", "currency": "EUR"}, "target": "fakepay"}
+    receipt |= {"trace_id": TRACE, "span_id": SPAN, "observed_at": "2026-01-15T10:00:00Z"}
+    recorded = api.request("POST", "/api/v1/receipts", receipt)
+    assert (recorded.status, recorded.body["created"]) == (201, True)
+    _as_declared(ReceiptResultOut, recorded.body)
+    stored = recorded.body["receipt"]
+    assert stored["amount"] == {"value": "50", "currency": "EUR"}
+    assert (stored["target"], stored["trace_id"], stored["span_id"]) == ("fakepay", TRACE, SPAN)
+    again = api.request("POST", "/api/v1/receipts", receipt)
+    assert (again.status, again.body["created"]) == (200, False)
+    _as_declared(ReceiptResultOut, again.body)
+
+    status = api.request("GET", f"/api/v1/effects?key={KEY}")
+    assert status.status == 200
+    detail = status.body
+    _as_declared(EffectDetailOut, detail)
+    assert (detail["decision"], detail["request"]) == ("completed", REQUEST)
+    assert detail["amount"] == {"value": "50", "currency": "EUR"}
+    assert detail["authority"] == claim["authority"]
+    assert detail["grant"]["id"] == backend.grants[0]
+    (attempt,) = detail["attempts"]
+    assert (attempt["number"], attempt["worker"], attempt["run_id"]) == (1, "w1", "run-1")
+    assert (attempt["trace_id"], attempt["context"]["workflow_version"]) == (TRACE, "3")
+    assert [r["external_id"] for r in detail["receipts"]] == ["re_1"]
+
+    orphan = api.request("POST", "/api/v1/receipts", receipt | {"key": "refund:none"})
+    assert (orphan.status, orphan.body["effect"]) == (201, None)
+    _as_declared(ReceiptResultOut, orphan.body)
+    assert orphan.body["case"]["reason"] == "orphan_receipt"
+
+    api.request("POST", "/api/v1/intents", {"key": "refund:43", "request": 43, **claim})
+    for path, body in (
+        ("/api/v1/failures", {"key": "refund:43", "error": "hung up"}),
+        ("/api/v1/timeouts", {"key": "refund:43", "reason": "no answer"}),
+    ):
+        reported = api.request("POST", path, body)
+        assert reported.status == 200, path
+        _as_declared(EffectResultOut, reported.body)
+        assert reported.body["effect"]["state"] == "timed_out"
+        assert reported.body["case"]["reason"] == "uncertain"
+
+
+def test_the_fake_refuses_a_field_the_server_refuses(backend):
+    intent = {"key": KEY, "kind": "payment", "target": "fakepay", "amout": "50"}
+    refused = backend.api.request("POST", "/api/v1/intents", intent)
+    assert refused.status == 400
+    assert refused.body == {"error": "Invalid request", "fields": {"amout": "Unknown field"}}
+    unnamed = backend.api.request("POST", "/api/v1/receipts", {"key": KEY, "system": "fakepay"})
+    assert (unnamed.status, unnamed.body["fields"]) == (
+        400,
+        {"external_id": "This field is required"},
+    )

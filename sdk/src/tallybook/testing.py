@@ -14,8 +14,11 @@ proceeds, a receipt completes it, an outcome nobody knows is in doubt until an o
 (`tb.fake.settle(...)`) says what happened, a key reused for another request or another
 claim (kind, target, authority or amount: what was checked and approved) is a conflict.
 Authority is granted unless `FakeServer(approval=..., denied=...)` names the kind;
-approvals are given with `tb.fake.approve(key)`. Tallybook's own tests run one
-table of cases against this fake and the real server, so the two agree.
+approvals are given with `tb.fake.approve(key)`. It takes the fields the API takes (an
+unknown or a missing one is a 400, as there) and answers the fields the API answers, amounts
+and grants included; a grant's limits are not checked (`grant` names any grant, one with
+no limits). Tallybook's own tests run one table of cases against this fake and the real
+server, so the two agree.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import json
 import tempfile
 import threading
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -40,6 +43,40 @@ from tallybook.transport import Response, Retry
 URL = "http://tallybook.test"
 RETRYABLE_AFTER_TIMEOUT = ("safe", "idempotent")
 LATE_FROM = ("timed_out", "failed", "not_happened", "abandoned")
+# The fields each endpoint takes (the API's schemas, which the fake's tests compare with
+# these), the required ones first.
+INTENT = ("key", "kind", "target")
+RECEIPT = ("key", "system", "external_id")
+FAILURE = ("key", "error")
+TAKES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "/api/v1/intents": (
+        INTENT,
+        (
+            "request",
+            "fingerprint",
+            "replay",
+            "timeout_s",
+            "run_id",
+            "tool_call_id",
+            "trace_id",
+            "span_id",
+            "worker",
+            "context",
+            "authority",
+            "amount",
+        ),
+    ),
+    "/api/v1/receipts": (
+        RECEIPT,
+        ("observed_at", "data", "amount", "target", "attempt", "trace_id", "span_id"),
+    ),
+    "/api/v1/failures": (FAILURE, ("definitive",)),
+    "/api/v1/timeouts": (("key", "reason"), ()),
+}
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat()
 
 
 @dataclass
@@ -50,14 +87,28 @@ class FakeEffect:
     target: str
     fingerprint: str
     claim: Json  # the first intent's kind, target, authority and amount (`_claim`)
+    intent: Json  # the first intent, as sent
     replay: str
     state: str
     attempt: int = 0
     worker: str | None = None
     run_id: str | None = None
     late: bool = False
+    deadline: str | None = None
     receipts: list[Json] = field(default_factory=list)
     cases: list[Json] = field(default_factory=list)  # open ones
+    attempts: list[Json] = field(default_factory=list)
+    created: str = field(default_factory=_now)
+    updated: str = ""
+
+    def __post_init__(self) -> None:
+        self.updated = self.created
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # As the server's row: any change of what an answer shows moves `updated`.
+        super().__setattr__(name, value)
+        if name in ("state", "attempt", "late", "deadline"):
+            super().__setattr__("updated", _now())
 
     def to_json(self) -> Json:
         return {
@@ -70,7 +121,31 @@ class FakeEffect:
             "replay": self.replay,
             "fingerprint": self.fingerprint,
             "attempt": self.attempt,
+            "deadline": self.deadline,
+            "created": self.created,
+            "updated": self.updated,
             "url": f"{URL}/effects/{self.id}/",
+        }
+
+    def detail(self, decision: str, reason: str) -> Json:
+        """The effect as `GET /api/v1/effects?key=` answers it."""
+        intent = self.intent
+        grant = (intent.get("authority") or {}).get("grant")
+        return {
+            "effect": self.to_json(),
+            "request": intent.get("request"),
+            "payload_pruned": None,
+            "authority": intent.get("authority"),
+            "amount": _amount(intent.get("amount")),
+            "grant": _grant(grant, intent.get("amount")) if type(grant) is int else None,
+            "attempts": self.attempts,
+            "receipts": self.receipts,
+            "cases": self.cases,
+            "decision": decision,
+            "reason": reason,
+            "run_id": intent.get("run_id"),
+            "tool_span_id": None,
+            "model_span_id": None,
         }
 
     def case(self, reason: str) -> Json | None:
@@ -88,6 +163,7 @@ class FakeServer:
         self.approval, self.denied = approval, denied
         self.effects: dict[str, FakeEffect] = {}
         self.closed_cases: list[Json] = []
+        self.orphans: list[Json] = []  # receipts for a key no intent recorded
         self._ids = 0
         self._lock = threading.Lock()
 
@@ -143,9 +219,12 @@ class FakeServer:
                 "/api/v1/intents": self._intent,
                 "/api/v1/receipts": self._receipt_in,
                 "/api/v1/failures": self._failure,
+                "/api/v1/timeouts": self._timeout,
             }.get(path)
             if method != "POST" or handler is None:
                 return Response(404, {"error": f"the fake has no {method} {path}"})
+            if (refused := _refused(path, body)) is not None:
+                return refused
             return handler(body)
 
     def close(self) -> None:
@@ -164,6 +243,7 @@ class FakeServer:
                 target=intent["target"],
                 fingerprint=fingerprint,
                 claim=claim,
+                intent=intent,
                 replay=intent.get("replay", "never"),
                 state="pending",
             )
@@ -235,42 +315,64 @@ class FakeServer:
     def _receipt_in(self, receipt: Json) -> Response:
         key, system, external_id = receipt["key"], receipt["system"], receipt["external_id"]
         effect = self.effects.get(key)
-        known = effect.receipts if effect else []
+        known = effect.receipts if effect else [r for r in self.orphans if r["key"] == key]
         same = next(
             (r for r in known if (r["system"], r["external_id"]) == (system, external_id)), None
         )
         if same is not None:
-            return Response(200, {"receipt": same, "created": False})
+            effect_json = effect.to_json() if effect else None
+            answer: Json = {"receipt": same, "effect": effect_json, "case": None, "created": False}
+            return Response(200, answer)
         row = self._receipt(key, system, external_id, "agent_reported", receipt)
         if effect is None:
-            return Response(201, {"receipt": row, "effect": None, "created": True})
+            self.orphans.append(row)
+            orphan = self._case(
+                "orphan_receipt",
+                "high",
+                f"A receipt from {system} ({external_id}) names key {key!r}, which no intent "
+                "has recorded.",
+            )
+            return Response(201, {"receipt": row, "effect": None, "case": orphan, "created": True})
+        case: Json | None = None
         if effect.state == "pending":
             effect.state = "succeeded"
         elif effect.state in LATE_FROM:
             row["late"] = effect.late = True
             effect.state = "succeeded"
             self._close(effect, "uncertain")
-            self._open(effect, "late_success")
+            case = self._open(effect, "late_success")
         elif effect.state in ("succeeded", "compensated"):
-            self._open(effect, "duplicate_effect", severity="critical")
+            case = self._open(effect, "duplicate_effect", severity="critical")
         else:
-            self._open(effect, "unauthorized_effect", severity="critical")
+            case = self._open(effect, "unauthorized_effect", severity="critical")
         effect.receipts.append(row)
-        return Response(201, {"receipt": row, "effect": effect.to_json(), "created": True})
+        return Response(
+            201, {"receipt": row, "effect": effect.to_json(), "case": case, "created": True}
+        )
 
     def _failure(self, failure: Json) -> Response:
-        effect = self.effects.get(failure["key"])
+        return self._report(failure["key"], "failed" if failure.get("definitive") else "timed_out")
+
+    def _timeout(self, timeout: Json) -> Response:
+        return self._report(timeout["key"], "timed_out")
+
+    def _report(self, key: str, target: str) -> Response:
+        """A failure or a timeout the agent reports: 404 for an unknown key, 409 where the
+        effect's state refuses it."""
+        effect = self.effects.get(key)
         if effect is None:
-            return Response(404, {"error": f"no effect has the key {failure['key']!r}"})
-        target = "failed" if failure.get("definitive") else "timed_out"
+            return Response(
+                404, {"error": f"no effect has the key {key!r}", "fields": {"key": "Unknown"}}
+            )
+        case = effect.case("uncertain") if target == "timed_out" else None
         if effect.state == target:
-            return Response(200, {"effect": effect.to_json(), "changed": False})
+            return Response(200, {"effect": effect.to_json(), "case": case, "changed": False})
         if effect.state != "pending":
             return Response(409, {"error": f"effect {effect.key!r} is {effect.state}"})
         effect.state = target
         if target == "timed_out":
-            self._open(effect, "uncertain")
-        return Response(200, {"effect": effect.to_json(), "changed": True})
+            case = self._open(effect, "uncertain")
+        return Response(200, {"effect": effect.to_json(), "case": case, "changed": True})
 
     def _status(self, key: str) -> Response:
         effect = self.effects.get(key)
@@ -278,14 +380,7 @@ class FakeServer:
             return Response(404, {"error": f"no effect has the key {key!r}"})
         decision, _, _ = self._decide(effect)
         return Response(
-            200,
-            {
-                "decision": decision,
-                "reason": f"The fake's decision for a {effect.state} effect.",
-                "effect": effect.to_json(),
-                "receipts": effect.receipts,
-                "cases": effect.cases,
-            },
+            200, effect.detail(decision, f"The fake's decision for a {effect.state} effect.")
         )
 
     # -- bookkeeping -------------------------------------------------------------------------
@@ -314,29 +409,51 @@ class FakeServer:
     def _attempt(self, effect: FakeEffect, intent: Json) -> None:
         effect.attempt += 1
         effect.worker, effect.run_id = intent.get("worker"), intent.get("run_id")
+        started = datetime.now(timezone.utc)
+        timeout_s = intent.get("timeout_s")
+        effect.deadline = (
+            (started + timedelta(seconds=timeout_s)).isoformat() if timeout_s else None
+        )
+        effect.attempts.append(
+            {
+                "number": effect.attempt,
+                "started": started.isoformat(),
+                "deadline": effect.deadline,
+                "context": intent.get("context") or {},
+                "run_id": intent.get("run_id") or "",
+                "worker": intent.get("worker") or "",
+                "trace_id": intent.get("trace_id") or "",
+                "span_id": intent.get("span_id") or "",
+            }
+        )
 
     def _open(
         self, effect: FakeEffect, reason: str, *, severity: str = "high", summary: str = ""
     ) -> Json:
         case = effect.case(reason)
         if case is None:
-            case_id = self._next_id()
-            case = {
-                "id": case_id,
-                "reason": reason,
-                "severity": severity,
-                "summary": summary or f"{reason.replace('_', ' ')}: {effect.key}",
-                "opened": datetime.now(timezone.utc).isoformat(),
-                "closed": None,
-                "url": f"{URL}/cases/{case_id}/",
-            }
+            case = self._case(
+                reason, severity, summary or f"{reason.replace('_', ' ')}: {effect.key}"
+            )
             effect.cases.append(case)
         return case
+
+    def _case(self, reason: str, severity: str, summary: str) -> Json:
+        case_id = self._next_id()
+        return {
+            "id": case_id,
+            "reason": reason,
+            "severity": severity,
+            "summary": summary,
+            "opened": _now(),
+            "closed": None,
+            "url": f"{URL}/cases/{case_id}/",
+        }
 
     def _close(self, effect: FakeEffect, reason: str) -> None:
         if (case := effect.case(reason)) is not None:
             effect.cases.remove(case)
-            case["closed"] = datetime.now(timezone.utc).isoformat()
+            case["closed"] = _now()
             self.closed_cases.append(case)
 
     def _receipt(
@@ -352,8 +469,12 @@ class FakeServer:
             "data": given.get("data"),
             "strength": strength,
             "attempt": given.get("attempt"),
+            "trace_id": given.get("trace_id") or "",
+            "span_id": given.get("span_id") or "",
             "late": False,
-            "received": datetime.now(timezone.utc).isoformat(),
+            "received": _now(),
+            "amount": _amount(given.get("amount")),
+            "target": given.get("target"),
         }
 
     def _in(self, key: str, *states: str) -> FakeEffect:
@@ -367,17 +488,50 @@ class FakeServer:
         return self._ids
 
 
+def _refused(path: str, body: Any) -> Response | None:
+    """The server's 400 for a body without a field it requires or with one it does not take;
+    None for a body it takes (the fields' values are the caller's to get right)."""
+    if not isinstance(body, dict):
+        return Response(
+            400,
+            {"error": "The body must be a JSON object", "fields": {"body": "Expected an object"}},
+        )
+    required, optional = TAKES[path]
+    fields = {name: "This field is required" for name in required if name not in body}
+    fields |= {name: "Unknown field" for name in body if name not in required + optional}
+    return Response(400, {"error": "Invalid request", "fields": fields}) if fields else None
+
+
+def _amount(amount: Json | None) -> Json | None:
+    """An amount as the server answers it: its value normalised ("50.00" is "50")."""
+    if not amount:
+        return None
+    return {"value": f"{Decimal(amount['value']).normalize():f}", "currency": amount["currency"]}
+
+
+def _grant(grant_id: int, amount: Json | None) -> Json:
+    """The grant `grant_id` as an effect's detail shows it: the fake grants any, unlimited."""
+    return {
+        "id": grant_id,
+        "name": f"grant {grant_id}",
+        "version": 1,
+        "currency": amount["currency"] if amount else "",
+        "max_amount": None,
+        "max_daily_amount": None,
+        "targets": ["*"],
+        "url": f"{URL}/authority/grants/{grant_id}/",
+    }
+
+
 def _claim(intent: Json) -> Json:
     """What an intent claims besides its request, as the server compares it: "50" and
     "50.00" EUR are one amount."""
-    amount = intent.get("amount")
+    amount = _amount(intent.get("amount"))
     return {
         "kind": intent["kind"],
         "target": intent["target"],
         "authority": intent.get("authority"),
-        "amount": f"{Decimal(amount['value']).normalize():f} {amount['currency']}"
-        if amount
-        else None,
+        "amount": f"{amount['value']} {amount['currency']}" if amount else None,
     }
 
 
