@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.contrib.auth.decorators import login_required
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, Prefetch, Q, QuerySet
 from django.http import Http404, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
@@ -21,6 +21,7 @@ from django.utils import timezone
 from durability.accounts.access import AuthedRequest, object_access, project_access
 from durability.accounts.roles import Perm
 from durability.inbound import EARLIEST, decimal_digits, number_param
+from durability.models import Receipt
 from trajectories.models import EffectLink, Run, RunStatus, Span
 
 PAGE_SIZE = 50
@@ -229,6 +230,11 @@ def run_spans(run: Run) -> QuerySet[Span]:
     return Span.objects.filter(run=run, day__range=(run.first_day, run.last_day))
 
 
+def _receipts_of(project_id: int) -> Prefetch[Any]:
+    """The linked effects' receipts, read by their project as well as their effects."""
+    return Prefetch("effect__receipts", Receipt.objects.filter(project_id=project_id))
+
+
 def _tree(run: Run) -> Tree:
     """All spans of the run in one query, arranged as a forest; effects by their span."""
     spans = list(run_spans(run).only(*TREE_FIELDS).order_by("start", "id"))
@@ -247,7 +253,7 @@ def _tree(run: Run) -> Tree:
     links = (
         EffectLink.objects.filter(run=run)
         .select_related("effect")
-        .prefetch_related("effect__receipts")
+        .prefetch_related(_receipts_of(run.project_id))
         .order_by("effect_id")
     )
     for link in links:
@@ -322,7 +328,7 @@ def _span_context(span: Span) -> dict[str, Any]:
     links = (
         EffectLink.objects.filter(named, run_id=span.run_id)
         .select_related("effect")
-        .prefetch_related("effect__receipts")
+        .prefetch_related(_receipts_of(span.project_id))
         .order_by("effect_id")
     )
     parent = (

@@ -239,7 +239,9 @@ def _orphan_case_settle(effect: Effect, row: Receipt, trail: Trail) -> Case | No
         # Closed before it names the effect: an effect has one open case per reason.
         case_close(case, "auto_resolved", "the intent for this key arrived", trail)
     # Closed cases (acknowledged before the intent came) name the effect too.
-    Case.objects.filter(receipt=row, reason=Reason.ORPHAN_RECEIPT).update(effect=effect)
+    Case.objects.filter(
+        project_id=row.project_id, receipt=row, reason=Reason.ORPHAN_RECEIPT
+    ).update(effect=effect)
     if not differs:
         return None
     # Another disputed receipt of the effect, or one whose case a person closed already.
@@ -325,7 +327,13 @@ def _receipt_apply(
     trail.stage(row)
     trail.add(AuditAction.RECEIPT, effect=effect, receipt=row.pk)
     if state in (S.SUCCEEDED, S.COMPENSATED):
-        first = first or effect.receipts.exclude(pk=row.pk).order_by("received", "id").first()
+        first = (
+            first
+            or effect.receipts.filter(project_id=effect.project_id)
+            .exclude(pk=row.pk)
+            .order_by("received", "id")
+            .first()
+        )
         return case_open(
             effect,
             Reason.DUPLICATE_EFFECT,

@@ -69,7 +69,7 @@ def archive_covering(project: Project) -> Archive | None:
 def _due(project: Project, before: datetime) -> QuerySet[Effect]:
     """The project's settled effects last changed before `before` whose payloads are kept,
     none with an open case; in (updated, id) order (index effect_payload_due_idx)."""
-    open_case = Case.objects.filter(effect=OuterRef("pk"), closed=None)
+    open_case = Case.objects.filter(project=project, effect=OuterRef("pk"), closed=None)
     return (
         Effect.objects.filter(
             project=project, state__in=SETTLED_STATES, payload_pruned=None, updated__lt=before
@@ -81,7 +81,12 @@ def _due(project: Project, before: datetime) -> QuerySet[Effect]:
 
 def _story_ended_before(when: datetime) -> Exists:
     """The effect's latest audit entry (its chain's head) is older than `when`."""
-    head = AuditEntry.objects.filter(effect=OuterRef("pk"), seq=OuterRef("audit_seq"), at__lt=when)
+    head = AuditEntry.objects.filter(
+        project=OuterRef("project_id"),
+        effect=OuterRef("pk"),
+        seq=OuterRef("audit_seq"),
+        at__lt=when,
+    )
     return Exists(head)
 
 

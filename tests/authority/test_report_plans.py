@@ -68,7 +68,7 @@ def test_a_page_of_the_table_looks_up_only_its_rows_evidence(evidenced: Project)
     scans = _table_plan(lambda: report.page(evidenced, query, None))
 
     assert scans
-    assert set(scans) == {"Index Scan on receipt_effect_idx"}, scans
+    assert set(scans) == {"Index Scan on receipt_of_effect_idx"}, scans
 
 
 def test_the_page_shows_the_newest_effects_first_with_their_evidence(evidenced: Project) -> None:
