@@ -1,6 +1,7 @@
-"""The large tables can be distributed by project: each has `project_id`, and every index
-and unique constraint of theirs leads with it (docs/scaling.md, "Distributing by project"),
-but for the few listed here, each with the reason it does not.
+"""The large tables (the ledger's and the trajectories') can be distributed by project: each
+has `project_id`, and every index and unique constraint of theirs leads with it
+(docs/scaling.md, "Distributing by project"), but for the few listed here, each with the
+reason it does not.
 
 Read from the database that the migrations made, so Django's own foreign-key indexes and
 the indexes of a migration's SQL count as much as the models' named ones.
@@ -25,6 +26,7 @@ from durability.models import (
     Resolution,
     WebhookDelivery,
 )
+from trajectories.models import EffectLink, RequestedToolCall, Run, RunTrace, SeenEvent, Span
 
 # The tables that grow with the ledger's traffic (the configuration tables stay small and
 # become reference tables, copied to every node).
@@ -41,6 +43,12 @@ LARGE: list[type[models.Model]] = [
     AuditEntry,
     Probe,
     WebhookDelivery,
+    Run,
+    RunTrace,
+    Span,
+    RequestedToolCall,
+    SeenEvent,
+    EffectLink,
 ]
 
 # Indexes that do not lead with project_id, as table(columns), and why.
@@ -60,6 +68,17 @@ CROSS_PROJECT = {
     "case_id alone); before distributing, a foreign key with a unique (project, case)",
     "durability_casealert(case_id)": "a case's one alert (a OneToOneField, unique on case_id "
     "alone); before distributing, a foreign key with a unique (project, case)",
+    "trajectories_run(last_day)": "span retention, every project at once: the runs whose "
+    "spans all expired",
+    "trajectories_runtrace(day)": "span retention, every project at once: the traces whose "
+    "partition was dropped",
+    # Retention deletes the expired runs by id (every project at once); Django's cascade
+    # then finds their spans, traces and links by the run's id alone.
+    "trajectories_span(run_id, start, id)": "retention's cascade from the runs it deletes "
+    "(the run page reads it by project and run)",
+    "trajectories_runtrace(run_id)": "retention's cascade from the runs it deletes",
+    "trajectories_effectlink(run_id)": "retention's cascade from the runs it deletes (the "
+    "run pages read it by project and run)",
 }
 
 

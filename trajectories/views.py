@@ -120,7 +120,7 @@ def runs(request: AuthedRequest) -> HttpResponse:
     more = len(page) > PAGE_SIZE
     page = page[:PAGE_SIZE]
     effects = dict(
-        EffectLink.objects.filter(run__in=page)
+        EffectLink.objects.filter(project=project, run__in=page)
         .values_list("run")
         .annotate(n=Count("effect"))
         .order_by()
@@ -227,7 +227,9 @@ def run_spans(run: Run) -> QuerySet[Span]:
     """The run's spans, read from the partitions of its first to its last day only."""
     if run.first_day is None or run.last_day is None:
         return Span.objects.none()
-    return Span.objects.filter(run=run, day__range=(run.first_day, run.last_day))
+    return Span.objects.filter(
+        project_id=run.project_id, run=run, day__range=(run.first_day, run.last_day)
+    )
 
 
 def _receipts_of(project_id: int) -> Prefetch[Any]:
@@ -251,7 +253,7 @@ def _tree(run: Run) -> Tree:
     effects: dict[tuple[str, str], list[EffectLink]] = defaultdict(list)
     loose = []
     links = (
-        EffectLink.objects.filter(run=run)
+        EffectLink.objects.filter(project_id=run.project_id, run=run)
         .select_related("effect")
         .prefetch_related(_receipts_of(run.project_id))
         .order_by("effect_id")
@@ -326,7 +328,7 @@ def _span_context(span: Span) -> dict[str, Any]:
         model_trace_id=span.trace_id, model_span_id=span.span_id
     )
     links = (
-        EffectLink.objects.filter(named, run_id=span.run_id)
+        EffectLink.objects.filter(named, project_id=span.project_id, run_id=span.run_id)
         .select_related("effect")
         .prefetch_related(_receipts_of(span.project_id))
         .order_by("effect_id")

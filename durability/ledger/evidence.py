@@ -405,8 +405,9 @@ def timeout_record(*, project: Project, actor: str, timeout: TimeoutIn) -> Effec
 def deadlines_sweep(*, now: datetime | None = None, limit: int = 1000) -> list[Effect]:
     """Time out pending effects whose deadline has passed; returns those it moved.
 
-    Each effect moves in its own short transaction; rows locked by a concurrent
-    writer are skipped and left to the next sweep.
+    Each effect moves in its own short transaction, read by its project and id (on a
+    table distributed by project, on the project's node alone); rows locked by a
+    concurrent writer are skipped and left to the next sweep.
     """
     now = now or timezone.now()
     due = list(
@@ -419,7 +420,7 @@ def deadlines_sweep(*, now: datetime | None = None, limit: int = 1000) -> list[E
         with audit.trail(project_id, "system:sweep") as trail:
             effect = (
                 Effect.objects.select_for_update(skip_locked=True)
-                .filter(pk=pk, state=S.PENDING, deadline__lt=now)
+                .filter(project_id=project_id, pk=pk, state=S.PENDING, deadline__lt=now)
                 .first()
             )
             if effect is None:
