@@ -392,7 +392,9 @@ def _case_page(
         "attest": cases.Verdict.HAPPENED in cases.verdicts_for(case),
         "members": cases.assignable_members(access.project),
         "siblings": (
-            effect.cases.filter(closed=None).exclude(pk=case.pk).order_by("opened")
+            effect.cases.filter(project_id=effect.project_id, closed=None)
+            .exclude(pk=case.pk)
+            .order_by("opened")
             if effect
             else []
         ),

@@ -76,7 +76,7 @@ def decide(effect: Effect, *, first_receipt: Receipt | None | Unread = UNREAD) -
     state, n = effect.state, effect.attempt_count
     if state == S.SUCCEEDED:
         outcome.receipt = receipt = (
-            effect.receipts.order_by("received", "id").first()
+            effect.receipts.filter(project_id=effect.project_id).order_by("received", "id").first()
             if isinstance(first_receipt, Unread)
             else first_receipt
         )

@@ -54,7 +54,9 @@ def panel_context(
 ) -> dict[str, Any]:
     """What the panel shows; `requested` is when an operator asked for a probe."""
     config = reconciler_config_of(effect)
-    probes = list(effect.probes.order_by("-started", "-id")[:HISTORY])
+    probes = list(
+        effect.probes.filter(project_id=effect.project_id).order_by("-started", "-id")[:HISTORY]
+    )
     waiting = (
         requested is not None
         and (timezone.now() - requested).total_seconds() < WAIT_S

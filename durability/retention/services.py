@@ -151,7 +151,8 @@ def _batch_prune(
     done: Pruned,
 ) -> None:
     """Prune the locked effects (id: (chain head, archived)) once their chains verify."""
-    entries = AuditEntry.objects.filter(effect_id__in=list(locked)).order_by("effect_id", "seq")
+    entries = AuditEntry.objects.filter(project_id=t.project_id, effect_id__in=list(locked))
+    entries = entries.order_by("effect_id", "seq")
     prune: list[int] = []
     for effect_id, chain in groupby(entries, key=lambda e: e.effect_id):
         assert effect_id is not None
@@ -173,14 +174,16 @@ def _batch_prune(
     archived = [pk for pk, (_, covered) in locked.items() if covered]
     unarchived = [pk for pk, (_, covered) in locked.items() if not covered]
     if archived:
-        Effect.objects.filter(pk__in=archived).update(
+        Effect.objects.filter(project_id=t.project_id, pk__in=archived).update(
             request=None, payload_pruned=now, payload_archive=archive
         )
     if unarchived:
-        Effect.objects.filter(pk__in=unarchived).update(request=None, payload_pruned=now)
-    receipts = Receipt.objects.filter(effect_id__in=list(locked), data_pruned=None).update(
-        data=None, data_pruned=now
-    )
+        Effect.objects.filter(project_id=t.project_id, pk__in=unarchived).update(
+            request=None, payload_pruned=now
+        )
+    receipts = Receipt.objects.filter(
+        project_id=t.project_id, effect_id__in=list(locked), data_pruned=None
+    ).update(data=None, data_pruned=now)
     entries_pruned = audit_entries_prune(prune, now=now)
     t.add(
         AuditAction.PAYLOADS_PRUNED,
