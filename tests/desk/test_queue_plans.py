@@ -22,7 +22,7 @@ def _scans(plan: Any, table: str) -> Iterator[str]:
     """How the plan reads `table`: an index's name, or "Seq Scan"."""
     if isinstance(plan, dict):
         if plan.get("Relation Name") == table:
-            yield plan.get("Index Name", plan["Node Type"])
+            yield str(plan.get("Index Name", plan["Node Type"]))
         for value in plan.values():
             yield from _scans(value, table)
     elif isinstance(plan, list):
@@ -78,7 +78,7 @@ def test_the_queue_rows_read_their_current_attempt_by_the_effects_attempt_index(
     with CaptureQueriesContext(connection) as queries:
         rows = queue.rows_of(project, [c.pk for c in database[:50]])
 
-    assert [row.workflow_version for row in rows] == ["1"] * 50
+    assert [row.workflow_version for row in rows] == ["1"] * 50  # type: ignore[attr-defined]
     (sql,) = [q["sql"] for q in queries.captured_queries if "durability_attempt" in q["sql"]]
     assert _plan_scans(sql, "durability_attempt") == {"attempt_of_effect_uniq"}
 
@@ -86,7 +86,8 @@ def test_the_queue_rows_read_their_current_attempt_by_the_effects_attempt_index(
 def test_the_story_reads_the_effects_rows_by_the_indexes_that_lead_with_its_project(
     database: list[Case],
 ) -> None:
-    effect = Effect.objects.get(pk=database[0].effect_id)
+    effect = database[0].effect
+    assert effect is not None
 
     with CaptureQueriesContext(connection) as queries:
         story.effect_story(effect)
