@@ -19,10 +19,16 @@ from durability.models import Attempt, Case, Effect, Project, Reason, Receipt, S
 
 
 def _scans(plan: Any, table: str) -> Iterator[str]:
-    """How the plan reads `table`: an index's name, or "Seq Scan"."""
+    """How the plan reads `table`: the name of the index it scans (directly or by a bitmap),
+    or "Seq Scan"."""
     if isinstance(plan, dict):
         if plan.get("Relation Name") == table:
-            yield str(plan.get("Index Name", plan["Node Type"]))
+            if plan["Node Type"] == "Bitmap Heap Scan":
+                yield from _scans(plan["Plans"], "")
+            else:
+                yield str(plan.get("Index Name", plan["Node Type"]))
+        if table == "" and plan.get("Node Type") == "Bitmap Index Scan":
+            yield str(plan["Index Name"])
         for value in plan.values():
             yield from _scans(value, table)
     elif isinstance(plan, list):

@@ -20,9 +20,14 @@ from tests.round_trips import shape
 
 
 def _indexes(plan: Any, table: str) -> Iterator[str]:
-    """The indexes the plan scans `table` by; none for a sequential scan."""
+    """The indexes the plan scans `table` by (directly or by a bitmap); none for a
+    sequential scan."""
     if isinstance(plan, dict):
         if plan.get("Relation Name") == table and "Index Name" in plan:
+            yield plan["Index Name"]
+        if plan.get("Relation Name") == table and plan["Node Type"] == "Bitmap Heap Scan":
+            yield from _indexes(plan["Plans"], "")
+        if table == "" and plan.get("Node Type") == "Bitmap Index Scan":
             yield plan["Index Name"]
         for value in plan.values():
             yield from _indexes(value, table)
