@@ -146,10 +146,14 @@ def _raw_worker(
                 )
                 (effect_id,) = _one(cur)
                 cur.execute(
-                    "INSERT INTO durability_attempt (effect_id, number, started, deadline, "
-                    "context, run_id, worker, trace_id, span_id) VALUES (%s, 1, now(), "
-                    "now() + interval '300 seconds', %s, '', '', '', '')",
-                    (effect_id, json.dumps({"workflow": "bench", "workflow_version": "1"})),
+                    "INSERT INTO durability_attempt (project_id, effect_id, number, started, "
+                    "deadline, context, run_id, worker, trace_id, span_id) VALUES (%s, %s, 1, "
+                    "now(), now() + interval '300 seconds', %s, '', '', '', '')",
+                    (
+                        project_id,
+                        effect_id,
+                        json.dumps({"workflow": "bench", "workflow_version": "1"}),
+                    ),
                 )
                 cur.execute(
                     "SELECT id FROM durability_receipt WHERE project_id = %s AND key = %s "

@@ -193,6 +193,7 @@ def _fill(effects: int, open_cases: int, effect_overrides: dict[str, str]) -> di
         f"generate_series(1, %s) AS g JOIN {Effect._meta.db_table} e "
         "ON e.key = 'bench:' || g AND e.project_id = %s",
         {
+            "project_id": "e.project_id",
             "effect_id": "e.id",
             "number": "1",
             "started": "e.created",

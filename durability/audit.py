@@ -195,7 +195,7 @@ class Trail:
                 )
                 self.writes.stage(effect, "audit_seq", "audit_head")
             else:
-                self._extend(Effect.objects, effect_id, entries)
+                self._extend(Effect.objects.filter(project_id=self.project_id), effect_id, entries)
         for entry in self.entries:
             self.writes.stage(entry)
         self.entries = []

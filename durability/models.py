@@ -363,7 +363,7 @@ class Effect(models.Model):
         null=True,
         blank=True,
         related_name="effects",
-        db_index=False,  # effect_grant_created_idx leads with it
+        db_index=False,  # effect_grant_created_idx has it after the project
     )
     # The amount the intent asked for, checked against the grant's limits.
     amount = models.DecimalField(max_digits=20, decimal_places=6, null=True, blank=True)
@@ -386,7 +386,13 @@ class Effect(models.Model):
     # the archive that held them then, if one did.
     payload_pruned = models.DateTimeField(null=True, blank=True, editable=False)
     payload_archive = models.ForeignKey(
-        "Archive", models.SET_NULL, null=True, blank=True, related_name="+", editable=False
+        "Archive",
+        models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        editable=False,
+        db_index=False,  # read from the effect; an archive is never deleted
     )
 
     class Meta:
@@ -413,7 +419,7 @@ class Effect(models.Model):
             # Grant limits: effects under a grant in the last day or count period, summed
             # from the index alone.
             models.Index(
-                fields=["grant", "created"],
+                fields=["project", "grant", "created"],
                 include=["state", "amount"],
                 name="effect_grant_created_idx",
             ),
@@ -446,11 +452,18 @@ class Effect(models.Model):
 
 
 class Attempt(models.Model):
+    # The effect's project, copied so that the table is distributed by project with it.
+    project = models.ForeignKey(
+        Project,
+        models.CASCADE,
+        related_name="+",
+        db_index=False,  # attempt_of_effect_uniq leads with it
+    )
     effect = models.ForeignKey(
         Effect,
         models.CASCADE,
         related_name="attempts",
-        db_index=False,  # attempt_effect_number_uniq leads with it
+        db_index=False,  # attempt_of_effect_uniq has it after the project
     )
     number = models.PositiveIntegerField()
     started = models.DateTimeField(default=timezone.now)
@@ -465,7 +478,11 @@ class Attempt(models.Model):
     class Meta:
         ordering = ["number"]
         constraints = [
-            models.UniqueConstraint(fields=["effect", "number"], name="attempt_effect_number_uniq"),
+            # One attempt per number; also the index of an effect's attempts, the latest
+            # first for an intent (ledger.intents) and the queue's latest attempt.
+            models.UniqueConstraint(
+                fields=["project", "effect", "number"], name="attempt_of_effect_uniq"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -492,7 +509,7 @@ class Receipt(models.Model):
         null=True,
         blank=True,
         related_name="receipts",
-        db_index=False,  # receipt_effect_idx
+        db_index=False,  # receipt_of_effect_idx has it after the project
     )
     key = models.CharField(max_length=255)
     system = models.CharField(max_length=100)
@@ -526,9 +543,12 @@ class Receipt(models.Model):
             ),
         ]
         indexes = [
-            # An effect's receipts: the authority report's strongest evidence of each row of
-            # its page, the effect page, the evidence step's second-receipt check.
-            models.Index(fields=["effect"], name="receipt_effect_idx"),
+            # An effect's receipts in order: an intent's first receipt, the evidence step's
+            # second-receipt check, the authority report's strongest evidence of each row
+            # of its page, the effect page.
+            models.Index(
+                fields=["project", "effect", "received", "id"], name="receipt_of_effect_idx"
+            ),
             # Every intent for a new key: the receipts that came before it (orphans, rare),
             # oldest first, found without walking the effect_id index's NULLs.
             models.Index(
@@ -619,10 +639,27 @@ class Severity(models.IntegerChoices):
 
 
 class Case(models.Model):
-    project = models.ForeignKey(Project, models.CASCADE, related_name="cases")
-    effect = models.ForeignKey(Effect, models.CASCADE, null=True, blank=True, related_name="cases")
+    project = models.ForeignKey(
+        Project,
+        models.CASCADE,
+        related_name="cases",
+        db_index=False,  # case_reason_opened_idx leads with it
+    )
+    effect = models.ForeignKey(
+        Effect,
+        models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="cases",
+        db_index=False,  # case_of_effect_idx has it after the project
+    )
     receipt = models.ForeignKey(
-        Receipt, models.SET_NULL, null=True, blank=True, related_name="cases"
+        Receipt,
+        models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="cases",
+        db_index=False,  # case_of_receipt_idx has it after the project
     )
     reason = models.CharField(max_length=32, choices=Reason.choices)
     severity = models.PositiveSmallIntegerField(choices=Severity.choices)
@@ -650,7 +687,7 @@ class Case(models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["effect", "reason"],
+                fields=["project", "effect", "reason"],
                 condition=Q(closed__isnull=True),
                 name="case_one_open_per_effect_reason",
             ),
@@ -684,6 +721,16 @@ class Case(models.Model):
             ),
             # The overview's last day: cases of a reason opened since, open or closed.
             models.Index(fields=["project", "reason", "opened"], name="case_reason_opened_idx"),
+            # An effect's cases, open or closed: the effect page, the ledger's open case of
+            # a reason, retention's "no open case" test.
+            models.Index(fields=["project", "effect", "opened"], name="case_of_effect_idx"),
+            # The orphan-receipt case of a receipt, given its effect once an intent names
+            # its key (ledger.evidence).
+            models.Index(
+                fields=["project", "receipt"],
+                name="case_of_receipt_idx",
+                condition=Q(receipt__isnull=False),
+            ),
         ]
         # Granted to the roles' groups (durability.accounts.roles); checked per project membership.
         permissions = [
@@ -746,6 +793,13 @@ def actor_named(actor: str) -> str:
 class Resolution(models.Model):
     """How a case was closed. Immutable."""
 
+    # The case's project, copied so that the table is distributed by project with it.
+    project = models.ForeignKey(
+        Project,
+        models.CASCADE,
+        related_name="+",
+        db_index=False,  # read by case only
+    )
     case = models.OneToOneField(Case, models.CASCADE, related_name="resolution")
     actor = models.CharField(max_length=150)
     action = models.CharField(max_length=32)
@@ -764,13 +818,29 @@ class Resolution(models.Model):
 class Comment(models.Model):
     """An operator's note on a case. Immutable, like the rest of the story."""
 
-    case = models.ForeignKey(Case, models.CASCADE, related_name="comments")
+    # The case's project, copied so that the table is distributed by project with it.
+    project = models.ForeignKey(
+        Project,
+        models.CASCADE,
+        related_name="+",
+        db_index=False,  # comment_of_case_idx leads with it
+    )
+    case = models.ForeignKey(
+        Case,
+        models.CASCADE,
+        related_name="comments",
+        db_index=False,  # comment_of_case_idx has it after the project
+    )
     actor = models.CharField(max_length=150)
     body = models.TextField()
     created = models.DateTimeField(default=timezone.now)
 
     class Meta:
         ordering = ["created", "id"]
+        indexes = [
+            # A case's comments, in order.
+            models.Index(fields=["project", "case", "created", "id"], name="comment_of_case_idx"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.actor} on {self.case}"
@@ -925,10 +995,16 @@ class AuditEntry(models.Model):
         blank=True,
         db_constraint=False,
         related_name="+",
-        db_index=False,  # audit_effect_seq_uniq leads with it (an effect's entries, in order)
+        db_index=False,  # audit_of_effect_uniq has it after the project
     )
     case = models.ForeignKey(
-        Case, models.DO_NOTHING, null=True, blank=True, db_constraint=False, related_name="+"
+        Case,
+        models.DO_NOTHING,
+        null=True,
+        blank=True,
+        db_constraint=False,
+        related_name="+",
+        db_index=False,  # audit_of_case_recent_idx has it after the project
     )
     from_state = models.CharField(max_length=20, blank=True)
     to_state = models.CharField(max_length=20, blank=True)
@@ -946,10 +1022,12 @@ class AuditEntry(models.Model):
     class Meta:
         ordering = ["id"]
         constraints = [
+            # An effect's chain: one entry per seq; also the index of its entries in order
+            # (the effect page's story, verifyaudit, retention's chain head).
             models.UniqueConstraint(
-                fields=["effect", "seq"],
+                fields=["project", "effect", "seq"],
                 condition=Q(effect__isnull=False),
-                name="audit_effect_seq_uniq",
+                name="audit_of_effect_uniq",
             ),
             models.UniqueConstraint(
                 fields=["project", "seq"],
@@ -964,6 +1042,12 @@ class AuditEntry(models.Model):
             models.Index(fields=["project", "actor", "-id"], name="audit_project_actor_idx"),
             # The audit log page filtered by action, newest first.
             models.Index(fields=["project", "action", "-id"], name="audit_project_action_idx"),
+            # A case's latest entry (the case page's "closed by").
+            models.Index(
+                fields=["project", "case", "-id"],
+                name="audit_of_case_recent_idx",
+                condition=Q(case__isnull=False),
+            ),
         ]
         verbose_name_plural = "audit entries"
 
@@ -1034,7 +1118,19 @@ class ProbeAnswer(models.TextChoices):
 class Probe(models.Model):
     """One question put to an external system about one attempt at an effect, and its answer."""
 
-    effect = models.ForeignKey(Effect, models.CASCADE, related_name="probes")
+    # The effect's project, copied so that the table is distributed by project with it.
+    project = models.ForeignKey(
+        Project,
+        models.CASCADE,
+        related_name="+",
+        db_index=False,  # probe_of_effect_recent_idx leads with it
+    )
+    effect = models.ForeignKey(
+        Effect,
+        models.CASCADE,
+        related_name="probes",
+        db_index=False,  # probe_of_effect_recent_idx has it after the project
+    )
     config = models.ForeignKey(
         ReconcilerConfig, models.SET_NULL, null=True, blank=True, related_name="probes"
     )
@@ -1053,7 +1149,12 @@ class Probe(models.Model):
     # The event the answer applied to the effect, or blank when it only informs.
     settled = models.CharField(max_length=32, blank=True)
     receipt = models.ForeignKey(
-        Receipt, models.SET_NULL, null=True, blank=True, related_name="probes"
+        Receipt,
+        models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="probes",
+        db_index=False,  # read from the probe; a receipt is never deleted
     )
 
     class Meta:
@@ -1064,7 +1165,9 @@ class Probe(models.Model):
         ]
         indexes = [
             # The case page's probe history, and the scan's "probed lately?" check.
-            models.Index(fields=["effect", "-started"], name="probe_effect_recent_idx"),
+            models.Index(
+                fields=["project", "effect", "-started"], name="probe_of_effect_recent_idx"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -1078,6 +1181,13 @@ class Probe(models.Model):
 class CaseAlert(models.Model):
     """A case that reached its reason's alert threshold; `sent` once the webhook took it."""
 
+    # The case's project, copied so that the table is distributed by project with it.
+    project = models.ForeignKey(
+        Project,
+        models.CASCADE,
+        related_name="+",
+        db_index=False,  # read by case only
+    )
     case = models.OneToOneField(Case, models.CASCADE, related_name="alert")
     created = models.DateTimeField(default=timezone.now)
     sent = models.DateTimeField(null=True, blank=True)
@@ -1100,16 +1210,29 @@ class Notice(models.Model):
     """An email to one person, written in the transaction of what caused it and sent by a
     job after the commit (durability.notices); `sent` once the mail server took it."""
 
-    project = models.ForeignKey(Project, models.CASCADE, related_name="notices")
+    project = models.ForeignKey(
+        Project,
+        models.CASCADE,
+        related_name="notices",
+        db_index=False,  # notice_of_case_idx leads with it
+    )
     user = models.ForeignKey(settings.AUTH_USER_MODEL, models.CASCADE, related_name="notices")
     kind = models.CharField(max_length=16, choices=NoticeKind.choices)
-    case = models.ForeignKey(Case, models.CASCADE, null=True, blank=True, related_name="notices")
+    case = models.ForeignKey(
+        Case,
+        models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="notices",
+        db_index=False,  # notice_of_case_idx has it after the project
+    )
+    # Cases, comments and bulk actions are never deleted: nothing reads notices by these.
     comment = models.ForeignKey(
-        Comment, models.CASCADE, null=True, blank=True, related_name="notices"
+        Comment, models.CASCADE, null=True, blank=True, related_name="notices", db_index=False
     )
     # The bulk assignment an `assigned_many` notice sums up, in one email for all its cases.
     bulk = models.ForeignKey(
-        BulkAction, models.CASCADE, null=True, blank=True, related_name="notices"
+        BulkAction, models.CASCADE, null=True, blank=True, related_name="notices", db_index=False
     )
     # Who caused it ("user:ada"); empty for the scheduler (overdue).
     actor = models.CharField(max_length=150, blank=True)
@@ -1123,7 +1246,7 @@ class Notice(models.Model):
             # The overdue scan's marker: a case is announced overdue once, however often
             # (and however many schedulers at once) the scan runs.
             models.UniqueConstraint(
-                fields=["case"], condition=Q(kind="overdue"), name="notice_overdue_once"
+                fields=["project", "case"], condition=Q(kind="overdue"), name="notice_overdue_once"
             ),
             models.CheckConstraint(
                 condition=Q(kind="invited")
@@ -1135,6 +1258,12 @@ class Notice(models.Model):
         indexes = [
             # The scheduled pass: emails not sent yet, oldest first.
             models.Index(fields=["created"], name="notice_unsent_idx", condition=Q(sent=None)),
+            # A case's notices.
+            models.Index(
+                fields=["project", "case"],
+                name="notice_of_case_idx",
+                condition=Q(case__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -1349,7 +1478,19 @@ class WebhookDelivery(models.Model):
     """A verified delivery, recorded once: the same delivery id, or the same signed bytes
     under another id, again changes nothing."""
 
-    source = models.ForeignKey(WebhookSource, models.CASCADE, related_name="deliveries")
+    # The source's project, copied so that the table is distributed by project with it.
+    project = models.ForeignKey(
+        Project,
+        models.CASCADE,
+        related_name="+",
+        db_index=False,  # webhook_delivery_once_uniq leads with it
+    )
+    source = models.ForeignKey(
+        WebhookSource,
+        models.CASCADE,
+        related_name="deliveries",
+        db_index=False,  # webhook_delivery_once_uniq has it after the project
+    )
     delivery_id = models.CharField(max_length=255)
     # SHA-256 of the bytes the signature covers. The delivery id is not signed: a captured
     # delivery sent again under a new id is known by this. Deliveries received before it
@@ -1363,17 +1504,19 @@ class WebhookDelivery(models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["source", "delivery_id"], name="webhook_delivery_once_uniq"
+                fields=["project", "source", "delivery_id"], name="webhook_delivery_once_uniq"
             ),
             models.UniqueConstraint(
-                fields=["source", "signed_digest"],
+                fields=["project", "source", "signed_digest"],
                 condition=~Q(signed_digest=""),
                 name="webhook_delivery_signed_once_uniq",
             ),
         ]
         indexes = [
             # The source page: its latest deliveries.
-            models.Index(fields=["source", "-received"], name="webhook_delivery_recent_idx"),
+            models.Index(
+                fields=["project", "source", "-received"], name="webhook_delivery_recent_idx"
+            ),
         ]
         verbose_name_plural = "webhook deliveries"
 

@@ -115,7 +115,9 @@ def _bulk_cases(notice: Notice, base: str) -> list[tuple[Case, str]]:
     """The cases of a bulk assignment still with its assignee, oldest first, with links."""
     if notice.bulk is None:
         return []
-    cases = Case.objects.filter(pk__in=notice.bulk.case_ids, assignee=notice.user)
+    cases = Case.objects.filter(
+        project_id=notice.project_id, pk__in=notice.bulk.case_ids, assignee=notice.user
+    )
     listed = cases.select_related("effect").order_by("opened", "id")[:BULK_LISTED]
     return [(case, base + case.get_absolute_url()) for case in listed]
 

@@ -56,7 +56,7 @@ def _ceil(moment: datetime) -> datetime:
 
 def _measured(measures: Sequence[str], prefix: str = "") -> dict[str, Any]:
     """The aggregates of `measures` over effects (receipts by semi-join, per effect)."""
-    receipts = Receipt.objects.filter(effect=OuterRef("pk"))
+    receipts = Receipt.objects.filter(project=OuterRef("project_id"), effect=OuterRef("pk"))
     counts: dict[str, Any] = {}
     for measure in measures:
         if measure == "n":

@@ -47,7 +47,12 @@ def effect_link_record(*, effect_id: int) -> EffectLink | None:
     trace_id, span_id = effect.trace_id, effect.span_id
     if not trace_id:
         # An effect whose intent carried no trace context: its receipt may have.
-        receipt = effect.receipts.exclude(trace_id="").order_by("-received", "-id").first()
+        receipt = (
+            effect.receipts.filter(project_id=effect.project_id)
+            .exclude(trace_id="")
+            .order_by("-received", "-id")
+            .first()
+        )
         if receipt is not None:
             trace_id, span_id = receipt.trace_id, receipt.span_id
     EffectLink.objects.update_or_create(

@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.contrib.auth.decorators import login_required
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, Prefetch, Q, QuerySet
 from django.http import Http404, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
@@ -21,6 +21,7 @@ from django.utils import timezone
 from durability.accounts.access import AuthedRequest, object_access, project_access
 from durability.accounts.roles import Perm
 from durability.inbound import EARLIEST, decimal_digits, number_param
+from durability.models import Receipt
 from trajectories.models import EffectLink, Run, RunStatus, Span
 
 PAGE_SIZE = 50
@@ -119,7 +120,7 @@ def runs(request: AuthedRequest) -> HttpResponse:
     more = len(page) > PAGE_SIZE
     page = page[:PAGE_SIZE]
     effects = dict(
-        EffectLink.objects.filter(run__in=page)
+        EffectLink.objects.filter(project=project, run__in=page)
         .values_list("run")
         .annotate(n=Count("effect"))
         .order_by()
@@ -226,7 +227,14 @@ def run_spans(run: Run) -> QuerySet[Span]:
     """The run's spans, read from the partitions of its first to its last day only."""
     if run.first_day is None or run.last_day is None:
         return Span.objects.none()
-    return Span.objects.filter(run=run, day__range=(run.first_day, run.last_day))
+    return Span.objects.filter(
+        project_id=run.project_id, run=run, day__range=(run.first_day, run.last_day)
+    )
+
+
+def _receipts_of(project_id: int) -> Prefetch[Any]:
+    """The linked effects' receipts, read by their project as well as their effects."""
+    return Prefetch("effect__receipts", Receipt.objects.filter(project_id=project_id))
 
 
 def _tree(run: Run) -> Tree:
@@ -245,9 +253,9 @@ def _tree(run: Run) -> Tree:
     effects: dict[tuple[str, str], list[EffectLink]] = defaultdict(list)
     loose = []
     links = (
-        EffectLink.objects.filter(run=run)
+        EffectLink.objects.filter(project_id=run.project_id, run=run)
         .select_related("effect")
-        .prefetch_related("effect__receipts")
+        .prefetch_related(_receipts_of(run.project_id))
         .order_by("effect_id")
     )
     for link in links:
@@ -320,9 +328,9 @@ def _span_context(span: Span) -> dict[str, Any]:
         model_trace_id=span.trace_id, model_span_id=span.span_id
     )
     links = (
-        EffectLink.objects.filter(named, run_id=span.run_id)
+        EffectLink.objects.filter(named, project_id=span.project_id, run_id=span.run_id)
         .select_related("effect")
-        .prefetch_related("effect__receipts")
+        .prefetch_related(_receipts_of(span.project_id))
         .order_by("effect_id")
     )
     parent = (

@@ -132,9 +132,14 @@ def _effect_detail(effect: Effect) -> JsonResponse:
             authority=effect.authority,
             amount=amount_of(effect.amount, effect.currency),
             grant=GrantLimitsOut.of(effect.grant) if effect.grant else None,
-            attempts=[AttemptOut.of(a) for a in effect.attempts.all()],
-            receipts=[ReceiptOut.of(r) for r in effect.receipts.all()],
-            cases=[CaseOut.of(c) for c in effect.cases.filter(closed=None).order_by("opened")],
+            attempts=[AttemptOut.of(a) for a in effect.attempts.filter(project=effect.project_id)],
+            receipts=[ReceiptOut.of(r) for r in effect.receipts.filter(project=effect.project_id)],
+            cases=[
+                CaseOut.of(c)
+                for c in effect.cases.filter(project=effect.project_id, closed=None).order_by(
+                    "opened"
+                )
+            ],
             decision=cast(DecisionName, outcome.decision),
             reason=outcome.reason,
             **sections,

@@ -281,6 +281,7 @@ def webhook_receive(
         try:
             with transaction.atomic():
                 WebhookDelivery.objects.create(
+                    project_id=source.project_id,
                     source=source,
                     delivery_id=verified.delivery,
                     signed_digest=verified.digest,
@@ -335,7 +336,9 @@ def hook(request: HttpRequest, name: str) -> JsonResponse:
 
 def _received(source: WebhookSource, verified: Verified) -> bool:
     return WebhookDelivery.objects.filter(
-        Q(delivery_id=verified.delivery) | Q(signed_digest=verified.digest), source=source
+        Q(delivery_id=verified.delivery) | Q(signed_digest=verified.digest),
+        project_id=source.project_id,
+        source=source,
     ).exists()
 
 

@@ -114,7 +114,7 @@ def _matching(project: Project, query: ReportQuery) -> QuerySet[Effect]:
 
 
 def _evidence() -> Exists:
-    return Exists(Receipt.objects.filter(effect=OuterRef("pk")))
+    return Exists(Receipt.objects.filter(project=OuterRef("project_id"), effect=OuterRef("pk")))
 
 
 def _effects(project: Project, query: ReportQuery) -> QuerySet[Effect]:
@@ -164,7 +164,7 @@ def quadrant_counts(project: Project, query: ReportQuery) -> dict[str, int]:
 
 def _strongest() -> QuerySet[Receipt]:
     return (
-        Receipt.objects.filter(effect=OuterRef("pk"))
+        Receipt.objects.filter(project=OuterRef("project_id"), effect=OuterRef("pk"))
         .annotate(rank=_RANK)
         .order_by("-rank", "received", "id")
     )
@@ -189,10 +189,18 @@ def rows(project: Project, query: ReportQuery) -> QuerySet[Effect]:
             strongest_id=Subquery(_strongest().values("external_id")[:1]),
             strongest_system=Subquery(_strongest().values("system")[:1]),
             exceeded=Exists(
-                LedgerCase.objects.filter(effect=OuterRef("pk"), reason=Reason.AUTHORITY_EXCEEDED)
+                LedgerCase.objects.filter(
+                    project=OuterRef("project_id"),
+                    effect=OuterRef("pk"),
+                    reason=Reason.AUTHORITY_EXCEEDED,
+                )
             ),
             denied_rule=Subquery(
-                LedgerCase.objects.filter(effect=OuterRef("pk"), reason=Reason.AUTHORITY_DENIED)
+                LedgerCase.objects.filter(
+                    project=OuterRef("project_id"),
+                    effect=OuterRef("pk"),
+                    reason=Reason.AUTHORITY_DENIED,
+                )
                 .order_by("-id")
                 .values("detail__rule")[:1]
             ),

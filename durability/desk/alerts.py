@@ -58,13 +58,13 @@ def overdue(now: datetime) -> QuerySet[Case]:
     return Case.objects.filter(past, closed=None, severity__gt=Severity.LOW)
 
 
-def cases_due(*, now: datetime, limit: int) -> list[int]:
-    """Ids of overdue cases that no alert has been sent for."""
+def cases_due(*, now: datetime, limit: int) -> list[tuple[int, int]]:
+    """Ids of overdue cases that no alert has been sent for, with their projects'."""
     return list(
         overdue(now)
         .exclude(alert__sent__isnull=False)
         .order_by("opened", "id")
-        .values_list("pk", flat=True)[:limit]
+        .values_list("pk", "project_id")[:limit]
     )
 
 
@@ -81,13 +81,13 @@ def alerts_send(*, now: datetime | None = None, limit: int = 100) -> list[CaseAl
         return []
     now = now or timezone.now()
     sent = []
-    for case_id in cases_due(now=now, limit=limit):
-        CaseAlert.objects.get_or_create(case_id=case_id)
+    for case_id, project_id in cases_due(now=now, limit=limit):
+        CaseAlert.objects.get_or_create(case_id=case_id, defaults={"project_id": project_id})
         with transaction.atomic():
             alert = (
                 CaseAlert.objects.select_for_update(skip_locked=True, of=("self",))
                 .select_related("case__project", "case__effect")
-                .filter(case_id=case_id, sent=None, case__closed=None)
+                .filter(project_id=project_id, case_id=case_id, sent=None, case__closed=None)
                 .first()
             )
             if alert is None:

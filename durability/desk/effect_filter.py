@@ -113,7 +113,9 @@ class EffectQuery:
         qs = qs.filter(**{column: v[name] for name, column in EXACT.items() if name in v})
         since: datetime | None = v.get("since")
         if "case" in v:
-            cases = Case.objects.filter(effect=OuterRef("pk"), reason=v["case"])
+            cases = Case.objects.filter(
+                project=OuterRef("project_id"), effect=OuterRef("pk"), reason=v["case"]
+            )
             if since is not None:
                 cases = cases.filter(opened__gte=since)
             qs = qs.filter(Exists(cases))
@@ -121,7 +123,13 @@ class EffectQuery:
             qs = qs.filter(created__gte=since)
         if "strength" in v:
             qs = qs.filter(
-                Exists(Receipt.objects.filter(effect=OuterRef("pk"), strength=v["strength"]))
+                Exists(
+                    Receipt.objects.filter(
+                        project=OuterRef("project_id"),
+                        effect=OuterRef("pk"),
+                        strength=v["strength"],
+                    )
+                )
             )
         return qs
 

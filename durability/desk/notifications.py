@@ -103,7 +103,9 @@ def overdue_unannounced(*, now: datetime, limit: int = 100) -> list[int]:
     wants = Membership.objects.filter(
         project_id=OuterRef("project_id"), user_id=OuterRef("assignee_id"), notify_overdue=True
     )
-    announced = Notice.objects.filter(case_id=OuterRef("pk"), kind=NoticeKind.OVERDUE)
+    announced = Notice.objects.filter(
+        project_id=OuterRef("project_id"), case_id=OuterRef("pk"), kind=NoticeKind.OVERDUE
+    )
     due = (
         alerts.overdue(now)
         .filter(Exists(wants), assignee__is_active=True)

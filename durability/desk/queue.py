@@ -182,8 +182,10 @@ def open_cases(
 
 def _latest_attempt() -> QuerySet[Attempt]:
     """The current attempt of the outer case's effect (a correlated subquery that walks
-    attempt_effect_number_uniq backwards; it needs no join to the effect)."""
-    return Attempt.objects.filter(effect_id=OuterRef("effect_id")).order_by("-number")
+    attempt_of_effect_uniq backwards; it needs no join to the effect)."""
+    return Attempt.objects.filter(
+        project_id=OuterRef("project_id"), effect_id=OuterRef("effect_id")
+    ).order_by("-number")
 
 
 # A cursor's id past any a case can have (bigint) means after them all.

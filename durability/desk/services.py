@@ -95,7 +95,9 @@ class CaseChanged(Exception):
 
     def __init__(self, case: Case) -> None:
         self.case = case
-        last = AuditEntry.objects.filter(case=case).order_by("-id").first()
+        last = (
+            AuditEntry.objects.filter(project_id=case.project_id, case=case).order_by("-id").first()
+        )
         if not case.is_open:
             resolution = getattr(case, "resolution", None)
             what = (
@@ -285,7 +287,9 @@ def case_comment(*, project: Project, case_id: int, actor: str, body: str) -> Co
     emailed after the commit. Comments never race: no version check."""
     with audit.trail(project.pk, actor) as trail:
         case = Case.objects.select_related("effect").get(project=project, pk=case_id)
-        comment = Comment.objects.create(case=case, actor=actor, body=body)
+        comment = Comment.objects.create(
+            project_id=case.project_id, case=case, actor=actor, body=body
+        )
         trail.add(AuditAction.CASE_COMMENTED, effect=case.effect, case=case, comment=comment.pk)
         notifications.comment_posted(project, case, comment)
     return comment

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db.models import Q
+from django.db.models import Prefetch, Q, prefetch_related_objects
 
 from durability.ledger import intents
 from durability.models import (
@@ -71,6 +71,22 @@ def effect_story(effect: Effect) -> list[Moment]:
     return _story(effect.project_id, Q(effect=effect), effect, {}, {})
 
 
+def effect_parts(project_id: int) -> list[Prefetch[Any]]:
+    """An effect's attempts, receipts and cases (oldest first, with their resolutions and
+    receipts), each read by the effect's project as well as its id: on a table distributed
+    by project, from the project's node alone."""
+    return [
+        Prefetch("attempts", Attempt.objects.filter(project_id=project_id)),
+        Prefetch("receipts", Receipt.objects.filter(project_id=project_id)),
+        Prefetch(
+            "cases",
+            Case.objects.filter(project_id=project_id)
+            .select_related("resolution", "receipt")
+            .order_by("opened"),
+        ),
+    ]
+
+
 def _story(
     project_id: int,
     about: Q,
@@ -81,12 +97,12 @@ def _story(
     entries = list(AuditEntry.objects.filter(project_id=project_id).filter(about).order_by("id"))
     attempts: dict[int, Attempt] = {}
     if effect is not None:
+        prefetch_related_objects([effect], *effect_parts(project_id))
         attempts = {a.number: a for a in effect.attempts.all()}
         receipts = {r.pk: r for r in effect.receipts.all()} | receipts
-        found = effect.cases.select_related("resolution", "receipt")
-        cases = {c.pk: c for c in found} | cases
+        cases = {c.pk: c for c in effect.cases.all()} | cases
     comment_ids = [e.data["comment"] for e in entries if "comment" in e.data]
-    comments = Comment.objects.in_bulk(comment_ids)
+    comments = Comment.objects.filter(project_id=project_id).in_bulk(comment_ids)
     moments = []
     for entry in entries:
         moment = Moment(entry, case=cases.get(entry.case_id) if entry.case_id else None)

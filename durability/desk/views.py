@@ -14,7 +14,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count, Max, OuterRef, Prefetch, Q, Subquery
+from django.db.models import Count, Max, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce
 from django.http import HttpResponse, HttpResponseBase, HttpResponseRedirect, QueryDict
 from django.shortcuts import redirect, render
@@ -86,7 +86,7 @@ CASE_PAGE = Case.objects.select_related(
 # The effects list's open-cases column: a subquery of the list's one query, not one per row.
 OPEN_CASES = Coalesce(
     Subquery(
-        Case.objects.filter(effect=OuterRef("pk"), closed=None)
+        Case.objects.filter(project=OuterRef("project_id"), effect=OuterRef("pk"), closed=None)
         .order_by()
         .values("effect")
         .annotate(n=Count("id"))
@@ -94,11 +94,8 @@ OPEN_CASES = Coalesce(
     ),
     0,
 )
-EFFECT_PAGE = Effect.objects.select_related("project", "grant").prefetch_related(
-    "attempts",
-    "receipts",
-    Prefetch("cases", queryset=Case.objects.select_related("resolution").order_by("opened")),
-)
+# Its attempts, receipts and cases are read by its story (story.effect_parts).
+EFFECT_PAGE = Effect.objects.select_related("project", "grant")
 
 
 # -- the queue ---------------------------------------------------------------------------
@@ -395,7 +392,9 @@ def _case_page(
         "attest": cases.Verdict.HAPPENED in cases.verdicts_for(case),
         "members": cases.assignable_members(access.project),
         "siblings": (
-            effect.cases.filter(closed=None).exclude(pk=case.pk).order_by("opened")
+            effect.cases.filter(project_id=effect.project_id, closed=None)
+            .exclude(pk=case.pk)
+            .order_by("opened")
             if effect
             else []
         ),

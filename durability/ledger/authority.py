@@ -101,7 +101,7 @@ def _spent(grant: Grant, now: datetime) -> tuple[Decimal, int]:
     # The versions' ids first, so that the sum is a range of effect_grant_created_idx.
     versions = list(Grant.objects.filter(lineage=grant.lineage).values_list("pk", flat=True))
     totals = (
-        Effect.objects.filter(grant__in=versions, created__gte=since)
+        Effect.objects.filter(project_id=grant.project_id, grant__in=versions, created__gte=since)
         .exclude(state__in=UNSPENT)
         .aggregate(
             amount=Sum("amount", filter=Q(created__gte=now - DAY)),

@@ -69,7 +69,9 @@ def open_case_of(effect: Effect, reason: Reason) -> Case | None:
     """The effect's open case of this reason; there is at most one (a unique index), found
     without `.first()`'s ORDER BY id, which could lead the planner away from that index."""
     try:
-        case = Case.objects.get(effect=effect, reason=reason, closed=None)
+        case = Case.objects.get(
+            project_id=effect.project_id, effect=effect, reason=reason, closed=None
+        )
     except Case.DoesNotExist:
         return None
     case.effect = effect  # the caller's (locked) instance, not a second read of it
@@ -128,5 +130,7 @@ def case_close(case: Case, action: str, note: str, trail: Trail) -> None:
     case.closed = timezone.now()
     case.version += 1
     case.save(update_fields=["closed", "version"])
-    Resolution.objects.create(case=case, actor=trail.actor, action=action, note=note)
+    Resolution.objects.create(
+        project_id=case.project_id, case=case, actor=trail.actor, action=action, note=note
+    )
     trail.add(AuditAction.CASE_CLOSED, effect=case.effect, case=case, action=action, note=note)

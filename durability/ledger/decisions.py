@@ -76,7 +76,7 @@ def decide(effect: Effect, *, first_receipt: Receipt | None | Unread = UNREAD) -
     state, n = effect.state, effect.attempt_count
     if state == S.SUCCEEDED:
         outcome.receipt = receipt = (
-            effect.receipts.order_by("received", "id").first()
+            effect.receipts.filter(project_id=effect.project_id).order_by("received", "id").first()
             if isinstance(first_receipt, Unread)
             else first_receipt
         )
@@ -102,7 +102,7 @@ def decide(effect: Effect, *, first_receipt: Receipt | None | Unread = UNREAD) -
             "receipt or its deadline."
         )
     elif state == S.AWAITING_APPROVAL:
-        approval = Approval.objects.filter(effect=effect).first()
+        approval = Approval.objects.filter(project_id=effect.project_id, effect=effect).first()
         outcome.case = open_case_of(effect, Reason.APPROVAL_REQUIRED)
         outcome.reason = "The effect awaits a person's approval." + (
             approval_where(approval) if approval else ""
@@ -123,7 +123,10 @@ def approval_where(approval: Approval) -> str:
 def _denial(effect: Effect) -> str:
     """Why a denied effect was denied: the grant rule, or the person who refused approval."""
     case = (
-        effect.cases.filter(reason__in=[Reason.AUTHORITY_DENIED, Reason.APPROVAL_REQUIRED])
+        effect.cases.filter(
+            project_id=effect.project_id,
+            reason__in=[Reason.AUTHORITY_DENIED, Reason.APPROVAL_REQUIRED],
+        )
         .select_related("resolution")
         .order_by("-opened", "-id")
         .first()

@@ -239,7 +239,9 @@ def _orphan_case_settle(effect: Effect, row: Receipt, trail: Trail) -> Case | No
         # Closed before it names the effect: an effect has one open case per reason.
         case_close(case, "auto_resolved", "the intent for this key arrived", trail)
     # Closed cases (acknowledged before the intent came) name the effect too.
-    Case.objects.filter(receipt=row, reason=Reason.ORPHAN_RECEIPT).update(effect=effect)
+    Case.objects.filter(
+        project_id=row.project_id, receipt=row, reason=Reason.ORPHAN_RECEIPT
+    ).update(effect=effect)
     if not differs:
         return None
     # Another disputed receipt of the effect, or one whose case a person closed already.
@@ -325,7 +327,13 @@ def _receipt_apply(
     trail.stage(row)
     trail.add(AuditAction.RECEIPT, effect=effect, receipt=row.pk)
     if state in (S.SUCCEEDED, S.COMPENSATED):
-        first = first or effect.receipts.exclude(pk=row.pk).order_by("received", "id").first()
+        first = (
+            first
+            or effect.receipts.filter(project_id=effect.project_id)
+            .exclude(pk=row.pk)
+            .order_by("received", "id")
+            .first()
+        )
         return case_open(
             effect,
             Reason.DUPLICATE_EFFECT,
@@ -397,8 +405,9 @@ def timeout_record(*, project: Project, actor: str, timeout: TimeoutIn) -> Effec
 def deadlines_sweep(*, now: datetime | None = None, limit: int = 1000) -> list[Effect]:
     """Time out pending effects whose deadline has passed; returns those it moved.
 
-    Each effect moves in its own short transaction; rows locked by a concurrent
-    writer are skipped and left to the next sweep.
+    Each effect moves in its own short transaction, read by its project and id (on a
+    table distributed by project, on the project's node alone); rows locked by a
+    concurrent writer are skipped and left to the next sweep.
     """
     now = now or timezone.now()
     due = list(
@@ -411,7 +420,7 @@ def deadlines_sweep(*, now: datetime | None = None, limit: int = 1000) -> list[E
         with audit.trail(project_id, "system:sweep") as trail:
             effect = (
                 Effect.objects.select_for_update(skip_locked=True)
-                .filter(pk=pk, state=S.PENDING, deadline__lt=now)
+                .filter(project_id=project_id, pk=pk, state=S.PENDING, deadline__lt=now)
                 .first()
             )
             if effect is None:

@@ -125,12 +125,14 @@ class _Read:
         )
         of_key = "(SELECT id FROM durability_effect WHERE project_id = %s AND key = %s)"
         self._attempt = lock.add(
-            f"{rows.select_sql(Attempt)} WHERE effect_id = {of_key} ORDER BY number DESC LIMIT 1",
-            [project.pk, intent.key],
+            f"{rows.select_sql(Attempt)} WHERE project_id = %s AND effect_id = {of_key} "
+            "ORDER BY number DESC LIMIT 1",
+            [project.pk, project.pk, intent.key],
         )
         self._receipt = lock.add(
-            f"{rows.select_sql(Receipt)} WHERE effect_id = {of_key} ORDER BY received, id LIMIT 1",
-            [project.pk, intent.key],
+            f"{rows.select_sql(Receipt)} WHERE project_id = %s AND effect_id = {of_key} "
+            "ORDER BY received, id LIMIT 1",
+            [project.pk, project.pk, intent.key],
         )
         self._reconciler = (
             lock.add(
@@ -440,7 +442,9 @@ def _place(effect: Effect, intent: IntentIn) -> None:
     effect.workflow = _named(context.get("workflow"))
     effect.agent = _named(context.get("agent")) or effect.workflow
     if not effect._state.adding and effect.case_names() != was:
-        Case.objects.filter(effect=effect, closed=None).update(**effect.case_names())
+        Case.objects.filter(project_id=effect.project_id, effect=effect, closed=None).update(
+            **effect.case_names()
+        )
 
 
 def _named(value: Any) -> str:
@@ -454,6 +458,7 @@ def _attempt_begin(effect: Effect, intent: IntentIn) -> Attempt:
     effect.deadline = now + timedelta(seconds=effect.timeout_s) if effect.timeout_s else None
     _place(effect, intent)
     return Attempt(
+        project_id=effect.project_id,
         effect=effect,
         number=effect.attempt_count,
         started=now,

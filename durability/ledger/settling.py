@@ -61,7 +61,7 @@ def effect_settle(
         else:
             apply(effect, event, trail, note=note)
         terminal = event in (Event.COMPENSATE, Event.ABANDON)
-        settled = effect.cases.filter(closed=None)
+        settled = effect.cases.filter(project_id=effect.project_id, closed=None)
         if not terminal:
             settled = settled.filter(reason=Reason.UNCERTAIN)
         for case in settled:
@@ -82,7 +82,9 @@ def effect_approval_decide(
     with audit.trail(project.pk, actor) as trail:
         effect = locked_by_id(project, effect_id, trail)
         apply(effect, Event.APPROVE if approve else Event.DENY, trail, note=note)
-        evidence = effect.receipts.order_by("received", "id").first()
+        evidence = (
+            effect.receipts.filter(project_id=effect.project_id).order_by("received", "id").first()
+        )
         if approve and evidence is not None:
             # It happened before it was approved (its case says so): the approval settles
             # it, so that the agent's next intent is told `completed`, never `proceed`.

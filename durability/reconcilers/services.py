@@ -54,7 +54,9 @@ def panel_context(
 ) -> dict[str, Any]:
     """What the panel shows; `requested` is when an operator asked for a probe."""
     config = reconciler_config_of(effect)
-    probes = list(effect.probes.order_by("-started", "-id")[:HISTORY])
+    probes = list(
+        effect.probes.filter(project_id=effect.project_id).order_by("-started", "-id")[:HISTORY]
+    )
     waiting = (
         requested is not None
         and (timezone.now() - requested).total_seconds() < WAIT_S
@@ -110,7 +112,9 @@ def absence_trusted_after(effect: Effect, config: ReconcilerConfig) -> datetime 
     """
     if config.grace_s is None:
         return None
-    attempt = effect.attempts.filter(number=effect.attempt_count).first()
+    attempt = effect.attempts.filter(
+        project_id=effect.project_id, number=effect.attempt_count
+    ).first()
     since = effect.updated
     if attempt is not None and attempt.deadline is not None:
         since = max(since, attempt.deadline)
@@ -145,6 +149,7 @@ def effect_probe(*, effect_id: int, requested_by: str = SCAN_ACTOR) -> Probe | N
                 f"the {config.kind} reconciler's answer cannot be recorded: {_why(exc)}"
             )
     probe = Probe(
+        project_id=effect.project_id,
         effect=effect,
         config=config,
         kind=config.kind,
@@ -221,6 +226,7 @@ def _apply(
         )
         probe.settled = Event.PROBE_FOUND.value
         probe.receipt = effect.receipts.filter(
+            project_id=effect.project_id,
             system=evidence.system,
             external_id=evidence.external_id,
             strength=Strength.PROVIDER_CONFIRMED,
@@ -253,6 +259,7 @@ def probes_due(*, now: datetime | None = None, limit: int = 500) -> list[int]:
     due: list[int] = []
     for config in ReconcilerConfig.objects.filter(enabled=True).order_by("pk"):
         recent = Probe.objects.filter(
+            project_id=config.project_id,
             effect=OuterRef("pk"),
             attempt=OuterRef("attempt_count"),
             started__gt=now - timedelta(seconds=config.interval_s),

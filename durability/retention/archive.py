@@ -26,11 +26,12 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import models
+from django.db.models import Prefetch
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from durability.audit import first_broken_in_chain, trail
-from durability.models import Archive, AuditAction, AuditEntry, Effect, Project
+from durability.models import Archive, Attempt, AuditAction, AuditEntry, Effect, Project, Receipt
 
 FORMAT = 1
 CHUNK = 500
@@ -85,11 +86,14 @@ def _effects(project: Project, before: datetime) -> Iterator[dict[str, Any]]:
     effects = Effect.objects.filter(project=project, updated__lt=before).order_by("id")
     after = 0
     while chunk := list(
-        effects.filter(id__gt=after).prefetch_related("attempts", "receipts")[:CHUNK]
+        effects.filter(id__gt=after).prefetch_related(
+            Prefetch("attempts", Attempt.objects.filter(project=project)),
+            Prefetch("receipts", Receipt.objects.filter(project=project)),
+        )[:CHUNK]
     ):
         after = chunk[-1].pk
         chains: dict[int, list[dict[str, Any]]] = {}
-        entries = AuditEntry.objects.filter(effect_id__in=[e.pk for e in chunk])
+        entries = AuditEntry.objects.filter(project=project, effect_id__in=[e.pk for e in chunk])
         for entry in entries.order_by("effect_id", "seq"):
             assert entry.effect_id is not None
             chains.setdefault(entry.effect_id, []).append(_entry_row(entry))

@@ -69,7 +69,7 @@ def archive_covering(project: Project) -> Archive | None:
 def _due(project: Project, before: datetime) -> QuerySet[Effect]:
     """The project's settled effects last changed before `before` whose payloads are kept,
     none with an open case; in (updated, id) order (index effect_payload_due_idx)."""
-    open_case = Case.objects.filter(effect=OuterRef("pk"), closed=None)
+    open_case = Case.objects.filter(project=project, effect=OuterRef("pk"), closed=None)
     return (
         Effect.objects.filter(
             project=project, state__in=SETTLED_STATES, payload_pruned=None, updated__lt=before
@@ -81,7 +81,12 @@ def _due(project: Project, before: datetime) -> QuerySet[Effect]:
 
 def _story_ended_before(when: datetime) -> Exists:
     """The effect's latest audit entry (its chain's head) is older than `when`."""
-    head = AuditEntry.objects.filter(effect=OuterRef("pk"), seq=OuterRef("audit_seq"), at__lt=when)
+    head = AuditEntry.objects.filter(
+        project=OuterRef("project_id"),
+        effect=OuterRef("pk"),
+        seq=OuterRef("audit_seq"),
+        at__lt=when,
+    )
     return Exists(head)
 
 
@@ -146,7 +151,8 @@ def _batch_prune(
     done: Pruned,
 ) -> None:
     """Prune the locked effects (id: (chain head, archived)) once their chains verify."""
-    entries = AuditEntry.objects.filter(effect_id__in=list(locked)).order_by("effect_id", "seq")
+    entries = AuditEntry.objects.filter(project_id=t.project_id, effect_id__in=list(locked))
+    entries = entries.order_by("effect_id", "seq")
     prune: list[int] = []
     for effect_id, chain in groupby(entries, key=lambda e: e.effect_id):
         assert effect_id is not None
@@ -168,14 +174,16 @@ def _batch_prune(
     archived = [pk for pk, (_, covered) in locked.items() if covered]
     unarchived = [pk for pk, (_, covered) in locked.items() if not covered]
     if archived:
-        Effect.objects.filter(pk__in=archived).update(
+        Effect.objects.filter(project_id=t.project_id, pk__in=archived).update(
             request=None, payload_pruned=now, payload_archive=archive
         )
     if unarchived:
-        Effect.objects.filter(pk__in=unarchived).update(request=None, payload_pruned=now)
-    receipts = Receipt.objects.filter(effect_id__in=list(locked), data_pruned=None).update(
-        data=None, data_pruned=now
-    )
+        Effect.objects.filter(project_id=t.project_id, pk__in=unarchived).update(
+            request=None, payload_pruned=now
+        )
+    receipts = Receipt.objects.filter(
+        project_id=t.project_id, effect_id__in=list(locked), data_pruned=None
+    ).update(data=None, data_pruned=now)
     entries_pruned = audit_entries_prune(prune, now=now)
     t.add(
         AuditAction.PAYLOADS_PRUNED,

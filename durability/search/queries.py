@@ -128,21 +128,24 @@ def _effect_tiers(project: Project, q: str) -> list[tuple[str, QuerySet[Any]]]:
     receipts = Receipt.objects.filter(project=project)
     tiers: list[tuple[str, QuerySet[Any]]] = [
         ("key", effects.filter(key=q)),
-        ("external id", _receipt_effects(receipts.filter(external_id=q))),
+        ("external id", _receipt_effects(effects, receipts.filter(external_id=q))),
     ]
     if len(q) >= MIN_TEXT:
         tiers += [
             ("key", effects.filter(_contains("key", q))),
-            ("external id", _receipt_effects(receipts.filter(_contains("external_id", q)))),
+            (
+                "external id",
+                _receipt_effects(effects, receipts.filter(_contains("external_id", q))),
+            ),
             ("target or agent", effects.filter(_contains("target", q) | _contains("agent", q))),
             ("request", effects.annotate(text=_request_text()).filter(_contains("text", q))),
         ]
     return tiers
 
 
-def _receipt_effects(receipts: QuerySet[Receipt]) -> QuerySet[Any]:
-    """The effects of `receipts`, as a tier."""
-    return Effect.objects.filter(pk__in=receipts.values("effect_id"))
+def _receipt_effects(effects: QuerySet[Effect], receipts: QuerySet[Receipt]) -> QuerySet[Any]:
+    """The effects (of the project's `effects`) of `receipts`, as a tier."""
+    return effects.filter(pk__in=receipts.values("effect_id"))
 
 
 def search_effects(project: Project, q: str, limit: int) -> Results:

@@ -14,15 +14,20 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from durability.models import ApiKey, Effect, Project, Receipt
+from durability.models import ApiKey, Attempt, Effect, Project, Receipt
 from tests.ledger import support as ledger
 from tests.round_trips import shape
 
 
 def _indexes(plan: Any, table: str) -> Iterator[str]:
-    """The indexes the plan scans `table` by; none for a sequential scan."""
+    """The indexes the plan scans `table` by (directly or by a bitmap); none for a
+    sequential scan."""
     if isinstance(plan, dict):
         if plan.get("Relation Name") == table and "Index Name" in plan:
+            yield plan["Index Name"]
+        if plan.get("Relation Name") == table and plan["Node Type"] == "Bitmap Heap Scan":
+            yield from _indexes(plan["Plans"], "")
+        if table == "" and plan.get("Node Type") == "Bitmap Index Scan":
             yield plan["Index Name"]
         for value in plan.values():
             yield from _indexes(value, table)
@@ -66,6 +71,9 @@ def database(request: pytest.FixtureRequest, project: Project) -> Project:
             Effect(project=owner, key=f"old-{n}", kind="payment", target="stripe")
             for n in range(rows // 2)
         )
+        Attempt.objects.bulk_create(
+            Attempt(project=owner, effect=e, number=number) for e in effects for number in (1, 2)
+        )
         Receipt.objects.bulk_create(
             Receipt(project=owner, effect=e, key=e.key, system="stripe", external_id=e.key)
             for e in effects
@@ -80,7 +88,9 @@ def database(request: pytest.FixtureRequest, project: Project) -> Project:
             for n in range(rows // 20)
         )
     with connection.cursor() as cursor:
-        cursor.execute("ANALYZE durability_effect, durability_receipt, durability_apikey")
+        cursor.execute(
+            "ANALYZE durability_effect, durability_attempt, durability_receipt, durability_apikey"
+        )
     return project
 
 
@@ -94,7 +104,32 @@ def test_an_intent_for_a_new_key_looks_for_it_by_its_unique_index(database: Proj
 
     assert by_key == {"effect_project_key_uniq"}
     assert orphans == {"receipt_orphans_of_key_idx"}
-    assert latest == {"attempt_effect_number_uniq"}
+    assert latest == {"attempt_of_effect_uniq"}
+
+
+def test_an_intent_for_a_known_key_reads_its_attempt_and_receipt_by_the_effects_indexes(
+    database: Project,
+) -> None:
+    ledger.intent(database, "k1")
+    ledger.receipt(database, "k1", external_id="ext-1")
+
+    with CaptureQueriesContext(connection) as queries:
+        ledger.intent(database, "k1")
+    # The reads of the key's effect's rows (not the orphan receipts of its key).
+    of_effect = [
+        q["sql"] for q in queries.captured_queries if "AND effect_id = (SELECT" in q["sql"]
+    ]
+    with connection.cursor() as cursor:
+        found = {}
+        for sql in of_effect:
+            cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}")
+            table = shape(sql).split()[1]
+            found[table] = set(_indexes(cursor.fetchone()[0], table))
+
+    assert found == {
+        "durability_attempt": {"attempt_of_effect_uniq"},
+        "durability_receipt": {"receipt_of_effect_idx"},
+    }
 
 
 def test_a_receipt_looks_for_itself_by_its_unique_index(database: Project) -> None:

@@ -1,0 +1,111 @@
+"""The pages read an effect's rows by the indexes that lead with its project: the queue
+rows' current attempt, and the story's attempts, receipts and cases.
+
+Each plan is PostgreSQL's for the statement the code ran, on a fresh database (2,000 rows)
+and a grown one (20,000), among the rows of another project.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from durability.desk import queue, story
+from durability.models import Attempt, Case, Effect, Project, Reason, Receipt, Severity
+
+
+def _scans(plan: Any, table: str) -> Iterator[str]:
+    """How the plan reads `table`: the name of the index it scans (directly or by a bitmap),
+    or "Seq Scan"."""
+    if isinstance(plan, dict):
+        if plan.get("Relation Name") == table:
+            if plan["Node Type"] == "Bitmap Heap Scan":
+                yield from _scans(plan["Plans"], "")
+            else:
+                yield str(plan.get("Index Name", plan["Node Type"]))
+        if table == "" and plan.get("Node Type") == "Bitmap Index Scan":
+            yield str(plan["Index Name"])
+        for value in plan.values():
+            yield from _scans(value, table)
+    elif isinstance(plan, list):
+        for value in plan:
+            yield from _scans(value, table)
+
+
+def _plan_scans(sql: str, table: str) -> set[str]:
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}")
+        return set(_scans(cursor.fetchone()[0], table))
+
+
+@pytest.fixture(params=[2_000, 20_000], ids=["fresh", "grown"])
+def database(request: pytest.FixtureRequest, project: Project) -> list[Case]:
+    """Effects with two attempts, a receipt and an open case each, half the project's and
+    half another's, analyzed; the project's cases."""
+    other = Project.objects.create(name="beta")
+    cases = []
+    for owner in (project, other):
+        effects = Effect.objects.bulk_create(
+            Effect(project=owner, key=f"e-{n}", kind="payment", target="stripe")
+            for n in range(request.param // 2)
+        )
+        Attempt.objects.bulk_create(
+            Attempt(project=owner, effect=e, number=number, context={"workflow_version": "1"})
+            for e in effects
+            for number in (1, 2)
+        )
+        Receipt.objects.bulk_create(
+            Receipt(project=owner, effect=e, key=e.key, system="stripe", external_id=e.key)
+            for e in effects
+        )
+        cases += Case.objects.bulk_create(
+            Case(
+                project=owner,
+                effect=e,
+                reason=Reason.UNCERTAIN,
+                severity=Severity.HIGH,
+                summary="timed out",
+            )
+            for e in effects
+        )
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE durability_effect, durability_attempt, durability_receipt")
+        cursor.execute("ANALYZE durability_case")
+    return [c for c in cases if c.project_id == project.pk]
+
+
+def test_the_queue_rows_read_their_current_attempt_by_the_effects_attempt_index(
+    database: list[Case], project: Project
+) -> None:
+    with CaptureQueriesContext(connection) as queries:
+        rows = queue.rows_of(project, [c.pk for c in database[:50]])
+
+    assert [row.workflow_version for row in rows] == ["1"] * 50  # type: ignore[attr-defined]
+    (sql,) = [q["sql"] for q in queries.captured_queries if "durability_attempt" in q["sql"]]
+    assert _plan_scans(sql, "durability_attempt") == {"attempt_of_effect_uniq"}
+
+
+def test_the_story_reads_the_effects_rows_by_the_indexes_that_lead_with_its_project(
+    database: list[Case],
+) -> None:
+    effect = database[0].effect
+    assert effect is not None
+
+    with CaptureQueriesContext(connection) as queries:
+        story.effect_story(effect)
+
+    def read(table: str) -> str:
+        (sql,) = [q["sql"] for q in queries.captured_queries if f'FROM "{table}"' in q["sql"]]
+        return sql
+
+    assert _plan_scans(read("durability_attempt"), "durability_attempt") == {
+        "attempt_of_effect_uniq"
+    }
+    assert _plan_scans(read("durability_receipt"), "durability_receipt") == {
+        "receipt_of_effect_idx"
+    }
+    assert _plan_scans(read("durability_case"), "durability_case") == {"case_of_effect_idx"}
