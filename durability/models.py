@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import hmac
 import secrets
 import uuid
+import zoneinfo
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -109,6 +111,23 @@ class Preference(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user}'s preferences"
+
+    @staticmethod
+    def zone_name_of(user: Any) -> str:
+        """The zone name of the user's Preference; blank when they chose none. One query."""
+        chosen = Preference.objects.filter(user=user).values_list("time_zone", flat=True)
+        return chosen.first() or ""
+
+
+@functools.cache
+def zone_names() -> frozenset[str]:
+    """Every zone the zoneinfo database knows (read from disk once per process)."""
+    return frozenset(zoneinfo.available_timezones())
+
+
+def zone_named(name: str | None) -> zoneinfo.ZoneInfo | None:
+    """The zone of that name; None for a blank name or one zoneinfo does not know."""
+    return zoneinfo.ZoneInfo(name) if name and name in zone_names() else None
 
 
 def _digest(raw_key: str) -> str:

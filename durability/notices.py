@@ -25,9 +25,17 @@ from django.utils import timezone
 from django.utils.encoding import force_bytes
 from django.utils.http import urlsafe_base64_encode
 
-from durability.accounts.timezones import chosen_zone_name, zone_named
 from durability.jobs import enqueue
-from durability.models import BulkAction, Case, Comment, Notice, NoticeKind, Project
+from durability.models import (
+    BulkAction,
+    Case,
+    Comment,
+    Notice,
+    NoticeKind,
+    Preference,
+    Project,
+    zone_named,
+)
 from durability.site import site_url
 
 logger = logging.getLogger(__name__)
@@ -75,7 +83,7 @@ def message(notice: Notice) -> EmailMessage:
     """The email of a notice: what happened, to which case and effect, and the link. Its
     times are in the recipient's zone (their Preference; UTC without one), as the pages
     write them ({% when %}), with the zone's name: a mail has no hover title."""
-    zone = zone_named(chosen_zone_name(notice.user)) or UTC
+    zone = zone_named(Preference.zone_name_of(notice.user)) or UTC
     base = site_url()
     case = notice.case
     context = {

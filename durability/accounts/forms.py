@@ -6,8 +6,7 @@ from django import forms
 from django.contrib.auth.validators import UnicodeUsernameValidator
 from django.db import models
 
-from durability.accounts.timezones import zone_names
-from durability.models import AuthorityPolicy, Membership, Role
+from durability.models import AuthorityPolicy, Membership, Role, zone_names
 
 
 class MemberAddForm(forms.Form):

@@ -10,33 +10,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime
-from functools import cache
 from typing import Any
-from zoneinfo import ZoneInfo, available_timezones
+from zoneinfo import ZoneInfo
 
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 
-from durability.models import Preference
+from durability.models import Preference, zone_named
 
 COOKIE = "tallybook_tz"
 SESSION = "tallybook_time_zone"
 
 
-@cache
-def zone_names() -> frozenset[str]:
-    """Every zone the zoneinfo database knows (read from disk once per process)."""
-    return frozenset(available_timezones())
-
-
-def zone_named(name: str | None) -> ZoneInfo | None:
-    return ZoneInfo(name) if name and name in zone_names() else None
-
-
 def chosen_zone_name(user: Any) -> str:
     """The zone name of the user's Preference; blank when they chose none. One query."""
-    chosen = Preference.objects.filter(user=user).values_list("time_zone", flat=True).first()
-    return chosen or ""
+    return Preference.zone_name_of(user)
 
 
 def chosen_zone_remember(request: HttpRequest, user: Any) -> None:

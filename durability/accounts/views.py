@@ -41,7 +41,7 @@ from durability.accounts.forms import (
     TimeZoneForm,
 )
 from durability.accounts.roles import Access, Perm
-from durability.accounts.timezones import COOKIE, chosen_zone_remember, zone_named
+from durability.accounts.timezones import COOKIE, chosen_zone_remember
 from durability.models import (
     ApiKey,
     AuthorityPolicy,
@@ -50,6 +50,7 @@ from durability.models import (
     Project,
     RetentionPolicy,
     Role,
+    zone_named,
 )
 from durability.site import site_url
 
