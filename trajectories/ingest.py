@@ -655,14 +655,16 @@ _FILLS = ",\n    ".join(
 )
 _HINT_ROW = "SELECT %s AS run, " + ", ".join(f"%s AS {name}" for name in RUN_HINTS)
 # The days a refresh reads spans of: those of the runs (first_day, last_day, as of their last
-# refresh) and of the traces of the batch (a new trace's spans, or a trace merged into one of
-# the runs). Scalar subqueries, computed once before the scan: PostgreSQL then reads only the
-# span partitions of those days, not every partition's index for every run.
+# refresh), of the traces of the batch (a new trace's spans, or a trace merged into one of
+# the runs) and today (the day the span upsert gives a span whose trace has no row, one
+# retention deleted meanwhile). Scalar subqueries, computed once before the scan: PostgreSQL
+# then reads only the span partitions of those days, not every partition's index for every
+# run.
 _DAYS = """AND span.day >= (SELECT LEAST(min(r.first_day), (SELECT min(t.day)
-        FROM trajectories_runtrace t WHERE t.project_id = %s AND {traces}))
+        FROM trajectories_runtrace t WHERE t.project_id = %s AND {traces}), %s::date)
     FROM trajectories_run r WHERE r.project_id = %s AND {bound_runs})
     AND span.day <= (SELECT GREATEST(max(r.last_day), (SELECT max(t.day)
-        FROM trajectories_runtrace t WHERE t.project_id = %s AND {traces}))
+        FROM trajectories_runtrace t WHERE t.project_id = %s AND {traces}), %s::date)
     FROM trajectories_run r WHERE r.project_id = %s AND {bound_runs})"""
 
 
@@ -693,7 +695,7 @@ def _runs_refresh(
         in_traces, trace_values = _in("t.trace_id", traces)
         bound_runs, _ = _in("r.run_id", hints)
         days = _DAYS.format(traces=in_traces, bound_runs=bound_runs)
-        day_values = [project.pk, *trace_values, project.pk, *keys] * 2
+        day_values = [project.pk, *trace_values, today(), project.pk, *keys] * 2
     sql = RUNS_REFRESH.format(
         fills=_FILLS, runs=runs, days=days, hints=" UNION ALL ".join([_HINT_ROW] * len(hints))
     )

@@ -16,7 +16,7 @@ from typing import Any
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db import IntegrityError
-from django.db.models import Count
+from django.db.models import Count, FilteredRelation, Q
 from django.http import HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
@@ -177,7 +177,11 @@ def webhook_sources(request: AuthedRequest) -> HttpResponse:
             return redirect("webhook-sources")
     sources = list(
         WebhookSource.objects.filter(project=access.project)
-        .annotate(delivery_count=Count("deliveries"))
+        # Joined by project too: the deliveries' indexes lead with it (webhook_delivery_*).
+        .annotate(
+            own=FilteredRelation("deliveries", condition=Q(deliveries__project=access.project))
+        )
+        .annotate(delivery_count=Count("own"))
         .order_by("name")
     )
     return render(

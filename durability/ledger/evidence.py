@@ -226,7 +226,9 @@ def _orphan_case_settle(effect: Effect, row: Receipt, trail: Trail) -> Case | No
         f" The intent recorded later for this key disagrees with it ({', '.join(differs)}): "
         "check that the receipt is this effect's."
     )
-    case = Case.objects.filter(receipt=row, reason=Reason.ORPHAN_RECEIPT, closed=None).first()
+    case = Case.objects.filter(
+        project_id=row.project_id, receipt=row, reason=Reason.ORPHAN_RECEIPT, closed=None
+    ).first()
     if case is not None:
         case.effect = effect
         if differs and open_case_of(effect, Reason.ORPHAN_RECEIPT) is None:
