@@ -334,7 +334,7 @@ def redact_input[M: BaseModel](model: M, extras: Extras = NONE) -> M:
     names of their free extra fields too. Not validated again: redaction keeps texts within
     their declared length, or replaces values with text where any JSON was allowed.
     """
-    fields = type(model).model_fields
+    schema = type(model)
 
     def redacted(name: str, value: Any) -> Any:
         if isinstance(value, BaseModel):
@@ -342,7 +342,7 @@ def redact_input[M: BaseModel](model: M, extras: Extras = NONE) -> M:
         if isinstance(value, str):
             if is_secret_key(name, extras):
                 return REDACTED
-            return distinct(value, extras, _max_length(fields.get(name)))
+            return distinct(value, extras, _max_length(schema, name))
         return redact({name: value}, extras)[name]
 
     values = {name: redacted(name, value) for name, value in model.__dict__.items()}
@@ -351,8 +351,12 @@ def redact_input[M: BaseModel](model: M, extras: Extras = NONE) -> M:
     return model.model_construct(_fields_set=model.model_fields_set, **values)
 
 
-def _max_length(field: FieldInfo | None) -> int | None:
-    """The longest text a field allows (`max_length` of its constraints), if any."""
+# Bounded: the names of an input's free extra fields are the client's to choose.
+@lru_cache(maxsize=1024)
+def _max_length(schema: type[BaseModel], name: str) -> int | None:
+    """The longest text a field of `schema` allows (`max_length` of its constraints), if any;
+    read once per field, not on every input."""
+    field = schema.model_fields.get(name)
     if field is None:
         return None
     found: list[int] = []

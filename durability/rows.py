@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
-from django.db import connection, models
+from django.db import DEFAULT_DB_ALIAS, connection, connections, models
 
 
 def _quoted(name: str | None) -> str:
@@ -35,12 +35,17 @@ def columns(model: type[models.Model]) -> tuple[models.Field[Any, Any], ...]:
 
 
 @cache
+def names_sql(model: type[models.Model], alias: str = "") -> str:
+    """Every column of `model`, in `hydrate`'s order, as a select list."""
+    prefix = f"{alias}." if alias else ""
+    return ", ".join(prefix + _quoted(f.column) for f in columns(model))
+
+
+@cache
 def select_sql(model: type[models.Model], alias: str = "") -> str:
     """`SELECT <every column> FROM <table> [alias]`, the caller adds the rest."""
-    prefix = f"{alias}." if alias else ""
-    names = ", ".join(prefix + _quoted(f.column) for f in columns(model))
     table = _quoted(model._meta.db_table)
-    return f"SELECT {names} FROM {table}" + (f" {alias}" if alias else "")
+    return f"SELECT {names_sql(model, alias)} FROM {table}" + (f" {alias}" if alias else "")
 
 
 @cache
@@ -67,7 +72,13 @@ def hydrate[M: models.Model](model: type[M], row: Sequence[Any]) -> M:
 
 def next_id_sql(model: type[models.Model]) -> str:
     """A statement answering a fresh primary key for `model`, to be followed by a
-    condition (`WHERE NOT EXISTS (...)`) so that a key is drawn only when it is needed.
+    condition (`WHERE NOT EXISTS (...)`) so that a key is drawn only when it is needed."""
+    return f"SELECT {next_id(model)}"
+
+
+def next_id(model: type[models.Model]) -> str:
+    """An expression drawing a fresh primary key for `model` (`next_id_sql`'s), to be
+    evaluated only when the key is needed (in a `CASE`, say).
 
     PostgreSQL draws from the column's sequence. SQLite runs one writer at a time (the
     settings' IMMEDIATE transactions), so the next key after the table's AUTOINCREMENT
@@ -76,9 +87,9 @@ def next_id_sql(model: type[models.Model]) -> str:
     table = model._meta.db_table
     pk = model._meta.pk.column
     if connection.vendor == "postgresql":
-        return f"SELECT nextval(pg_get_serial_sequence('{table}', '{pk}'))"
+        return f"nextval(pg_get_serial_sequence('{table}', '{pk}'))"
     return (
-        "SELECT MAX(COALESCE((SELECT seq FROM sqlite_sequence WHERE name = "
+        "MAX(COALESCE((SELECT seq FROM sqlite_sequence WHERE name = "
         f"'{table}'), 0), COALESCE((SELECT MAX({_quoted(pk)}) FROM {_quoted(table)}), 0)) + 1"
     )
 
@@ -150,35 +161,59 @@ def _check_ahead() -> None:
 
 
 @dataclass
+class _Queued:
+    sql: str
+    params: Sequence[Any]
+    result: Result
+    carrier: bool  # one row, no FROM: the statement sent `ahead` may ride in it
+    carried: bool = False  # its first column is the answer of the statement `ahead`
+
+
+@dataclass
 class Batch:
     """SELECTs sent together, answered together. Inside a pipeline opened by the caller
     they are only queued, and answered at its sync: `run` within `pipelined()` is not
     for batches whose answers the caller reads before the pipeline closes."""
 
-    queued: list[tuple[str, Sequence[Any], Result]] = field(default_factory=list)
+    queued: list[_Queued] = field(default_factory=list)
 
-    def add(self, sql: str, params: Sequence[Any] = ()) -> Result:
+    def add(self, sql: str, params: Sequence[Any] = (), *, carrier: bool = False) -> Result:
+        """Queue `sql`. A `carrier` is a `SELECT` of expressions with no FROM, answering one
+        row: sent first, it carries the statement sent `ahead` (a scalar subquery) as its
+        first column, which saves that statement its own execution."""
         result = Result()
-        self.queued.append((sql, params, result))
+        self.queued.append(_Queued(sql, params, result, carrier))
         return result
 
     def run(self) -> None:
         """Send the batch: on PostgreSQL one pipeline, synced once as it closes, then
         every answer read from its cursor (after the statement sent `ahead`, if any)."""
         pending = _ahead.get()
+        first = Result()
         if pending is not None:
             _ahead.set(None)
-            self.queued.insert(0, (pending.sql, pending.params, first := Result()))
+            if self.queued and self.queued[0].carrier:
+                head = self.queued[0]
+                head.sql = f"SELECT ({pending.sql}), {head.sql.removeprefix('SELECT ')}"
+                head.params = [*pending.params, *head.params]
+                head.carried = True
+            else:
+                self.queued.insert(0, _Queued(pending.sql, pending.params, first, False))
         cursors = []
+        db = connections[DEFAULT_DB_ALIAS]  # the proxy `connection` looks it up per use
         with pipelined():
-            for sql, params, result in self.queued:
-                cursor = connection.cursor()
-                cursor.execute(sql, params)
-                cursors.append((cursor, result))
-        for cursor, result in cursors:
+            for queued in self.queued:
+                cursor = db.cursor()
+                cursor.execute(queued.sql, queued.params)
+                cursors.append((cursor, queued))
+        for cursor, queued in cursors:
             # Every statement of a batch is a SELECT.
-            result.rows = list(cursor.fetchall())
+            found = cursor.fetchall()
             cursor.close()
+            if queued.carried:
+                first.rows = [row[:1] for row in found]
+                found = [row[1:] for row in found]
+            queued.result.rows = list(found)
         self.queued = []
         if pending is not None and not pending.holds(first):
             raise Stale(pending.sql)
@@ -228,6 +263,12 @@ def _update_sql(model: type[models.Model], names: frozenset[str]) -> tuple[str, 
 # Writes sent as one statement at most (data-modifying CTEs): the staged writes of a request
 # are a handful; a bulk action's hundreds go in statements of this many.
 WRITES_PER_STATEMENT = 8
+# psycopg converts a statement's placeholders once per process only for statements within
+# these bounds (`psycopg._queries.MAX_CACHED_STATEMENT_LENGTH` and `_PARAMS`); a longer one is
+# parsed again on every execution, which costs more than sending it as two statements of the
+# same pipeline.
+CACHED_STATEMENT_LENGTH = 4096
+CACHED_STATEMENT_PARAMS = 50
 
 
 @dataclass
@@ -237,14 +278,15 @@ class Writes:
     one statement run in no set order.
 
     On PostgreSQL the writes go as few statements: each a `WITH` of up to
-    WRITES_PER_STATEMENT inserts and updates (data-modifying CTEs), answering the keys the
-    database drew. Its parts see one snapshot and none of each other's rows, which no write
-    here needs (each row is written once; foreign keys are checked at the statement's end);
-    a row written twice (two instances of it) starts a new statement. A unique index that
-    is not deferred (`case_one_open_per_effect_reason`) is checked row by row in that
-    unknown order: a path that closes an effect's open case and opens another of the same
-    reason must not stage both for one statement (none does today; the ledger adds to the
-    open case instead). On SQLite each write is a statement of its own.
+    WRITES_PER_STATEMENT inserts and updates (data-modifying CTEs) within the bounds of
+    psycopg's cache of converted statements, answering the keys the database drew. Its
+    parts see one snapshot and none of each other's rows, which no write here needs (each
+    row is written once; foreign keys are checked at the statement's end); a row written
+    twice (two instances of it) starts a new statement. A unique index that is not deferred
+    (`case_one_open_per_effect_reason`) is checked row by row in that unknown order: a path
+    that closes an effect's open case and opens another of the same reason must not stage
+    both for one statement (none does today; the ledger adds to the open case instead). On
+    SQLite each write is a statement of its own.
     """
 
     staged: dict[int, tuple[models.Model, set[str] | None]] = field(default_factory=dict)
@@ -265,22 +307,35 @@ class Writes:
         columns), for `keys_take` once the pipeline has synced."""
         group: list[_Write] = []
         rows: set[tuple[str, Any]] = set()
+        params = length = 0
         sent: list[tuple[list[models.Model], Any]] = []
         merge = WRITES_PER_STATEMENT if connection.vendor == "postgresql" else 1
         for obj, names in self.staged.values():
             write = _write(obj, names)
             if write is None:
                 continue
-            if len(group) == merge or (write.row is not None and write.row in rows):
+            if group and (
+                len(group) == merge
+                or (write.row is not None and write.row in rows)
+                or params + len(write.params) > CACHED_STATEMENT_PARAMS
+                or length + len(write.sql) + _CTE_PART > CACHED_STATEMENT_LENGTH
+            ):
                 sent.append(_execute(group))
-                group, rows = [], set()
+                group, rows, params, length = [], set(), 0, 0
             group.append(write)
+            params += len(write.params)
+            length += len(write.sql) + _CTE_PART
             if write.row is not None:
                 rows.add(write.row)
         if group:
             sent.append(_execute(group))
         self.staged = {}
         return sent
+
+
+# What a write adds to a statement beside its own SQL: `wN AS (...), ` and its key's
+# `(SELECT "id" FROM wN), ` in the answer.
+_CTE_PART = 48
 
 
 @dataclass
