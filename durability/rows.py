@@ -60,14 +60,25 @@ def _converters(model: type[models.Model]) -> tuple[tuple[Any, list[Any]], ...]:
     return tuple(out)
 
 
+def _db() -> Any:
+    """The default connection itself: the `connection` proxy looks it up on every use."""
+    return connections[DEFAULT_DB_ALIAS]
+
+
+@cache
+def _attnames(model: type[models.Model]) -> list[str]:
+    return [f.attname for f in columns(model)]
+
+
 def hydrate[M: models.Model](model: type[M], row: Sequence[Any]) -> M:
     """The instance of a row read with `select_sql(model)`."""
+    db = _db()
     values = []
     for value, (column, converters) in zip(row, _converters(model), strict=True):
         for converter in converters:
-            value = converter(value, column, connection)
+            value = converter(value, column, db)
         values.append(value)
-    return model.from_db(connection.alias, [f.attname for f in columns(model)], values)
+    return model.from_db(DEFAULT_DB_ALIAS, _attnames(model), values)
 
 
 def next_id_sql(model: type[models.Model]) -> str:
@@ -200,7 +211,7 @@ class Batch:
             else:
                 self.queued.insert(0, _Queued(pending.sql, pending.params, first, False))
         cursors = []
-        db = connections[DEFAULT_DB_ALIAS]  # the proxy `connection` looks it up per use
+        db = _db()
         with pipelined():
             for queued in self.queued:
                 cursor = db.cursor()
@@ -220,19 +231,21 @@ class Batch:
 
 
 def in_pipeline() -> bool:
-    return connection.vendor == "postgresql" and connection.connection._pipeline is not None
+    db = _db()
+    return db.vendor == "postgresql" and db.connection._pipeline is not None
 
 
 @contextmanager
 def pipelined() -> Iterator[None]:
     """psycopg's pipeline mode on PostgreSQL (statements queued, answered at the first
     fetch or the end of the block); nothing on SQLite."""
-    connection.ensure_connection()
-    if connection.vendor != "postgresql" or in_pipeline():
+    db = _db()
+    db.ensure_connection()
+    if db.vendor != "postgresql" or db.connection._pipeline is not None:
         yield
         return
     # An error of a queued statement is raised when the pipeline syncs, as the ORM's are.
-    with connection.wrap_database_errors, connection.connection.pipeline():
+    with db.wrap_database_errors, db.connection.pipeline():
         yield
 
 
@@ -309,9 +322,10 @@ class Writes:
         rows: set[tuple[str, Any]] = set()
         params = length = 0
         sent: list[tuple[list[models.Model], Any]] = []
-        merge = WRITES_PER_STATEMENT if connection.vendor == "postgresql" else 1
+        db = _db()
+        merge = WRITES_PER_STATEMENT if db.vendor == "postgresql" else 1
         for obj, names in self.staged.values():
-            write = _write(obj, names)
+            write = _write(db, obj, names)
             if write is None:
                 continue
             if group and (
@@ -320,7 +334,7 @@ class Writes:
                 or params + len(write.params) > CACHED_STATEMENT_PARAMS
                 or length + len(write.sql) + _CTE_PART > CACHED_STATEMENT_LENGTH
             ):
-                sent.append(_execute(group))
+                sent.append(_execute(db, group))
                 group, rows, params, length = [], set(), 0, 0
             group.append(write)
             params += len(write.params)
@@ -328,7 +342,7 @@ class Writes:
             if write.row is not None:
                 rows.add(write.row)
         if group:
-            sent.append(_execute(group))
+            sent.append(_execute(db, group))
         self.staged = {}
         return sent
 
@@ -346,25 +360,25 @@ class _Write:
     row: tuple[str, Any] | None  # (table, key) of a row whose key is known
 
 
-def _write(obj: models.Model, names: set[str] | None) -> _Write | None:
+def _write(db: Any, obj: models.Model, names: set[str] | None) -> _Write | None:
     obj._prepare_related_fields_for_save(operation_name="save")  # type: ignore[attr-defined]
     table = obj._meta.db_table
     if names is None:
         sql, fields = _insert_sql(type(obj), obj.pk is not None)
-        params = [_value(obj, f, add=True) for f in fields]
+        params = [_value(db, obj, f, add=True) for f in fields]
         obj._state.adding = False
         if obj.pk is None:
             return _Write(sql, params, obj, None)
         return _Write(sql, params, None, (table, obj.pk))
     if names:
         sql, fields = _update_sql(type(obj), frozenset(names))
-        params = [*(_value(obj, f, add=False) for f in fields), obj.pk]
+        params = [*(_value(db, obj, f, add=False) for f in fields), obj.pk]
         return _Write(sql, params, None, (table, obj.pk))
     return None
 
 
-def _execute(group: list[_Write]) -> tuple[list[models.Model], Any]:
-    cursor = connection.cursor()
+def _execute(db: Any, group: list[_Write]) -> tuple[list[models.Model], Any]:
+    cursor = db.cursor()
     if len(group) == 1:
         (write,) = group
         cursor.execute(write.sql, write.params)
@@ -392,10 +406,10 @@ def keys_take(sent: list[tuple[list[models.Model], Any]]) -> None:
         cursor.close()
 
 
-def _value(obj: models.Model, f: models.Field[Any, Any], *, add: bool) -> Any:
+def _value(db: Any, obj: models.Model, f: models.Field[Any, Any], *, add: bool) -> Any:
     if type(f) in _HELD_TYPES:
         return getattr(obj, f.attname)
-    return f.get_db_prep_save(f.pre_save(obj, add), connection)
+    return f.get_db_prep_save(f.pre_save(obj, add), db)
 
 
 # Fields whose value is stored as it is held (their `pre_save` and `get_db_prep_save` change
