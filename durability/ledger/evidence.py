@@ -149,7 +149,9 @@ def _receipt_store(
             _sent_before_sql(), [project.pk, receipt.key, receipt.system, receipt.external_id]
         )
         effect = lock.run(trail)
-        before, drawn = same.one()[:-1], same.one()[-1]  # type: ignore[index]
+        found = same.one()
+        assert found is not None  # one row whether the receipt was sent before or not
+        *before, drawn = found
         if drawn is None:
             existing = rows.hydrate(Receipt, before)
             if STRENGTH_RANK[strength] > STRENGTH_RANK[Strength(existing.strength)]:
