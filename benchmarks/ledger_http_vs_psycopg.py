@@ -107,14 +107,18 @@ def _audit(
     digest = hashlib.sha256(f"{prev}{seq}{action}{effect_id}".encode()).hexdigest()
     cur.execute(
         "INSERT INTO durability_auditentry (project_id, seq, at, actor, action, effect_id, "
-        "case_id, from_state, to_state, data, prev_hash, hash) "
-        "VALUES (%s, %s, now(), 'bench', %s, %s, NULL, %s, %s, '{}', %s, %s)",
-        (project_id, seq, action, effect_id, from_state, to_state, prev, digest),
+        "case_id, from_state, to_state, data, data_digest, prev_hash, hash) "
+        "VALUES (%s, %s, now(), 'bench', %s, %s, NULL, %s, %s, '{}', %s, %s, %s)",
+        (project_id, seq, action, effect_id, from_state, to_state, EMPTY_DIGEST, prev, digest),
     )
     cur.execute(
         "UPDATE durability_effect SET audit_seq = %s, audit_head = %s WHERE id = %s",
         (seq, digest, effect_id),
     )
+
+
+# The digest of an entry's empty data, which the ledger's entries store beside it.
+EMPTY_DIGEST = hashlib.sha256(b"{}").hexdigest()
 
 
 def _raw_worker(

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
-from django.db import connection, models
+from django.db import DEFAULT_DB_ALIAS, connection, connections, models
 
 
 def _quoted(name: str | None) -> str:
@@ -35,12 +35,17 @@ def columns(model: type[models.Model]) -> tuple[models.Field[Any, Any], ...]:
 
 
 @cache
+def names_sql(model: type[models.Model], alias: str = "") -> str:
+    """Every column of `model`, in `hydrate`'s order, as a select list."""
+    prefix = f"{alias}." if alias else ""
+    return ", ".join(prefix + _quoted(f.column) for f in columns(model))
+
+
+@cache
 def select_sql(model: type[models.Model], alias: str = "") -> str:
     """`SELECT <every column> FROM <table> [alias]`, the caller adds the rest."""
-    prefix = f"{alias}." if alias else ""
-    names = ", ".join(prefix + _quoted(f.column) for f in columns(model))
     table = _quoted(model._meta.db_table)
-    return f"SELECT {names} FROM {table}" + (f" {alias}" if alias else "")
+    return f"SELECT {names_sql(model, alias)} FROM {table}" + (f" {alias}" if alias else "")
 
 
 @cache
@@ -55,19 +60,36 @@ def _converters(model: type[models.Model]) -> tuple[tuple[Any, list[Any]], ...]:
     return tuple(out)
 
 
+def _db() -> Any:
+    """The default connection itself: the `connection` proxy looks it up on every use."""
+    return connections[DEFAULT_DB_ALIAS]
+
+
+@cache
+def _attnames(model: type[models.Model]) -> list[str]:
+    return [f.attname for f in columns(model)]
+
+
 def hydrate[M: models.Model](model: type[M], row: Sequence[Any]) -> M:
     """The instance of a row read with `select_sql(model)`."""
+    db = _db()
     values = []
     for value, (column, converters) in zip(row, _converters(model), strict=True):
         for converter in converters:
-            value = converter(value, column, connection)
+            value = converter(value, column, db)
         values.append(value)
-    return model.from_db(connection.alias, [f.attname for f in columns(model)], values)
+    return model.from_db(DEFAULT_DB_ALIAS, _attnames(model), values)
 
 
 def next_id_sql(model: type[models.Model]) -> str:
     """A statement answering a fresh primary key for `model`, to be followed by a
-    condition (`WHERE NOT EXISTS (...)`) so that a key is drawn only when it is needed.
+    condition (`WHERE NOT EXISTS (...)`) so that a key is drawn only when it is needed."""
+    return f"SELECT {next_id(model)}"
+
+
+def next_id(model: type[models.Model]) -> str:
+    """An expression drawing a fresh primary key for `model` (`next_id_sql`'s), to be
+    evaluated only when the key is needed (in a `CASE`, say).
 
     PostgreSQL draws from the column's sequence. SQLite runs one writer at a time (the
     settings' IMMEDIATE transactions), so the next key after the table's AUTOINCREMENT
@@ -76,9 +98,9 @@ def next_id_sql(model: type[models.Model]) -> str:
     table = model._meta.db_table
     pk = model._meta.pk.column
     if connection.vendor == "postgresql":
-        return f"SELECT nextval(pg_get_serial_sequence('{table}', '{pk}'))"
+        return f"nextval(pg_get_serial_sequence('{table}', '{pk}'))"
     return (
-        "SELECT MAX(COALESCE((SELECT seq FROM sqlite_sequence WHERE name = "
+        "MAX(COALESCE((SELECT seq FROM sqlite_sequence WHERE name = "
         f"'{table}'), 0), COALESCE((SELECT MAX({_quoted(pk)}) FROM {_quoted(table)}), 0)) + 1"
     )
 
@@ -150,54 +172,80 @@ def _check_ahead() -> None:
 
 
 @dataclass
+class _Queued:
+    sql: str
+    params: Sequence[Any]
+    result: Result
+    carrier: bool  # one row, no FROM: the statement sent `ahead` may ride in it
+    carried: bool = False  # its first column is the answer of the statement `ahead`
+
+
+@dataclass
 class Batch:
     """SELECTs sent together, answered together. Inside a pipeline opened by the caller
     they are only queued, and answered at its sync: `run` within `pipelined()` is not
     for batches whose answers the caller reads before the pipeline closes."""
 
-    queued: list[tuple[str, Sequence[Any], Result]] = field(default_factory=list)
+    queued: list[_Queued] = field(default_factory=list)
 
-    def add(self, sql: str, params: Sequence[Any] = ()) -> Result:
+    def add(self, sql: str, params: Sequence[Any] = (), *, carrier: bool = False) -> Result:
+        """Queue `sql`. A `carrier` is a `SELECT` of expressions with no FROM, answering one
+        row: sent first, it carries the statement sent `ahead` (a scalar subquery) as its
+        first column, which saves that statement its own execution."""
         result = Result()
-        self.queued.append((sql, params, result))
+        self.queued.append(_Queued(sql, params, result, carrier))
         return result
 
     def run(self) -> None:
         """Send the batch: on PostgreSQL one pipeline, synced once as it closes, then
         every answer read from its cursor (after the statement sent `ahead`, if any)."""
         pending = _ahead.get()
+        first = Result()
         if pending is not None:
             _ahead.set(None)
-            self.queued.insert(0, (pending.sql, pending.params, first := Result()))
+            if self.queued and self.queued[0].carrier:
+                head = self.queued[0]
+                head.sql = f"SELECT ({pending.sql}), {head.sql.removeprefix('SELECT ')}"
+                head.params = [*pending.params, *head.params]
+                head.carried = True
+            else:
+                self.queued.insert(0, _Queued(pending.sql, pending.params, first, False))
         cursors = []
+        db = _db()
         with pipelined():
-            for sql, params, result in self.queued:
-                cursor = connection.cursor()
-                cursor.execute(sql, params)
-                cursors.append((cursor, result))
-        for cursor, result in cursors:
+            for queued in self.queued:
+                cursor = db.cursor()
+                cursor.execute(queued.sql, queued.params)
+                cursors.append((cursor, queued))
+        for cursor, queued in cursors:
             # Every statement of a batch is a SELECT.
-            result.rows = list(cursor.fetchall())
+            found = cursor.fetchall()
             cursor.close()
+            if queued.carried:
+                first.rows = [row[:1] for row in found]
+                found = [row[1:] for row in found]
+            queued.result.rows = list(found)
         self.queued = []
         if pending is not None and not pending.holds(first):
             raise Stale(pending.sql)
 
 
 def in_pipeline() -> bool:
-    return connection.vendor == "postgresql" and connection.connection._pipeline is not None
+    db = _db()
+    return db.vendor == "postgresql" and db.connection._pipeline is not None
 
 
 @contextmanager
 def pipelined() -> Iterator[None]:
     """psycopg's pipeline mode on PostgreSQL (statements queued, answered at the first
     fetch or the end of the block); nothing on SQLite."""
-    connection.ensure_connection()
-    if connection.vendor != "postgresql" or in_pipeline():
+    db = _db()
+    db.ensure_connection()
+    if db.vendor != "postgresql" or db.connection._pipeline is not None:
         yield
         return
     # An error of a queued statement is raised when the pipeline syncs, as the ORM's are.
-    with connection.wrap_database_errors, connection.connection.pipeline():
+    with db.wrap_database_errors, db.connection.pipeline():
         yield
 
 
@@ -228,6 +276,12 @@ def _update_sql(model: type[models.Model], names: frozenset[str]) -> tuple[str, 
 # Writes sent as one statement at most (data-modifying CTEs): the staged writes of a request
 # are a handful; a bulk action's hundreds go in statements of this many.
 WRITES_PER_STATEMENT = 8
+# psycopg converts a statement's placeholders once per process only for statements within
+# these bounds (`psycopg._queries.MAX_CACHED_STATEMENT_LENGTH` and `_PARAMS`); a longer one is
+# parsed again on every execution, which costs more than sending it as two statements of the
+# same pipeline.
+CACHED_STATEMENT_LENGTH = 4096
+CACHED_STATEMENT_PARAMS = 50
 
 
 @dataclass
@@ -237,14 +291,15 @@ class Writes:
     one statement run in no set order.
 
     On PostgreSQL the writes go as few statements: each a `WITH` of up to
-    WRITES_PER_STATEMENT inserts and updates (data-modifying CTEs), answering the keys the
-    database drew. Its parts see one snapshot and none of each other's rows, which no write
-    here needs (each row is written once; foreign keys are checked at the statement's end);
-    a row written twice (two instances of it) starts a new statement. A unique index that
-    is not deferred (`case_one_open_per_effect_reason`) is checked row by row in that
-    unknown order: a path that closes an effect's open case and opens another of the same
-    reason must not stage both for one statement (none does today; the ledger adds to the
-    open case instead). On SQLite each write is a statement of its own.
+    WRITES_PER_STATEMENT inserts and updates (data-modifying CTEs) within the bounds of
+    psycopg's cache of converted statements, answering the keys the database drew. Its
+    parts see one snapshot and none of each other's rows, which no write here needs (each
+    row is written once; foreign keys are checked at the statement's end); a row written
+    twice (two instances of it) starts a new statement. A unique index that is not deferred
+    (`case_one_open_per_effect_reason`) is checked row by row in that unknown order: a path
+    that closes an effect's open case and opens another of the same reason must not stage
+    both for one statement (none does today; the ledger adds to the open case instead). On
+    SQLite each write is a statement of its own.
     """
 
     staged: dict[int, tuple[models.Model, set[str] | None]] = field(default_factory=dict)
@@ -265,22 +320,36 @@ class Writes:
         columns), for `keys_take` once the pipeline has synced."""
         group: list[_Write] = []
         rows: set[tuple[str, Any]] = set()
+        params = length = 0
         sent: list[tuple[list[models.Model], Any]] = []
-        merge = WRITES_PER_STATEMENT if connection.vendor == "postgresql" else 1
+        db = _db()
+        merge = WRITES_PER_STATEMENT if db.vendor == "postgresql" else 1
         for obj, names in self.staged.values():
-            write = _write(obj, names)
+            write = _write(db, obj, names)
             if write is None:
                 continue
-            if len(group) == merge or (write.row is not None and write.row in rows):
-                sent.append(_execute(group))
-                group, rows = [], set()
+            if group and (
+                len(group) == merge
+                or (write.row is not None and write.row in rows)
+                or params + len(write.params) > CACHED_STATEMENT_PARAMS
+                or length + len(write.sql) + _CTE_PART > CACHED_STATEMENT_LENGTH
+            ):
+                sent.append(_execute(db, group))
+                group, rows, params, length = [], set(), 0, 0
             group.append(write)
+            params += len(write.params)
+            length += len(write.sql) + _CTE_PART
             if write.row is not None:
                 rows.add(write.row)
         if group:
-            sent.append(_execute(group))
+            sent.append(_execute(db, group))
         self.staged = {}
         return sent
+
+
+# What a write adds to a statement beside its own SQL: `wN AS (...), ` and its key's
+# `(SELECT "id" FROM wN), ` in the answer.
+_CTE_PART = 48
 
 
 @dataclass
@@ -291,25 +360,25 @@ class _Write:
     row: tuple[str, Any] | None  # (table, key) of a row whose key is known
 
 
-def _write(obj: models.Model, names: set[str] | None) -> _Write | None:
+def _write(db: Any, obj: models.Model, names: set[str] | None) -> _Write | None:
     obj._prepare_related_fields_for_save(operation_name="save")  # type: ignore[attr-defined]
     table = obj._meta.db_table
     if names is None:
         sql, fields = _insert_sql(type(obj), obj.pk is not None)
-        params = [_value(obj, f, add=True) for f in fields]
+        params = [_value(db, obj, f, add=True) for f in fields]
         obj._state.adding = False
         if obj.pk is None:
             return _Write(sql, params, obj, None)
         return _Write(sql, params, None, (table, obj.pk))
     if names:
         sql, fields = _update_sql(type(obj), frozenset(names))
-        params = [*(_value(obj, f, add=False) for f in fields), obj.pk]
+        params = [*(_value(db, obj, f, add=False) for f in fields), obj.pk]
         return _Write(sql, params, None, (table, obj.pk))
     return None
 
 
-def _execute(group: list[_Write]) -> tuple[list[models.Model], Any]:
-    cursor = connection.cursor()
+def _execute(db: Any, group: list[_Write]) -> tuple[list[models.Model], Any]:
+    cursor = db.cursor()
     if len(group) == 1:
         (write,) = group
         cursor.execute(write.sql, write.params)
@@ -337,10 +406,10 @@ def keys_take(sent: list[tuple[list[models.Model], Any]]) -> None:
         cursor.close()
 
 
-def _value(obj: models.Model, f: models.Field[Any, Any], *, add: bool) -> Any:
+def _value(db: Any, obj: models.Model, f: models.Field[Any, Any], *, add: bool) -> Any:
     if type(f) in _HELD_TYPES:
         return getattr(obj, f.attname)
-    return f.get_db_prep_save(f.pre_save(obj, add), connection)
+    return f.get_db_prep_save(f.pre_save(obj, add), db)
 
 
 # Fields whose value is stored as it is held (their `pre_save` and `get_db_prep_save` change

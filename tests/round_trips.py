@@ -28,16 +28,16 @@ class Cost:
 
 
 def _outer_table(sql: str) -> str | None:
-    """The table of a SELECT's own FROM, not of a subquery in its select list."""
+    """The first table of a SELECT's own FROM or JOIN, not of a subquery in its select list
+    or a lateral join."""
     depth = 0
     for at, char in enumerate(sql):
         if char == "(":
             depth += 1
         elif char == ")":
             depth -= 1
-        elif depth == 0 and sql.startswith(' FROM "', at):
-            found = re.match(r' FROM "(\w+)"', sql[at:])
-            return found[1] if found else None
+        elif depth == 0 and (found := re.match(r' (?:FROM|JOIN) "(\w+)"', sql[at:])):
+            return found[1]
     return None
 
 
@@ -50,8 +50,14 @@ def shape(sql: str) -> str:
         return "WITH " + ", ".join(f"{verb} {table}" for verb, table in parts)
     if found := re.match(r'(INSERT INTO|UPDATE) "(\w+)"', sql):
         return f"{found[1]} {found[2]}"
+    if sql.startswith("SELECT (SELECT "):  # a statement sent `ahead`, carried by this one
+        carried = re.match(r'SELECT \(SELECT .*? FROM "(\w+)"[^)]*\), (.*)', sql)
+        assert carried is not None, sql
+        rest = shape("SELECT " + carried[2]).removeprefix("SELECT ")
+        return f"SELECT ({carried[1]}), {rest}"
     if sql.startswith("SELECT ") and (table := _outer_table(sql)):
-        return f"SELECT {table}" + (" FOR UPDATE" if sql.endswith("FOR UPDATE") else "")
+        locked = re.search(r" FOR UPDATE( OF \w+)?$", sql) is not None
+        return f"SELECT {table}" + (" FOR UPDATE" if locked else "")
     return re.sub(r'\s*(\(.*|"\w+")$', "", sql)
 
 

@@ -80,3 +80,32 @@ def test_the_digest_is_keyed_by_the_deployments_secret_key_and_the_same_in_every
     assert there == here
     with override_settings(SECRET_KEY="another-deployment-" + "k" * 40):
         assert distinct("pay:password=a1") != here
+
+
+# Texts from letters that spell markers (key, token, pass, secret, AIza, sk-…), a NUL, and the
+# Kelvin sign (which lowercases to k).
+_LETTERS = st.sampled_from("abceknopstwyz_-=:AIK\x00 \u212a")
+_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(alphabet=_LETTERS, max_size=12),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.text(alphabet=_LETTERS, max_size=8), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=_JSON)
+def test_an_inputs_json_is_redacted_as_a_walk_over_every_text_would(data: object) -> None:
+    """The one search of a JSON value's text for markers never lets through what the walk
+    over each of its texts would redact."""
+    from durability.api.schemas import ReceiptIn
+    from durability.redaction import redact, redact_input
+
+    sent = ReceiptIn.model_construct(key="k", system="s", external_id="e", data=data)
+    assert redact_input(sent).data == redact({"data": data})["data"]

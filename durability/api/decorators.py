@@ -62,9 +62,22 @@ def error(
     return response
 
 
+class ModelResponse(JsonResponse):
+    """A JSON answer whose shape is a pydantic model's, encoded by pydantic in one step (no
+    dict of its dump for the json module to walk again)."""
+
+    def __init__(self, body: BaseModel, status: int = 200, *, exclude_none: bool = False) -> None:
+        HttpResponse.__init__(
+            self,
+            body.model_dump_json(exclude_none=exclude_none),
+            content_type="application/json",
+            status=status,
+        )
+
+
 def answer(body: BaseModel, status: int = 200, *, exclude_none: bool = False) -> JsonResponse:
     """A JSON answer whose shape is the pydantic model `body`'s."""
-    return JsonResponse(body.model_dump(mode="json", exclude_none=exclude_none), status=status)
+    return ModelResponse(body, status, exclude_none=exclude_none)
 
 
 def field_errors(exc: ValidationError) -> dict[str, str]:

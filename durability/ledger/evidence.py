@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
+from functools import cache
+from typing import cast
 
 from django.utils import timezone
 
@@ -120,6 +122,21 @@ def receipt_row(
     )
 
 
+# The grant the evidence is compared with, read with its effect.
+_GRANT_BESIDE = [(Grant, "WHERE project_id = e.project_id AND id = e.grant_id")]
+
+
+@cache
+def _sent_before_sql() -> str:
+    """The same receipt sent before (by its unique index, receipt_identity_uniq: no ORDER BY,
+    which could lead the planner away), or else a key drawn for it: one row either way."""
+    return (
+        f"SELECT {rows.names_sql(Receipt, 'r')}, CASE WHEN r.id IS NULL THEN "
+        f'{rows.next_id(Receipt)} END FROM (SELECT 1) AS one LEFT JOIN "durability_receipt" r '
+        "ON r.project_id = %s AND r.key = %s AND r.system = %s AND r.external_id = %s"
+    )
+
+
 def _receipt_store(
     *, project: Project, actor: str, receipt: ReceiptIn, strength: Strength
 ) -> ReceiptOutcome:
@@ -127,24 +144,15 @@ def _receipt_store(
     # what earlier receipts were stored under.
     receipt = redact_input(receipt, extras_of(project))
     with audit.trail(project.pk, actor) as trail:
-        lock = KeyLock(project, receipt.key)
-        # Unique (receipt_identity_uniq): no ORDER BY, which could lead the planner away.
-        identity = "project_id = %s AND key = %s AND system = %s AND external_id = %s"
-        same = [project.pk, receipt.key, receipt.system, receipt.external_id]
-        sent_before = lock.add(f"{rows.select_sql(Receipt)} WHERE {identity}", same)
-        drawn = lock.add(
-            f"{rows.next_id_sql(Receipt)} WHERE NOT EXISTS "
-            f"(SELECT 1 FROM durability_receipt WHERE {identity})",
-            same,
-        )
-        # The grant the evidence is compared with, read with its effect.
-        grant_of_effect = lock.add(
-            f"{rows.select_sql(Grant, 'g')} JOIN durability_effect e ON e.grant_id = g.id "
-            "WHERE e.project_id = %s AND e.key = %s",
-            [project.pk, receipt.key],
+        lock = KeyLock(project, receipt.key, _GRANT_BESIDE)
+        same = lock.add(
+            _sent_before_sql(), [project.pk, receipt.key, receipt.system, receipt.external_id]
         )
         effect = lock.run(trail)
-        if (before := sent_before.one()) is not None:
+        found = same.one()
+        assert found is not None  # one row whether the receipt was sent before or not
+        *before, drawn = found
+        if drawn is None:
             existing = rows.hydrate(Receipt, before)
             if STRENGTH_RANK[strength] > STRENGTH_RANK[Strength(existing.strength)]:
                 # The provider confirms what the agent reported: the same evidence, stronger.
@@ -159,7 +167,7 @@ def _receipt_store(
                 trail.stage(existing, "strength")
             return ReceiptOutcome(existing, effect, None, created=False)
         row = receipt_row(project, effect, receipt, strength, attempt=receipt.attempt)
-        row.pk = drawn.scalar()
+        row.pk = drawn
         if effect is None:
             trail.stage(row)
             trail.add(AuditAction.RECEIPT, receipt=row.pk, key=receipt.key, orphan=True)
@@ -174,8 +182,7 @@ def _receipt_store(
                 key=receipt.key,
             )
             return ReceiptOutcome(row, None, case, created=True)
-        grant = grant_of_effect.one()
-        effect.grant = rows.hydrate(Grant, grant) if grant is not None else None
+        effect.grant = cast(Grant | None, lock.found[0])
         settled = _receipt_settle(project, effect, row, trail)
         return ReceiptOutcome(row, effect, settled, created=True)
 

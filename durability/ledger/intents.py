@@ -11,7 +11,7 @@ import hashlib
 import json
 from datetime import timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, cast
 
 from django.utils import timezone
 
@@ -21,7 +21,14 @@ from durability.audit import Trail
 from durability.ledger import authority as grants
 from durability.ledger import evidence
 from durability.ledger.cases import case_close, case_open, open_case_of, uncertain_case_open
-from durability.ledger.decisions import Outcome, approval_where, decide, decision_for
+from durability.ledger.decisions import (
+    UNREAD,
+    Outcome,
+    Unread,
+    approval_where,
+    decide,
+    decision_for,
+)
 from durability.ledger.machine import EFFECT_MUTABLE_FIELDS, Event, KeyLock, apply
 from durability.ledger.signals import effect_recorded
 from durability.models import (
@@ -101,13 +108,20 @@ def _intent_store(*, project: Project, actor: str, intent: IntentIn) -> Outcome:
         return _answer(effect, intent, fingerprint, claim, trail, read)
 
 
+# Read with the key's effect: its latest attempt, and its first receipt.
+_BESIDE = [
+    (Attempt, "WHERE project_id = e.project_id AND effect_id = e.id ORDER BY number DESC LIMIT 1"),
+    (Receipt, "WHERE project_id = e.project_id AND effect_id = e.id ORDER BY received, id LIMIT 1"),
+]
+
+
 class _Read:
     """What an intent may need, read with the key's lock in one round trip: the effect,
     a key for it if it is new, the grant the intent names, the receipts that came before
     it, its latest attempt and first receipt, and whether its target has a reconciler."""
 
     def __init__(self, project: Project, intent: IntentIn) -> None:
-        self.lock = lock = KeyLock(project, intent.key)
+        self.lock = lock = KeyLock(project, intent.key, _BESIDE)
         self.drawn = lock.key_drawn_if_new()
         grant_id = (intent.authority or {}).get("grant")
         self._grant = (
@@ -122,17 +136,6 @@ class _Read:
             f"{rows.select_sql(Receipt)} WHERE project_id = %s AND key = %s AND effect_id IS NULL "
             "ORDER BY received, id",
             [project.pk, intent.key],
-        )
-        of_key = "(SELECT id FROM durability_effect WHERE project_id = %s AND key = %s)"
-        self._attempt = lock.add(
-            f"{rows.select_sql(Attempt)} WHERE project_id = %s AND effect_id = {of_key} "
-            "ORDER BY number DESC LIMIT 1",
-            [project.pk, project.pk, intent.key],
-        )
-        self._receipt = lock.add(
-            f"{rows.select_sql(Receipt)} WHERE project_id = %s AND effect_id = {of_key} "
-            "ORDER BY received, id LIMIT 1",
-            [project.pk, project.pk, intent.key],
         )
         self._reconciler = (
             lock.add(
@@ -152,12 +155,12 @@ class _Read:
         return [rows.hydrate(Receipt, row) for row in self._orphans.rows]
 
     def latest_attempt(self) -> Attempt | None:
-        row = self._attempt.one()
-        return rows.hydrate(Attempt, row) if row is not None else None
+        return cast(Attempt | None, self.lock.found[0])
 
-    def first_receipt(self) -> Receipt | None:
-        row = self._receipt.one()
-        return rows.hydrate(Receipt, row) if row is not None else None
+    def first_receipt(self) -> Receipt | Unread:
+        """Unread when none was found: a receipt an operator's verdict stored while this
+        intent waited for the effect's row is not in the snapshot it was read in."""
+        return cast(Receipt | None, self.lock.found[1]) or UNREAD
 
     def reconciler(self) -> bool:
         return self._reconciler is not None and bool(self._reconciler.rows)

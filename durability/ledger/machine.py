@@ -8,10 +8,11 @@ the row, its audit entries and the rest of the transaction's rows together at it
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import StrEnum
 from typing import Any
 
-from django.db import connection
+from django.db import connection, models
 from django.utils import timezone
 
 from durability import rows
@@ -125,32 +126,61 @@ def apply(effect: Effect, event: Event, trail: Trail, **data: Any) -> None:
 # -- locks: every service takes the effect's row lock before it reads the effect ----------
 
 
-def _effect_sql(where: str) -> str:
-    """One effect by a unique lookup, locked. No ORDER BY ... LIMIT 1: with it the planner
-    may walk the project's (project, id) index for a key that does not exist yet instead
-    of the unique index."""
-    lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
-    return f"{rows.select_sql(Effect)} WHERE project_id = %s AND {where}{lock}"
+def _effect_sql(where: str, beside: Sequence[Beside] = ()) -> str:
+    """One effect (`e`) by a unique lookup, locked, with a row of each `beside` it. No
+    ORDER BY ... LIMIT 1: with it the planner may walk the project's (project, id) index
+    for a key that does not exist yet instead of the unique index."""
+    lock = " FOR UPDATE OF e" if connection.features.has_select_for_update else ""
+    names = [rows.names_sql(Effect, "e")]
+    joins = []
+    for n, (model, rest) in enumerate(beside):
+        names.append(rows.names_sql(model, f"b{n}"))
+        table = model._meta.db_table
+        if connection.vendor == "postgresql":
+            select = rows.select_sql(model)
+            joins.append(f" LEFT JOIN LATERAL ({select} {rest}) b{n} ON true")
+        else:  # SQLite has no LATERAL: the row by its key, found by the same subquery
+            joins.append(
+                f' LEFT JOIN "{table}" b{n} ON b{n}.id = (SELECT id FROM "{table}" {rest})'
+            )
+    return (
+        f'SELECT {", ".join(names)} FROM "durability_effect" e{"".join(joins)} '
+        f"WHERE e.project_id = %s AND e.{where}{lock}"
+    )
+
+
+# A row read with the key's effect, in the same statement: (its model, the rest of a
+# `SELECT ... FROM <its table>` that finds at most one row for the effect `e`).
+type Beside = tuple[type[models.Model], str]
 
 
 class KeyLock:
     """What a service reads under one key's lock, in one round trip: a lock on the key
-    itself, the key's effect locked, and whatever the service `add`s after them.
+    itself, the key's effect locked (with the rows `beside` it), and whatever the service
+    `add`s after them.
 
     Writers of a key are serialised on a transaction-level advisory lock whether or not it
     has an effect row yet, so an intent adopts every receipt committed before it, a receipt
     finds the effect of every intent committed before it, and a new effect's row is
     inserted by one writer only. SQLite runs one writer at a time anyway.
+
+    A row read beside the effect is read in the statement's snapshot: if the effect's row
+    was locked by a writer that does not take the key's lock (an operator's verdict), the
+    effect is the one that writer committed but that row may predate it.
     """
 
-    def __init__(self, project: Project, key: str) -> None:
+    def __init__(self, project: Project, key: str, beside: Sequence[Beside] = ()) -> None:
         self.project, self.key = project, key
         self.batch = rows.Batch()
         if connection.vendor == "postgresql":
             self.batch.add(
-                "SELECT pg_advisory_xact_lock(hashtextextended(%s, %s))", [key, project.pk]
+                "SELECT pg_advisory_xact_lock(hashtextextended(%s, %s))",
+                [key, project.pk],
+                carrier=True,
             )
-        self._effect = self.batch.add(_effect_sql("key = %s"), [project.pk, key])
+        self._beside = [model for model, _ in beside]
+        self._effect = self.batch.add(_effect_sql("key = %s", beside), [project.pk, key])
+        self.found: list[models.Model | None] = [None] * len(beside)
 
     def add(self, sql: str, params: list[Any]) -> rows.Result:
         return self.batch.add(sql, params)
@@ -164,9 +194,20 @@ class KeyLock:
         )
 
     def run(self, trail: Trail) -> Effect | None:
-        """Send the reads; the key's effect, locked and held by the trail, or None."""
+        """Send the reads; the key's effect, locked and held by the trail, or None. The rows
+        beside it are then in `found`, in their order (None where there is none)."""
         self.batch.run()
-        return _held(self.project, self._effect.one(), trail)
+        row = self._effect.one()
+        if row is None:
+            return None
+        at = len(rows.columns(Effect))
+        for n, model in enumerate(self._beside):
+            width = len(rows.columns(model))
+            part = row[at : at + width]
+            # The primary key leads every select list: NULL when the join found no row.
+            self.found[n] = rows.hydrate(model, part) if part[0] is not None else None
+            at += width
+        return _held(self.project, row[: len(rows.columns(Effect))], trail)
 
 
 def _held(project: Project, row: Any, trail: Trail | None) -> Effect | None:

@@ -19,17 +19,17 @@ pytestmark = pytest.mark.django_db(transaction=True)  # real BEGIN and COMMIT, a
 INTENT = [
     "BEGIN",
     # one pipeline:
-    "SELECT durability_keysversion",  # the key and its project cached here still hold
-    "SELECT pg_advisory_xact_lock",  # the key itself locked, whether it has an effect or not
-    "SELECT durability_effect FOR UPDATE",  # the key's effect: none yet
+    # the key itself locked, whether it has an effect or not; and the keys version, so that
+    # the key and its project cached here are known to hold
+    "SELECT (durability_keysversion), pg_advisory_xact_lock",
+    # the key's effect (none yet), with its latest attempt and first receipt (for a known key)
+    "SELECT durability_effect FOR UPDATE",
     "SELECT nextval",  # so a key drawn for it
     "SELECT durability_grant",  # the grant named by the intent
     "SELECT durability_receipt",  # receipts that came before the intent, to adopt
-    "SELECT durability_attempt",  # the effect's latest attempt (for a known key)
-    "SELECT durability_receipt",  # its first receipt (for a known key)
-    # one pipeline: the writes as one statement (the effect with its audit chain head,
-    # attempt 1, the audit entry), and the COMMIT
-    "WITH INSERT INTO durability_effect, INSERT INTO durability_attempt, "
+    # one pipeline: the writes (the effect with its audit chain head and attempt 1; the
+    # audit entry, in a statement of its own within psycopg's cache's bounds), and the COMMIT
+    "WITH INSERT INTO durability_effect, INSERT INTO durability_attempt",
     "INSERT INTO durability_auditentry",
     "COMMIT",
     "COMMIT",  # Django's, which finds the transaction closed and sends nothing
@@ -38,12 +38,9 @@ INTENT = [
 RECEIPT = [
     "BEGIN",
     # one pipeline:
-    "SELECT durability_keysversion",
-    "SELECT pg_advisory_xact_lock",
-    "SELECT durability_effect FOR UPDATE",
-    "SELECT durability_receipt",  # the same receipt sent before?
-    "SELECT nextval",  # if not, a key drawn for it
-    "SELECT durability_grant",  # the effect's grant, which the evidence is compared with
+    "SELECT (durability_keysversion), pg_advisory_xact_lock",
+    "SELECT durability_effect FOR UPDATE",  # with its grant, which the evidence is compared with
+    "SELECT durability_receipt",  # the same receipt sent before, or else a key drawn for it
     # one pipeline: the receipt, the effect's move (pending -> succeeded, and its audit
     # chain head) and the audit entry as one statement, and the COMMIT
     "WITH INSERT INTO durability_receipt, UPDATE durability_effect, "
