@@ -276,6 +276,8 @@ def _scrub(text: str, extras: Extras, mark: Callable[[str], str]) -> str:
 
 def scrub_text(text: str, extras: Extras = NONE) -> str:
     """Known secret patterns replaced, NUL characters (which PostgreSQL refuses) removed."""
+    if not suspect(text, extras):  # what `_scrub` finds, `suspect` finds first, cheaper
+        return text
     return _scrub(text, extras, _mark_plain)
 
 
@@ -343,9 +345,13 @@ def redact_input[M: BaseModel](model: M, extras: Extras = NONE) -> M:
             if is_secret_key(name, extras):
                 return REDACTED
             return distinct(value, extras, _max_length(schema, name))
-        if _nothing_to_redact(name, value, extras):
-            return value
-        return redact({name: value}, extras)[name]
+        if type(value) in (dict, list):
+            # A JSON value's field name is the schema's or one scrubbed below: only its
+            # content is redacted.
+            return value if _nothing_to_redact(value, extras) else redact(value, extras)
+        if _is_scalar(value) and is_secret_key(name, extras):
+            return REDACTED
+        return redact(value, extras)
 
     values = {name: redacted(name, value) for name, value in model.__dict__.items()}
     for name, value in (model.model_extra or {}).items():
@@ -353,19 +359,19 @@ def redact_input[M: BaseModel](model: M, extras: Extras = NONE) -> M:
     return model.model_construct(_fields_set=model.model_fields_set, **values)
 
 
-def _nothing_to_redact(name: str, value: Any, extras: Extras) -> bool:
-    """Whether `redact` would leave a JSON value as it is: its text (and its field's name)
-    holds none of the markers that every secret pattern and key name needs (`suspect`),
-    checked in one search of its JSON instead of a walk over every text in it. Not with the
-    project's own patterns, which may anchor on a whole value."""
-    if extras.patterns or type(value) not in (dict, list):
+def _nothing_to_redact(value: dict[str, Any] | list[Any], extras: Extras) -> bool:
+    """Whether `redact` would leave a JSON object or array as it is: its text holds none of
+    the markers that every secret pattern and key name needs (`suspect`), checked in one
+    search of its JSON instead of a walk over every text in it. Not with the project's own
+    patterns, which may anchor on a whole value."""
+    if extras.patterns:
         return False
     try:
         # Escapes are no hiding place: a NUL is written \u0000, a marker of its own.
         text = json.dumps(value, ensure_ascii=False)
     except (TypeError, ValueError):  # not plain JSON: walk it
         return False
-    return not suspect(name, extras) and not suspect(text, extras)
+    return not suspect(text, extras)
 
 
 # Bounded: the names of an input's free extra fields are the client's to choose.

@@ -22,6 +22,7 @@ from functools import cache
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections, models
+from django.db.models import signals
 
 
 def _quoted(name: str | None) -> str:
@@ -70,15 +71,34 @@ def _attnames(model: type[models.Model]) -> list[str]:
     return [f.attname for f in columns(model)]
 
 
+@cache
+def _built_plainly(model: type[models.Model]) -> bool:
+    """Whether `model`'s instances can be built without `Model.__init__`: nothing listens to
+    its init signals, and neither its construction nor `from_db` is its own."""
+    return not (
+        signals.pre_init.has_listeners(model)
+        or signals.post_init.has_listeners(model)
+        or model.__init__ is not models.Model.__init__
+        or model.from_db.__func__ is not models.Model.from_db.__func__  # type: ignore[attr-defined]
+    )
+
+
 def hydrate[M: models.Model](model: type[M], row: Sequence[Any]) -> M:
-    """The instance of a row read with `select_sql(model)`."""
+    """The instance of a row read with `select_sql(model)`: the one `Model.from_db` builds,
+    built without `__init__`'s per-field descriptor calls where nothing depends on them."""
     db = _db()
     values = []
     for value, (column, converters) in zip(row, _converters(model), strict=True):
         for converter in converters:
             value = converter(value, column, db)
         values.append(value)
-    return model.from_db(DEFAULT_DB_ALIAS, _attnames(model), values)
+    if not _built_plainly(model):
+        return model.from_db(DEFAULT_DB_ALIAS, _attnames(model), values)
+    obj = model.__new__(model)
+    obj.__dict__.update(zip(_attnames(model), values))
+    state = obj._state = models.base.ModelState()
+    state.adding, state.db = False, DEFAULT_DB_ALIAS
+    return obj
 
 
 def next_id_sql(model: type[models.Model]) -> str:
@@ -212,22 +232,44 @@ class Batch:
                 self.queued.insert(0, _Queued(pending.sql, pending.params, first, False))
         cursors = []
         db = _db()
-        with pipelined():
+        with pipelined(), db.wrap_database_errors:
             for queued in self.queued:
-                cursor = db.cursor()
-                cursor.execute(queued.sql, queued.params)
+                cursor = _cursor(db)
+                _execute_one(db, cursor, queued.sql, queued.params)
                 cursors.append((cursor, queued))
-        for cursor, queued in cursors:
-            # Every statement of a batch is a SELECT.
-            found = cursor.fetchall()
-            cursor.close()
-            if queued.carried:
-                first.rows = [row[:1] for row in found]
-                found = [row[1:] for row in found]
-            queued.result.rows = list(found)
+        with db.wrap_database_errors:
+            for cursor, queued in cursors:
+                # Every statement of a batch is a SELECT.
+                found = cursor.fetchall()
+                cursor.close()
+                if queued.carried:
+                    first.rows = [row[:1] for row in found]
+                    found = [row[1:] for row in found]
+                queued.result.rows = list(found)
         self.queued = []
         if pending is not None and not pending.holds(first):
             raise Stale(pending.sql)
+
+
+def _cursor(db: Any) -> Any:
+    """A cursor of psycopg's own on the default connection (opened by `pipelined`), past
+    Django's cursor wrapper: a batch's statements are a handful of known SELECTs and writes,
+    whose errors the caller's `wrap_database_errors` turns into Django's; the wrapper's
+    other work (execute wrappers, the checks on every call) costs more than they do."""
+    if db.vendor != "postgresql":
+        return db.cursor()
+    db.validate_no_broken_transaction()
+    return db.connection.cursor()
+
+
+def _execute_one(db: Any, cursor: Any, sql: str, params: Sequence[Any]) -> None:
+    """Run one statement of a batch on a `_cursor`, logged as Django logs its own when it
+    logs queries (DEBUG, or a test capturing them)."""
+    cursor.execute(sql, params)
+    if db.vendor == "postgresql" and db.queries_logged:
+        db.queries_log.append(
+            {"sql": db.ops.last_executed_query(cursor, sql, params), "time": "0.000"}
+        )
 
 
 def in_pipeline() -> bool:
@@ -318,6 +360,7 @@ class Writes:
         """Execute every staged write (queued, inside a pipeline). Returns each statement's
         cursor, with the rows whose keys the database draws (in the order of its answer's
         columns), for `keys_take` once the pipeline has synced."""
+        _check_ahead()  # past Django's cursor, where `ahead`'s execute wrapper would
         group: list[_Write] = []
         rows: set[tuple[str, Any]] = set()
         params = length = 0
@@ -378,10 +421,11 @@ def _write(db: Any, obj: models.Model, names: set[str] | None) -> _Write | None:
 
 
 def _execute(db: Any, group: list[_Write]) -> tuple[list[models.Model], Any]:
-    cursor = db.cursor()
+    cursor = _cursor(db)
     if len(group) == 1:
         (write,) = group
-        cursor.execute(write.sql, write.params)
+        with db.wrap_database_errors:
+            _execute_one(db, cursor, write.sql, write.params)
         return [write.drawn] if write.drawn is not None else [], cursor
     parts = ", ".join(f"w{n} AS ({write.sql})" for n, write in enumerate(group))
     keys = [
@@ -390,20 +434,25 @@ def _execute(db: Any, group: list[_Write]) -> tuple[list[models.Model], Any]:
         if write.drawn is not None
     ]
     answer = ", ".join(sql for sql, _ in keys) or "1"
-    cursor.execute(
-        f"WITH {parts} SELECT {answer}", [value for write in group for value in write.params]
-    )
+    with db.wrap_database_errors:
+        _execute_one(
+            db,
+            cursor,
+            f"WITH {parts} SELECT {answer}",
+            [value for write in group for value in write.params],
+        )
     return [drawn for _, drawn in keys], cursor
 
 
 def keys_take(sent: list[tuple[list[models.Model], Any]]) -> None:
     """Give the inserted rows the keys the database drew for them (after the sync), and
     close the statements' cursors."""
-    for drawn, cursor in sent:
-        if drawn:
-            for obj, pk in zip(drawn, cursor.fetchone(), strict=True):
-                obj.pk = pk
-        cursor.close()
+    with _db().wrap_database_errors:
+        for drawn, cursor in sent:
+            if drawn:
+                for obj, pk in zip(drawn, cursor.fetchone(), strict=True):
+                    obj.pk = pk
+            cursor.close()
 
 
 def _value(db: Any, obj: models.Model, f: models.Field[Any, Any], *, add: bool) -> Any:

@@ -7,11 +7,14 @@ import os
 import subprocess
 import sys
 
+import pytest
 from django.test import override_settings
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from durability.redaction import IDENTITY_MAX, distinct
+from durability.models import Attempt
+from durability.redaction import IDENTITY_MAX, NONE, distinct
+from tests.conftest import Api
 
 # No letter of a secret marker or key name, no upper case: a secret's value (which starts
 # with an upper-case letter) can only be found in a result where it survived.
@@ -109,3 +112,27 @@ def test_an_inputs_json_is_redacted_as_a_walk_over_every_text_would(data: object
 
     sent = ReceiptIn.model_construct(key="k", system="s", external_id="e", data=data)
     assert redact_input(sent).data == redact({"data": data})["data"]
+
+
+@settings(max_examples=500, deadline=None)
+@given(text=st.text(alphabet=_LETTERS, max_size=24))
+def test_a_text_passed_over_unsearched_is_one_a_full_scrub_would_leave_as_it_is(
+    text: str,
+) -> None:
+    """`scrub_text` skips the patterns for a text holding no marker: the full scrub of every
+    such text changes nothing."""
+    from durability.redaction import _mark_plain, _scrub, scrub_text
+
+    assert scrub_text(text) == _scrub(text, NONE, _mark_plain)
+
+
+@pytest.mark.django_db
+def test_a_context_field_named_like_a_secret_holding_an_object_is_stored_with_its_name_redacted(
+    api: Api,
+) -> None:
+    secret = "sk-" + "a" * 24
+    response = api.intent("named-like-a-secret", context={"workflow": "w", secret: {"n": 1}})
+
+    assert response.status_code == 201, response.content
+    attempt = Attempt.objects.get(effect__key="named-like-a-secret")
+    assert attempt.context == {"workflow": "w", "[REDACTED]": {"n": 1}}
