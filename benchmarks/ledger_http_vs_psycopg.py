@@ -203,10 +203,8 @@ def _run(
         p.start()
     latencies = []
     for _ in procs:
-        latencies.extend(out.get())
-    for p in procs:
-        p.join()
-        assert p.exitcode == 0, "a benchmark worker failed"
+        latencies.extend(server.next_report(out, procs))
+    server.join_workers(procs)
     return time.perf_counter() - start, latencies
 
 

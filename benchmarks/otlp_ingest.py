@@ -28,7 +28,6 @@ import importlib
 import json
 import multiprocessing as mp
 import os
-import queue
 import sys
 import time
 import zlib
@@ -290,19 +289,6 @@ def _raw_worker(
     out.put(len(prepared))
 
 
-def _next(out: mp.Queue[Any], procs: list[mp.Process]) -> Any:
-    """The next report of a worker; SystemExit when one ended without giving its own (an
-    assertion failed) instead of waiting for it for ever."""
-    while True:
-        try:
-            return out.get(timeout=1)
-        except queue.Empty:
-            if any(p.exitcode not in (None, 0) for p in procs):
-                for p in procs:
-                    p.terminate()
-                raise SystemExit("a benchmark worker failed") from None
-
-
 def _run(
     target: Callable[..., None], args_of: Callable[[int], tuple[object, ...]], clients: int
 ) -> tuple[float, list[Any]]:
@@ -313,13 +299,11 @@ def _run(
     for p in procs:
         p.start()
     for _ in procs:
-        _next(out, procs)
+        server.next_report(out, procs)
     start = time.perf_counter()
-    reports = [_next(out, procs) for _ in procs]
+    reports = [server.next_report(out, procs) for _ in procs]
     elapsed = time.perf_counter() - start
-    for p in procs:
-        p.join()
-        assert p.exitcode == 0, "a benchmark worker failed"
+    server.join_workers(procs)
     return elapsed, reports
 
 

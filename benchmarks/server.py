@@ -1,16 +1,21 @@
-"""What the benchmarks that speak HTTP share: manage.py, a free port and a gunicorn server."""
+"""What the benchmarks that speak HTTP share: manage.py, a free port, a gunicorn server, and
+the reports of their client processes."""
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import queue
 import re
+import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 UNIT = ROOT / "deploy" / "systemd" / "tallybook-web.service"
@@ -86,3 +91,36 @@ def gunicorn(env: dict[str, str], workers: int, threads: int | None = None) -> I
     finally:
         server.terminate()
         server.wait(15)
+
+
+def _ended(process: mp.Process) -> str:
+    code = process.exitcode
+    assert code is not None
+    how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with {code}"
+    return f"benchmark worker {process.name} (pid {process.pid}) {how}"
+
+
+def next_report(out: mp.Queue[Any], procs: Sequence[mp.Process]) -> Any:
+    """The next report a worker puts on `out`. Should a worker end without it (an exception,
+    its traceback printed above; a kill), SystemExit naming the worker and its exit code, the
+    other workers stopped, instead of a wait for ever."""
+    while True:
+        try:
+            return out.get(timeout=1)
+        except queue.Empty:
+            failed = [p for p in procs if p.exitcode not in (None, 0)]
+            if not failed and any(p.exitcode is None for p in procs):
+                continue
+            for p in procs:
+                p.terminate()
+            if failed:
+                raise SystemExit("; ".join(_ended(p) for p in failed)) from None
+            raise SystemExit("the benchmark workers all exited with a report missing") from None
+
+
+def join_workers(procs: Sequence[mp.Process]) -> None:
+    """Wait for the workers to end; SystemExit naming any that failed."""
+    for p in procs:
+        p.join()
+    if failed := [p for p in procs if p.exitcode != 0]:
+        raise SystemExit("; ".join(_ended(p) for p in failed))

@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import BaseModel
 
+from durability.api.schemas import FailureIn, IntentIn, ReceiptIn, TimeoutIn
 from tests.api.test_bad_input import VALID
 from tests.ledger.support import row_counts
 
@@ -78,34 +80,14 @@ json_values = st.recursive(
     max_leaves=12,
 )
 
-LEDGER_FIELDS: dict[str, list[str]] = {
-    "intents": [
-        *VALID["intents"],
-        "fingerprint",
-        "replay",
-        "timeout_s",
-        "run_id",
-        "tool_call_id",
-        "trace_id",
-        "span_id",
-        "worker",
-        "context",
-        "authority",
-        "amount",
-    ],
-    "receipts": [
-        *VALID["receipts"],
-        "observed_at",
-        "data",
-        "amount",
-        "target",
-        "attempt",
-        "trace_id",
-        "span_id",
-    ],
-    "failures": [*VALID["failures"]],
-    "timeouts": [*VALID["timeouts"]],
+# The server's request model of each endpoint, and every field it takes.
+LEDGER_SCHEMAS: dict[str, type[BaseModel]] = {
+    "intents": IntentIn,
+    "receipts": ReceiptIn,
+    "failures": FailureIn,
+    "timeouts": TimeoutIn,
 }
+LEDGER_FIELDS = {path: list(schema.model_fields) for path, schema in LEDGER_SCHEMAS.items()}
 
 
 @st.composite

@@ -7,7 +7,6 @@ on a project whose effects mostly have a receipt, analyzed as autovacuum would.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,35 +16,16 @@ from django.utils import timezone
 
 from durability.authority import report
 from durability.models import Effect, Project, Receipt
+from tests import plans
 
 RECEIPT = "durability_receipt"
 
 
-def _scans(plan: Any, table: str) -> Iterator[str]:
-    """How the plan reads `table`, node by node: "Seq Scan", "Index Scan on <index>",
-    "Bitmap Heap Scan on <the index of its bitmap>", ..."""
-    if isinstance(plan, dict):
-        if plan.get("Relation Name") == table:
-            index = plan.get("Index Name")
-            if plan["Node Type"] == "Bitmap Heap Scan":
-                index = ", ".join(sorted(set(_bitmap_indexes(plan["Plans"]))))
-            yield plan["Node Type"] + (f" on {index}" if index else "")
-        for value in plan.values():
-            yield from _scans(value, table)
-    elif isinstance(plan, list):
-        for value in plan:
-            yield from _scans(value, table)
-
-
-def _bitmap_indexes(plan: Any) -> Iterator[str]:
-    if isinstance(plan, dict):
-        if plan.get("Node Type") == "Bitmap Index Scan":
-            yield plan["Index Name"]
-        for value in plan.values():
-            yield from _bitmap_indexes(value)
-    elif isinstance(plan, list):
-        for value in plan:
-            yield from _bitmap_indexes(value)
+def _read(scan: plans.Node) -> str:
+    """How a node reads its table: "Seq Scan", "Index Scan on <index>", "Bitmap Heap Scan on
+    <the indexes of its bitmap>", ..."""
+    index = ", ".join(sorted(set(plans.index_names(scan))))
+    return scan["Node Type"] + (f" on {index}" if index else "")
 
 
 def _table_plan(run: Any) -> list[str]:
@@ -54,9 +34,7 @@ def _table_plan(run: Any) -> list[str]:
     with CaptureQueriesContext(connection) as queries:
         run()
     (table,) = [q["sql"] for q in queries.captured_queries if '"strongest_system"' in q["sql"]]
-    with connection.cursor() as cursor:
-        cursor.execute(f"EXPLAIN (FORMAT JSON) {table}")
-        return list(_scans(cursor.fetchone()[0], RECEIPT))
+    return [_read(scan) for scan in plans.scans(plans.explain(table), RECEIPT)]
 
 
 @pytest.fixture(params=[2_000, 20_000], ids=["small", "grown"])

@@ -7,39 +7,23 @@ and a grown one (20,000), among the rows of another project.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
-
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from durability.desk import queue, story
 from durability.models import Attempt, Case, Effect, Project, Reason, Receipt, Severity
-
-
-def _scans(plan: Any, table: str) -> Iterator[str]:
-    """How the plan reads `table`: the name of the index it scans (directly or by a bitmap),
-    or "Seq Scan"."""
-    if isinstance(plan, dict):
-        if plan.get("Relation Name") == table:
-            if plan["Node Type"] == "Bitmap Heap Scan":
-                yield from _scans(plan["Plans"], "")
-            else:
-                yield str(plan.get("Index Name", plan["Node Type"]))
-        if table == "" and plan.get("Node Type") == "Bitmap Index Scan":
-            yield str(plan["Index Name"])
-        for value in plan.values():
-            yield from _scans(value, table)
-    elif isinstance(plan, list):
-        for value in plan:
-            yield from _scans(value, table)
+from tests import plans
 
 
 def _plan_scans(sql: str, table: str) -> set[str]:
-    with connection.cursor() as cursor:
-        cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}")
-        return set(_scans(cursor.fetchone()[0], table))
+    """How the plan of `sql` reads `table`: the names of the indexes it scans (directly or by
+    a bitmap), or "Seq Scan"."""
+    return {
+        read
+        for scan in plans.scans(plans.explain(sql), table)
+        for read in plans.index_names(scan) or [scan["Node Type"]]
+    }
 
 
 @pytest.fixture(params=[2_000, 20_000], ids=["fresh", "grown"])

@@ -7,7 +7,6 @@ receipt sent before, and an API key's look by digest.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,25 +14,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from durability.models import ApiKey, Attempt, Effect, Project, Receipt
+from tests import plans
 from tests.ledger import support as ledger
 from tests.round_trips import shape
-
-
-def _indexes(plan: Any, table: str) -> Iterator[str]:
-    """The indexes the plan scans `table` by (directly or by a bitmap); none for a
-    sequential scan."""
-    if isinstance(plan, dict):
-        if plan.get("Relation Name") == table and "Index Name" in plan:
-            yield plan["Index Name"]
-        if plan.get("Relation Name") == table and plan["Node Type"] == "Bitmap Heap Scan":
-            yield from _indexes(plan["Plans"], "")
-        if table == "" and plan.get("Node Type") == "Bitmap Index Scan":
-            yield plan["Index Name"]
-        for value in plan.values():
-            yield from _indexes(value, table)
-    elif isinstance(plan, list):
-        for value in plan:
-            yield from _indexes(value, table)
 
 
 def _plans(run: Any, *shapes: str) -> list[dict[str, set[str]]]:
@@ -45,23 +28,10 @@ def _plans(run: Any, *shapes: str) -> list[dict[str, set[str]]]:
     for query in queries.captured_queries:
         ran.setdefault(shape(query["sql"]), query["sql"])
     found = []
-    with connection.cursor() as cursor:
-        for one in shapes:
-            cursor.execute(f"EXPLAIN (FORMAT JSON) {ran[one]}")
-            plan = cursor.fetchone()[0]
-            found.append({table: set(_indexes(plan, table)) for table in _tables(plan)})
+    for one in shapes:
+        plan = plans.explain(ran[one])
+        found.append({table: plans.indexes(plan, table) for table in plans.tables(plan)})
     return found
-
-
-def _tables(plan: Any) -> Iterator[str]:
-    if isinstance(plan, dict):
-        if "Relation Name" in plan:
-            yield plan["Relation Name"]
-        for value in plan.values():
-            yield from _tables(value)
-    elif isinstance(plan, list):
-        for value in plan:
-            yield from _tables(value)
 
 
 @pytest.fixture(params=[2_000, 20_000], ids=["fresh", "grown"])

@@ -6,9 +6,7 @@ index: until then the planner prices every search with a scan of them) and analy
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from hashlib import md5
-from typing import Any
 
 import pytest
 from django.db import connection
@@ -16,6 +14,7 @@ from django.test.utils import CaptureQueriesContext
 
 from durability.models import Effect, Project, Receipt
 from durability.search.queries import search
+from tests import plans
 from trajectories.models import Run, RunTrace
 
 ROWS = 10_000
@@ -59,28 +58,6 @@ def grown(project: Project) -> Project:
     return project
 
 
-def _indexes(plan: Any, table: str) -> Iterator[str]:
-    """The indexes the plan reads `table` by, a bitmap scan's too; none for a sequential scan."""
-    if isinstance(plan, dict):
-        if plan.get("Relation Name") == table:
-            if "Index Name" in plan:
-                yield plan["Index Name"]
-            if plan.get("Node Type") == "Bitmap Heap Scan":
-                yield from _bitmap_indexes(plan["Plans"])
-        for value in plan.values():
-            yield from _indexes(value, table)
-    elif isinstance(plan, list):
-        for value in plan:
-            yield from _indexes(value, table)
-
-
-def _bitmap_indexes(plans: list[Any]) -> Iterator[str]:
-    for plan in plans:
-        if "Index Name" in plan:
-            yield plan["Index Name"]
-        yield from _bitmap_indexes(plan.get("Plans", []))
-
-
 def _selects(queries: CaptureQueriesContext) -> list[str]:
     """The SELECTs among the statements (not the savepoint and the SET LOCAL around them)."""
     return [q["sql"] for q in queries.captured_queries if q["sql"].lstrip("(").startswith("SELECT")]
@@ -91,12 +68,10 @@ def _plans_of(project: Project, q: str) -> dict[str, set[str]]:
     with CaptureQueriesContext(connection) as queries:
         search(project, q)
     read: dict[str, set[str]] = {}
-    with connection.cursor() as cursor:
-        for query in _selects(queries):
-            cursor.execute(f"EXPLAIN (FORMAT JSON) {query}")
-            plan: Any = cursor.fetchone()[0]
-            for table in TABLES:
-                read.setdefault(table, set()).update(_indexes(plan, table))
+    for query in _selects(queries):
+        plan = plans.explain(query)
+        for table in TABLES:
+            read.setdefault(table, set()).update(plans.indexes(plan, table))
     return read
 
 
@@ -105,10 +80,12 @@ def _scans(project: Project, q: str) -> list[str]:
     with CaptureQueriesContext(connection) as queries:
         search(project, q)
     found = []
-    with connection.cursor() as cursor:
-        for query in _selects(queries):
-            cursor.execute(f"EXPLAIN {query}")
-            found += [line for (line,) in cursor.fetchall() if "Seq Scan" in line]
+    for query in _selects(queries):
+        found += [
+            f"Seq Scan on {scan['Relation Name']}"
+            for scan in plans.nodes(plans.explain(query))
+            if scan["Node Type"] == "Seq Scan"
+        ]
     return found
 
 
