@@ -7,6 +7,7 @@ import threading
 
 import pytest
 from django.db import connection, transaction
+from django.test import Client
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
@@ -379,6 +380,45 @@ def test_a_run_whose_spans_all_moved_to_their_traces_run_is_kept_counting_none(a
     assert _counts("run-a") == (0, 0, 0, 0)
     assert (left.first_day, left.last_day) == (None, None)
     assert not Span.objects.filter(run=left).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_batches_moving_one_span_at_once_leave_every_run_counting_what_it_holds(api):
+    model = chat("1111111111111111", parent=ROOT)
+    post_traces(api.client, api.key, _in_run("run-a", span(ROOT), model))
+    looked, moved = threading.Event(), threading.Event()
+    answers: list[int] = []
+
+    def pause_before_its_writes(execute, sql, params, many, context):
+        if sql.startswith("INSERT INTO trajectories_run") and not looked.is_set():
+            looked.set()  # the batch has looked its spans up, found the model span in run-a
+            moved.wait(timeout=120)  # set once the other batch has moved it
+        return execute(sql, params, many, context)
+
+    def send_to_run_c() -> None:
+        try:
+            with connection.execute_wrapper(pause_before_its_writes):
+                answers.append(post_traces(Client(), api.key, _in_run("run-c", model)).status_code)
+        finally:
+            connection.close()
+
+    late = threading.Thread(target=send_to_run_c)
+    late.start()
+    try:
+        assert looked.wait(timeout=60)
+        assert post_traces(api.client, api.key, _in_run("run-b", model)).status_code == 200
+    finally:
+        moved.set()
+        late.join(timeout=60)
+    assert not late.is_alive() and answers == [200]
+    # The later batch met the span in a run it had not locked: the span stays where the
+    # other left it, as if the later copy had come first.
+    assert Span.objects.get(span_id="1111111111111111").run.run_id == "run-b"
+    assert (_counts("run-a"), _counts("run-b"), _counts("run-c")) == (
+        (1, 0, 0, 0),
+        (1, 0, 100, 20),
+        (0, 0, 0, 0),
+    )
 
 
 def test_the_other_projects_spans_are_apart(api, other_api):
