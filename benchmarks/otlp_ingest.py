@@ -8,11 +8,12 @@ Each batch is one OTLP/protobuf ExportTraceServiceRequest of 512 GenAI spans (an
 span, then model calls that ask for tools and the tool calls that run them). The
 paths alternate in rounds, so that all see the same machine when other work comes and
 goes. The HTTP clients wait out a 429 or a 503 as an exporter does (Retry-After, at most
-TRIES tries a batch) and the output counts them. Prints spans/s for both paths and their
-ratio, twice: the raw path with its rows
-prepared before its timer starts, and preparing them (decoding the batches into rows)
-inside its timer (issue 13's figure). It creates (and drops at the start) the database
-named by --db; `measure()` is the same run for benchmarks/run_all.py.
+TRIES tries a batch); the output counts them and the batches given up on (which the server
+may have stored all the same: an answer that came too late). Prints spans/s for both paths
+and their ratio, twice: the raw path with its rows prepared before its timer starts, and
+preparing them (decoding the batches into rows) inside its timer (issue 13's figure). It
+creates (and drops at the start) the database named by --db; `measure()` is the same run
+for benchmarks/run_all.py.
 
 --in-process N instead stores N batches in this process, through what the view calls
 (decode, store, link refresh, answer), and prints the CPU time per batch of this
@@ -158,15 +159,16 @@ def batch(index: int, *, tag: str) -> bytes:
 
 class Refusals(NamedTuple):
     """What one client's batches were answered besides a 200: `again` answers it waited out
-    (429 or 503, after Retry-After; a connection the server ended), `lost` batches it gave up
-    on after TRIES tries."""
+    (429 or 503, after Retry-After; a connection the server ended, an answer not come within
+    the client's timeout), `given_up` batches it gave up on after TRIES tries. A batch given
+    up on may still be stored: a try the server committed whose answer never came."""
 
     again: int = 0
-    lost: int = 0
+    given_up: int = 0
 
     def __add__(self, other: object) -> Refusals:
         assert isinstance(other, Refusals)
-        return Refusals(self.again + other.again, self.lost + other.lost)
+        return Refusals(self.again + other.again, self.given_up + other.given_up)
 
 
 def _http_worker(port: int, key: str, tag: str, indexes: list[int], out: mp.Queue[Any]) -> None:
@@ -176,7 +178,7 @@ def _http_worker(port: int, key: str, tag: str, indexes: list[int], out: mp.Queu
     bodies = [batch(i, tag=tag) for i in indexes]
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/x-protobuf"}
     out.put(0)  # ready
-    again = lost = 0
+    again = given_up = 0
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     for body in bodies:
         for _try in range(TRIES):
@@ -197,9 +199,9 @@ def _http_worker(port: int, key: str, tag: str, indexes: list[int], out: mp.Queu
             assert answer == b"", answer  # no partialSuccess: every span stored
             break
         else:
-            lost += 1
+            given_up += 1
     conn.close()
-    out.put(Refusals(again, lost))
+    out.put(Refusals(again, given_up))
 
 
 def _rows(project_id: int, tag: str, index: int) -> tuple[list[tuple[Any, ...]], list[Any]]:
@@ -403,17 +405,25 @@ def measure(*, batches: int, clients: int, workers: int, rounds: int, db: str) -
         row = conn.execute("SELECT count(*) FROM trajectories_span").fetchone()
         assert row is not None
         stored = row[0]
-    expected = (spans * 3 + workers * SPANS_PER_BATCH) - refused.lost * SPANS_PER_BATCH
-    assert stored == expected, f"{stored} spans stored, {expected} expected"
+    # Every span sent (three paths and the warm-up) is stored, except perhaps those of the
+    # batches given up on: the server may have committed a try whose answer came too late.
+    sent = spans * 3 + workers * SPANS_PER_BATCH
+    given_up = refused.given_up * SPANS_PER_BATCH
+    assert sent - given_up <= stored <= sent, (
+        f"{stored} spans stored, {sent - given_up} to {sent} expected "
+        f"({refused.given_up} batches given up)"
+    )
     return {
         "spans": spans,
         "batches": batches,
         "clients": clients,
         "workers": workers,
         "rounds": rounds,
-        "http_rate": (spans - refused.lost * SPANS_PER_BATCH) / http_time,
+        # The spans answered 200, whether those given up on were stored or not.
+        "http_rate": (spans - given_up) / http_time,
         "http_again": refused.again,
-        "http_lost": refused.lost,
+        "http_given_up": refused.given_up,
+        "http_given_up_stored": stored - (sent - given_up),
         "raw_rate": spans / raw_time,
         "timed_rate": spans / timed_time,
     }
@@ -450,7 +460,8 @@ def main() -> None:
     print(f"HTTP OTLP/protobuf:             {m['http_rate']:8.0f} spans/s")
     print(
         f"  refused: {m['http_again']} answers waited out (429, 503, reset), "
-        f"{m['http_lost']} batches given up after {TRIES} tries"
+        f"{m['http_given_up']} batches given up after {TRIES} tries "
+        f"({m['http_given_up_stored']} of their spans stored nonetheless)"
     )
     print(f"raw psycopg, same rows:         {m['raw_rate']:8.0f} spans/s")
     print(f"ratio HTTP / raw:               {m['http_rate'] / m['raw_rate']:8.2f}")

@@ -99,10 +99,10 @@ def ingest(port: int, key: str, tag: str, batches: int, clients: int) -> str:
         clients,
     )
     refused = sum(reports, otlp_ingest.Refusals())
-    rate = (per_client * clients - refused.lost) * otlp_ingest.SPANS_PER_BATCH / elapsed
+    rate = (per_client * clients - refused.given_up) * otlp_ingest.SPANS_PER_BATCH / elapsed
     return (
         f"{rate:,.0f} spans/s, {refused.again} tries again (429, 503, reset), "
-        f"{refused.lost} batches lost"
+        f"{refused.given_up} batches given up"
     )
 
 

@@ -406,6 +406,9 @@ _JSON_TEXTS = SPAN_COLUMNS[18:23]
 # earlier in the same pipeline or in an earlier batch): a span sent again, after midnight or
 # a month later, meets its first copy in the one partition the conflict is checked in. (Today,
 # should retention have deleted the trace's day since: its first copy was dropped with it.)
+# A span stored is updated only while it is in one of the runs the batch locked and refreshes
+# (`_holders`): one that another batch moved meanwhile stays as that batch left it, as if
+# this copy had come first, and no run is left counting a span it lost.
 SPAN_UPSERT = (
     "WITH staged AS (SELECT "
     + ", ".join(
@@ -429,7 +432,9 @@ SPAN_UPSERT = (
     + ", %s FROM staged "
     "ON CONFLICT (project_id, trace_id, span_id, day) DO UPDATE SET "
     + ", ".join(f'"{c}" = EXCLUDED."{c}"' for c in SPAN_UPDATED)
-    + " RETURNING trace_id, span_id, day) "
+    + " WHERE trajectories_span.run_id = ANY(ARRAY(SELECT id FROM trajectories_run "
+    "WHERE project_id = %s AND run_id = ANY(%s)))"
+    " RETURNING trace_id, span_id, day) "
     "INSERT INTO trajectories_requestedtoolcall (project_id, tool_call_id, trace_id, span_id, day) "
     "SELECT %s, call.id, stored.trace_id, stored.span_id, stored.day FROM staged "
     "JOIN stored ON stored.trace_id = staged.trace_id AND stored.span_id = staged.span_id "
@@ -460,15 +465,21 @@ def _rows_json(rows: list[tuple[Any, ...]], spans: list[SpanData]) -> list[str]:
 
 
 def _spans_upsert(
-    cursor: Any, project: Project, rows: list[tuple[Any, ...]], spans: list[SpanData]
+    cursor: Any,
+    project: Project,
+    rows: list[tuple[Any, ...]],
+    spans: list[SpanData],
+    locked: list[str],
 ) -> None:
     """Insert spans, or update them in place (same id) when re-sent, with the calls asked for:
-    SPAN_UPSERT on PostgreSQL, the ORM's bulk_create elsewhere (SQLite, for the demo)."""
+    SPAN_UPSERT on PostgreSQL, the ORM's bulk_create elsewhere (SQLite, for the demo).
+    `locked`: the keys of the runs the batch locked, which a span re-sent must be in."""
     if connection.vendor == "postgresql":
         now = rows[0][-1]
         pk = project.pk
         day = today()
-        cursor.execute(SPAN_UPSERT, [*_rows_json(rows, spans), pk, pk, day, pk, now, pk])
+        params = [*_rows_json(rows, spans), pk, pk, day, pk, now, pk, locked, pk]
+        cursor.execute(SPAN_UPSERT, params)
     else:
         _spans_create(project, rows, spans)
 
@@ -535,13 +546,16 @@ def _runs_write(
     first_start: dict[str, datetime],
     inferred: set[str],
     now: datetime,
+    losing: set[str],
 ) -> None:
     """Create the runs {key: first start} that are new (`inferred` those named after their
-    trace), and lock them all, in key order: one statement."""
+    trace), and lock them all with the runs `losing` spans to them, in key order: one
+    statement."""
     params: list[Any] = []
-    for key in sorted(first_start):
-        params += [project.pk, key, key in inferred, first_start[key], now]
-    cursor.execute(RUNS_UPSERT.format(rows=", ".join([_RUN_ROW] * len(first_start))), params)
+    keys = sorted(first_start.keys() | losing)
+    for key in keys:
+        params += [project.pk, key, key in inferred, first_start.get(key, now), now]
+    cursor.execute(RUNS_UPSERT.format(rows=", ".join([_RUN_ROW] * len(keys))), params)
 
 
 def _traces_claim(cursor: Any, project: Project, claims: dict[str, str]) -> None:
@@ -563,6 +577,35 @@ def _owners(cursor: Any, project: Project, traces: Iterable[str]) -> None:
         "JOIN trajectories_run run ON run.id = trace.run_id "
         f"WHERE trace.project_id = %s AND {where}",
         [project.pk, *params],
+    )
+
+
+def _holders(cursor: Any, project: Project, spans: list[SpanData]) -> None:
+    """Run the look-up of the runs holding spans of the batch already on `cursor`: (run key,)
+    rows (NULL for the new spans). A span is looked for in the partition of its trace's day
+    only, where the upsert meets it: one index probe per span of a trace the project has,
+    none for a new trace."""
+    if connection.vendor == "postgresql":
+        sent = "unnest(%s::text[], %s::text[]) AS sent(trace_id, span_id)"
+        params: list[Any] = [[s.trace_id for s in spans], [s.span_id for s in spans]]
+    else:
+        # SQLite (the demo): the pairs as a VALUES list.
+        sent = (
+            "(SELECT column1 AS trace_id, column2 AS span_id FROM (VALUES "
+            + ", ".join(["(%s, %s)"] * len(spans))
+            + ")) AS sent"
+        )
+        params = [value for s in spans for value in (s.trace_id, s.span_id)]
+    # A scalar subquery, which the planner cannot turn into a join over every partition: the
+    # trace's day, known when it runs, leaves one partition to read. (NULL: a new span.)
+    cursor.execute(
+        "SELECT DISTINCT (SELECT holder.run_id FROM trajectories_span span "
+        "JOIN trajectories_run holder ON holder.id = span.run_id "
+        "WHERE span.project_id = trace.project_id AND span.trace_id = trace.trace_id "
+        "AND span.span_id = sent.span_id AND span.day = trace.day) "
+        f"FROM {sent} JOIN trajectories_runtrace trace ON trace.project_id = %s "
+        "AND trace.trace_id = sent.trace_id",
+        [*params, project.pk],
     )
 
 
@@ -612,7 +655,9 @@ def _run_merge(project: Project, *, trace_id: str, source_key: str, target: Run)
 
 # Aggregates of runs over their spans. A run inferred from spans takes its end and status
 # from its root spans; a named run keeps what its run events said. Blank names are filled
-# from what the spans just stored say about their run (the `hint` rows, by run key).
+# from what the spans just stored say about their run (the `hint` rows, by run key). A run
+# left with no spans (all moved to other runs) counts none and has no days; it is kept, as a
+# run event's run before its spans, and retention deletes it once it is old.
 RUNS_REFRESH = """UPDATE trajectories_run SET
     span_count = agg.n,
     error_count = agg.errors,
@@ -630,21 +675,21 @@ RUNS_REFRESH = """UPDATE trajectories_run SET
     {fills},
     updated = %s
 FROM (
-    SELECT span.run_id, run.run_id AS run_key,
-        count(*) AS n,
-        sum(CASE WHEN span.status = 'error' THEN 1 ELSE 0 END) AS errors,
+    SELECT run.id AS run_id, run.run_id AS run_key,
+        count(span.id) AS n,
+        count(CASE WHEN span.status = 'error' THEN 1 END) AS errors,
         coalesce(sum(span.input_tokens), 0) AS tokens_in,
         coalesce(sum(span.output_tokens), 0) AS tokens_out,
         min(span.start) AS first,
         max(span."end") AS last,
         min(span.day) AS first_day,
         max(span.day) AS last_day,
-        sum(CASE WHEN span.parent_span_id = '' AND span."end" IS NOT NULL
-            THEN 1 ELSE 0 END) AS roots_ended,
-        sum(CASE WHEN span.parent_span_id = '' AND span.status = 'error'
-            THEN 1 ELSE 0 END) AS root_errors
-    FROM trajectories_run run JOIN trajectories_span span ON span.run_id = run.id {days}
-    WHERE run.project_id = %s AND {runs} GROUP BY span.run_id, run.run_id
+        count(CASE WHEN span.parent_span_id = '' AND span."end" IS NOT NULL
+            THEN 1 END) AS roots_ended,
+        count(CASE WHEN span.parent_span_id = '' AND span.status = 'error'
+            THEN 1 END) AS root_errors
+    FROM trajectories_run run LEFT JOIN trajectories_span span ON span.run_id = run.id {days}
+    WHERE run.project_id = %s AND {runs} GROUP BY run.id, run.run_id
 ) AS agg JOIN ({hints}) AS hint ON hint.run = agg.run_key
 WHERE trajectories_run.id = agg.run_id
 """
@@ -671,8 +716,8 @@ _DAYS = """AND span.day >= (SELECT LEAST(min(r.first_day), (SELECT min(t.day)
 def _runs_refresh(
     cursor: Any, project: Project, hints: dict[str, list[SpanData]], extras: Extras = NONE
 ) -> None:
-    """Recompute the aggregates of the runs {key: spans just stored in it} from their spans;
-    fill blank names from those spans' hints.
+    """Recompute the aggregates of the runs {key: spans just stored in it (none: a run that
+    lost spans)} from their spans; fill blank names from those spans' hints.
 
     One statement. Rescans each run's spans (one index range per run), so counts stay
     right however often a span is re-sent. Given spans, on PostgreSQL, it reads only the
@@ -717,9 +762,10 @@ def _spans_store(
     statements.
 
     On PostgreSQL in two pipelined round trips, whatever the number of spans: the waits'
-    bounds with the look-up of the traces' runs; then the runs, the traces they claim, the
-    spans, the runs' aggregates and the slot. Merging an inferred run into a named one, rare,
-    costs a few more.
+    bounds with the look-ups of the traces' runs and of the runs holding spans sent again;
+    then the runs, the traces they claim, the spans, the runs' aggregates (with those of the
+    runs that lost spans to others) and the slot. Merging an inferred run into a named one,
+    rare, costs a few more.
     """
     if not spans:
         return
@@ -734,11 +780,13 @@ def _spans_store(
             resources[id(s.resource)] = attributes_text(s.resource, ATTRIBUTE_CAP, extras=extras)
     project_pk = project.pk
     rows = [_span_values(project_pk, s, now, resources[id(s.resource)], extras) for s in spans]
-    with connection.cursor() as first, connection.cursor() as found:
+    with connection.cursor() as first, connection.cursor() as found, connection.cursor() as held_by:
         with _pipeline():
             _bound_waits(first)
             _owners(found, project, {s.trace_id for s in spans})
+            _holders(held_by, project, spans)
         owners = {trace_id: (key, inferred) for trace_id, key, inferred in found.fetchall()}
+        holders = {key for (key,) in held_by.fetchall() if key is not None}
     claims, merges = _run_keys(spans, owners)
     first_start: dict[str, datetime] = {}
     inferred: set[str] = set()
@@ -754,12 +802,14 @@ def _spans_store(
             touched.tool_call_ids.add(s.tool_call_id)
         touched.tool_call_ids.update(s.requested_calls)
     touched.run_keys.update(first_start)
+    # The runs the batch takes spans away from: locked with its own, refreshed with them.
+    losing = holders - first_start.keys()
     with connection.cursor() as cursor:
         with _pipeline():
-            _runs_write(cursor, project, first_start, inferred, now)
+            _runs_write(cursor, project, first_start, inferred, now, losing)
             _traces_claim(cursor, project, claims)
             if not merges:
-                _spans_write(cursor, project, rows, spans, hints, extras, held)
+                _spans_write(cursor, project, rows, spans, hints, losing, extras, held)
         if merges:
             # Rare: the merges read what the statements above wrote.
             for trace_id, source_key, target_key in merges:
@@ -767,7 +817,7 @@ def _spans_store(
                 _run_merge(project, trace_id=trace_id, source_key=source_key, target=target)
                 touched.run_keys.add(source_key)
             with _pipeline():
-                _spans_write(cursor, project, rows, spans, hints, extras, held)
+                _spans_write(cursor, project, rows, spans, hints, losing, extras, held)
     if held is not None:
         held.key = None  # the unlock has run: nothing left for `slot` to do
 
@@ -778,11 +828,13 @@ def _spans_write(
     rows: list[tuple[Any, ...]],
     spans: list[SpanData],
     hints: dict[str, list[SpanData]],
+    losing: set[str],
     extras: Extras,
     held: Slot | None,
 ) -> None:
-    _spans_upsert(cursor, project, rows, spans)
-    _runs_refresh(cursor, project, hints, extras)
+    _spans_upsert(cursor, project, rows, spans, sorted(hints.keys() | losing))
+    # A run that lost spans has no hints of its own: its names are kept.
+    _runs_refresh(cursor, project, {**{key: [] for key in losing}, **hints}, extras)
     if held is not None:
         held.give_back(cursor)
 

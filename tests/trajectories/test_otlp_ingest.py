@@ -7,6 +7,7 @@ import threading
 
 import pytest
 from django.db import connection, transaction
+from django.test import Client
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
@@ -326,6 +327,98 @@ def test_a_span_names_its_run_with_the_tallybook_run_id_attribute(api):
         request(span(ROOT), resource={"service.name": "a", "tallybook.run.id": "run-7"}),
     )
     assert Run.objects.get().run_id == "run-7"
+
+
+def _in_run(run_id: str | None, *spans) -> bytes:
+    """A request whose spans name their run (`tallybook.run.id`), or none."""
+    resource = {"service.name": "a", **({"tallybook.run.id": run_id} if run_id else {})}
+    return request(*spans, resource=resource).SerializeToString()
+
+
+def _counts(run_id: str) -> tuple[int, int, int, int]:
+    run = Run.objects.get(run_id=run_id)
+    return (run.span_count, run.error_count, run.input_tokens, run.output_tokens)
+
+
+def test_a_span_moved_to_another_run_leaves_the_old_run_counting_only_what_it_holds(api):
+    model, executed = "1111111111111111", "2222222222222222"
+    sent = [
+        span(ROOT, "invoke_agent", duration_ms=500),
+        chat(model, parent=ROOT),
+        tool(executed, parent=ROOT, status=2),
+    ]
+    post_traces(api.client, api.key, _in_run("run-a", *sent))
+    assert _counts("run-a") == (3, 1, 100, 20)
+    day = RunTrace.objects.get().day
+
+    # The model and tool spans sent again, now naming another run.
+    r = post_traces(api.client, api.key, _in_run("run-b", *sent[1:]))
+    assert r.status_code == 200
+    assert _counts("run-a") == (1, 0, 0, 0)
+    assert _counts("run-b") == (2, 1, 100, 20)
+    a, b = Run.objects.get(run_id="run-a"), Run.objects.get(run_id="run-b")
+    assert set(Span.objects.filter(run=a).values_list("span_id", flat=True)) == {ROOT}
+    assert set(Span.objects.filter(run=b).values_list("span_id", flat=True)) == {model, executed}
+    assert (a.first_day, a.last_day) == (b.first_day, b.last_day) == (day, day)
+    assert Span.objects.count() == 3
+
+    # Sent once more to run-b, they move nothing: both runs count the same.
+    post_traces(api.client, api.key, _in_run("run-b", *sent[1:]))
+    assert (_counts("run-a"), _counts("run-b")) == ((1, 0, 0, 0), (2, 1, 100, 20))
+
+
+def test_a_run_whose_spans_all_moved_to_their_traces_run_is_kept_counting_none(api):
+    # The trace is run-b's; a span of it named run-a, then sent again naming no run.
+    post_traces(api.client, api.key, _in_run("run-b", span(ROOT, duration_ms=500)))
+    model = chat("1111111111111111", parent=ROOT)
+    post_traces(api.client, api.key, _in_run("run-a", model))
+    assert (_counts("run-a"), _counts("run-b")) == ((1, 0, 100, 20), (1, 0, 0, 0))
+
+    post_traces(api.client, api.key, _in_run(None, model))
+    assert _counts("run-b") == (2, 0, 100, 20)
+    left = Run.objects.get(run_id="run-a")
+    assert _counts("run-a") == (0, 0, 0, 0)
+    assert (left.first_day, left.last_day) == (None, None)
+    assert not Span.objects.filter(run=left).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_batches_moving_one_span_at_once_leave_every_run_counting_what_it_holds(api):
+    model = chat("1111111111111111", parent=ROOT)
+    post_traces(api.client, api.key, _in_run("run-a", span(ROOT), model))
+    looked, moved = threading.Event(), threading.Event()
+    answers: list[int] = []
+
+    def pause_before_its_writes(execute, sql, params, many, context):
+        if sql.startswith("INSERT INTO trajectories_run") and not looked.is_set():
+            looked.set()  # the batch has looked its spans up, found the model span in run-a
+            moved.wait(timeout=120)  # set once the other batch has moved it
+        return execute(sql, params, many, context)
+
+    def send_to_run_c() -> None:
+        try:
+            with connection.execute_wrapper(pause_before_its_writes):
+                answers.append(post_traces(Client(), api.key, _in_run("run-c", model)).status_code)
+        finally:
+            connection.close()
+
+    late = threading.Thread(target=send_to_run_c)
+    late.start()
+    try:
+        assert looked.wait(timeout=60)
+        assert post_traces(api.client, api.key, _in_run("run-b", model)).status_code == 200
+    finally:
+        moved.set()
+        late.join(timeout=60)
+    assert not late.is_alive() and answers == [200]
+    # The later batch met the span in a run it had not locked: the span stays where the
+    # other left it, as if the later copy had come first.
+    assert Span.objects.get(span_id="1111111111111111").run.run_id == "run-b"
+    assert (_counts("run-a"), _counts("run-b"), _counts("run-c")) == (
+        (1, 0, 0, 0),
+        (1, 0, 100, 20),
+        (0, 0, 0, 0),
+    )
 
 
 def test_the_other_projects_spans_are_apart(api, other_api):

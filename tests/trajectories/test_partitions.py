@@ -123,6 +123,46 @@ def test_a_span_of_a_day_without_a_partition_is_kept_and_moved_into_it_when_it_i
     assert Span.objects.count() == 1
 
 
+def test_a_run_a_span_moved_away_from_is_refreshed_from_the_partitions_of_its_days(api, clock):
+    """run-a holds a trace of one day and a trace of the next; two days on, a span of the
+    second moves to run-b. run-a's refresh reads its own days too, not only the batch's."""
+    first, second = "5" * 32, "6" * 32
+    day = _now().date() + timedelta(days=1)
+    at = datetime.combine(day, datetime.min.time(), tzinfo=UTC) + timedelta(hours=12)
+    run_a = {"service.name": "a", "tallybook.run.id": "run-a"}
+    clock(at)
+    post_traces(api.client, api.key, request(span(AGENT, trace_id=first), resource=run_a))
+    clock(at + timedelta(days=1))
+    moved = chat(MODEL, trace_id=second)
+    post_traces(api.client, api.key, request(span(TOOL, trace_id=second), moved, resource=run_a))
+    clock(at + timedelta(days=2))
+    refreshes: list[tuple[str, object]] = []
+
+    def keep(execute, sql, params, many, context):
+        if sql.startswith("UPDATE trajectories_run SET"):
+            refreshes.append((sql, params))
+        return execute(sql, params, many, context)
+
+    run_b = {"service.name": "a", "tallybook.run.id": "run-b"}
+    with connection.execute_wrapper(keep):
+        post_traces(api.client, api.key, request(moved, resource=run_b))
+    a, b = Run.objects.get(run_id="run-a"), Run.objects.get(run_id="run-b")
+    assert (a.span_count, a.input_tokens, a.first_day, a.last_day) == (
+        2,
+        0,
+        day,
+        day + timedelta(days=1),
+    )
+    assert (b.span_count, b.input_tokens) == (1, 100)
+    [(sql, params)] = refreshes
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) " + sql, params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    scanned = set(re.findall(rf"on ({SPANS}_(?:p\d{{8}}|default)) \w+ \(actual", plan))
+    # run-a's two days and the batch's (the moved span's trace, and today's).
+    assert scanned == {partition_name(SPANS, day + timedelta(days=n)) for n in range(3)}, plan
+
+
 def test_the_run_pages_span_query_reads_only_the_partitions_of_its_days(api):
     run = _send_run(api)
     plan = run_spans(run).order_by("start", "id").explain()
