@@ -95,7 +95,7 @@ def hydrate[M: models.Model](model: type[M], row: Sequence[Any]) -> M:
     if not _built_plainly(model):
         return model.from_db(DEFAULT_DB_ALIAS, _attnames(model), values)
     obj = model.__new__(model)
-    obj.__dict__.update(zip(_attnames(model), values))
+    obj.__dict__.update(zip(_attnames(model), values, strict=True))
     state = obj._state = models.base.ModelState()
     state.adding, state.db = False, DEFAULT_DB_ALIAS
     return obj
