@@ -4,9 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin
-from django.http import HttpRequest
+from django import forms
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
 
+from durability import jobs
 from durability.models import (
     ApiKey,
     Approval,
@@ -29,6 +36,8 @@ from durability.models import (
     WebhookDelivery,
     WebhookSource,
 )
+from durability.retention import jobs as retention_jobs
+from durability.retention import projects
 
 
 class ReadOnly(admin.ModelAdmin):  # type: ignore[type-arg]
@@ -47,12 +56,97 @@ class MembershipInline(admin.TabularInline):  # type: ignore[type-arg]
     extra = 0
 
 
+class DeleteProjectForm(forms.Form):
+    name = forms.CharField(label="Type the project's name to confirm", max_length=100)
+
+    def __init__(self, *args: Any, project: Project, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.project = project
+
+    def clean_name(self) -> str:
+        name: str = self.cleaned_data["name"]
+        if name != self.project.name:
+            raise forms.ValidationError(f"This is not the project's name ({self.project.name}).")
+        return name
+
+
 @admin.register(Project)
 class ProjectAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    list_display = ["name", "created"]
+    list_display = ["name", "created", "deleting"]
     # Redaction is set on the settings page, which checks the patterns and audits the change.
-    readonly_fields = ["audit_seq", "audit_head", "redaction_patterns", "redaction_keys"]
+    readonly_fields = [
+        "audit_seq",
+        "audit_head",
+        "redaction_patterns",
+        "redaction_keys",
+        "deleting",
+    ]
     inlines = [MembershipInline]
+    actions = ["delete_in_background"]
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Django's cascading delete would gather every row of the project in memory and
+        # delete them in one request, racing with ingest: `delete_in_background` instead.
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        if obj is not None and obj.deleting is not None:
+            return False
+        return super().has_change_permission(request, obj)
+
+    def get_urls(self) -> list[URLPattern]:
+        own = path(
+            "<int:project_id>/delete-in-background/",
+            self.admin_site.admin_view(self.delete_in_background_view),
+            name="durability_project_delete_in_background",
+        )
+        return [own, *super().get_urls()]
+
+    @admin.action(description="Delete project (in the background)")
+    def delete_in_background(
+        self, request: HttpRequest, queryset: QuerySet[Project]
+    ) -> HttpResponse | None:
+        chosen = list(queryset.values_list("pk", flat=True)[:2])
+        if len(chosen) != 1:
+            self.message_user(request, "Choose one project to delete.", messages.ERROR)
+            return None
+        return HttpResponseRedirect(
+            reverse("admin:durability_project_delete_in_background", args=[chosen[0]])
+        )
+
+    def delete_in_background_view(self, request: HttpRequest, project_id: int) -> HttpResponse:
+        """Ask for the project's name; then revoke its keys, mark it, enqueue the deletion."""
+        if not request.user.has_perm("durability.delete_project"):
+            raise PermissionDenied
+        project = get_object_or_404(Project, pk=project_id)
+        changelist = reverse("admin:durability_project_changelist")
+        if project.deleting is not None:
+            self.message_user(request, f"{project} is already being deleted.", messages.WARNING)
+            return HttpResponseRedirect(changelist)
+        form = DeleteProjectForm(request.POST or None, project=project)
+        if request.method == "POST" and form.is_valid():
+            if projects.project_delete_begin(project=project, actor=f"admin:{request.user}"):
+                jobs.enqueue(retention_jobs.project_delete, project.pk)
+                self.log_change(request, project, "Marked for deletion; its rows are deleted.")
+            self.message_user(
+                request,
+                f"{project}: its keys are revoked and its members removed; its rows are being"
+                " deleted in the background.",
+                messages.SUCCESS,
+            )
+            return HttpResponseRedirect(changelist)
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": f"Delete {project} in the background",
+            "project": project,
+            "form": form,
+            "keys": project.api_keys.filter(revoked_at=None).count(),
+        }
+        status = 400 if request.method == "POST" else 200
+        return TemplateResponse(
+            request, "admin/durability/project/delete_in_background.html", context, status=status
+        )
 
 
 @admin.register(ApiKey)

@@ -29,7 +29,8 @@ GENESIS = "0" * 64
 # of update that retention's pruning makes (durability.retention.services.audit_entries_prune,
 # PostgreSQL's durability_audit_prune): data emptied, kept digest, pruned time set, nothing
 # else changed, and only of an effect's failure or timeout entry (PRUNABLE_ACTIONS). Any
-# other UPDATE, and every DELETE, is refused.
+# other UPDATE is refused, and every DELETE but of a project being deleted's entries
+# (durability.retention.projects; PostgreSQL's durability_audit_delete).
 SQLITE_TRIGGERS = [
     "DROP TRIGGER IF EXISTS durability_audit_no_update",
     "DROP TRIGGER IF EXISTS durability_audit_no_update_but_prune",
@@ -47,8 +48,13 @@ SQLITE_TRIGGERS = [
            AND NEW.hash IS OLD.hash
        )
        BEGIN SELECT RAISE(ABORT, 'durability_auditentry is append-only: UPDATE refused'); END""",
-    """CREATE TRIGGER IF NOT EXISTS durability_audit_no_delete
+    "DROP TRIGGER IF EXISTS durability_audit_no_delete",
+    """CREATE TRIGGER IF NOT EXISTS durability_audit_no_delete_but_deleting_project
        BEFORE DELETE ON durability_auditentry
+       WHEN NOT EXISTS (
+           SELECT 1 FROM durability_project
+           WHERE id = OLD.project_id AND deleting IS NOT NULL
+       )
        BEGIN SELECT RAISE(ABORT, 'durability_auditentry is append-only: DELETE refused'); END""",
 ]
 

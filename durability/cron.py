@@ -27,6 +27,7 @@ SCHEDULE = [
     (tallies.projects_tally, 60),
     (trajectories_jobs.partitions_upkeep, 3600),
     (retention_jobs.payloads_prune, 3600),
+    (retention_jobs.projects_delete_resume, 600),
 ]
 for job, interval in SCHEDULE:
     register(job, queue_name="default", interval=interval)

@@ -62,6 +62,9 @@ class Project(models.Model):
     # regular expressions, checked when saved, and field or attribute names.
     redaction_patterns = models.JSONField(default=list, blank=True)
     redaction_keys = models.JSONField(default=list, blank=True)
+    # When an operator asked for the project to be deleted (durability.retention.projects):
+    # its keys are revoked and its members gone at that moment, and a job deletes its rows.
+    deleting = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["name"]
@@ -209,7 +212,11 @@ class ApiKey(models.Model):
         return key._copy(), version
 
     def _live_for(self, digest: str) -> bool:
-        return self.revoked_at is None and hmac.compare_digest(self.digest, digest)
+        return (
+            self.revoked_at is None
+            and self.project.deleting is None
+            and hmac.compare_digest(self.digest, digest)
+        )
 
     def _copy(self) -> ApiKey:
         """The cached instances are shared by every request of the process: each gets its own."""

@@ -188,6 +188,7 @@ def test_the_schedule_runs_the_sweep_probes_alerts_emails_repairs_tallies_and_re
         "durability.tallies.projects_tally": 60,
         "trajectories.jobs.partitions_upkeep": 3600,
         "durability.retention.jobs.payloads_prune": 3600,
+        "durability.retention.jobs.projects_delete_resume": 600,
     }
 
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
 from durability.accounts.services import apikey_create
@@ -19,6 +19,8 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         with transaction.atomic():
             project, created = Project.objects.get_or_create(name=options["project"])
+            if project.deleting is not None:
+                raise CommandError(f"{project.name!r} is being deleted: it takes no new keys.")
             key, raw = apikey_create(
                 project=project, actor="system:createapikey", name=options["name"]
             )
