@@ -4,7 +4,10 @@ writes through raw psycopg, in one run on one PostgreSQL database.
     .venv/bin/python benchmarks/ledger_http_vs_psycopg.py [--pairs 4000] [--clients 8]
 
 Prints effects/s for both paths, their ratio and the p50/p99 latency of POST /intents under
-that load; then, at light load (one client, one keep-alive connection, --light pairs), the
+that load, and (on Linux, from /proc) the core milliseconds a pair costs on each path, by
+whom: the whole machine, gunicorn, PostgreSQL and the clients; and what gunicorn spends on
+a request it refuses at validation, the cost of serving a request before the ledger works;
+then, at light load (one client, one keep-alive connection, --light pairs), the
 p50/p99 of POST /intents and of POST /receipts. It creates (and drops at the start) the
 database named by --db; `measure()` is the same run for benchmarks/run_all.py.
 """
@@ -193,9 +196,70 @@ def _raw_worker(
     out.put([])
 
 
+def _refused_worker(port: int, key: str, count: int, out: mp.Queue[list[float]]) -> None:
+    """`count` intents refused at validation (a 400 after the key and the body were read):
+    what serving a request costs before the ledger does anything."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    body = json.dumps({"key": "k", "kind": "payment", "target": "stripe", "timeout_s": "300"})
+    for _ in range(count):
+        conn.request("POST", "/api/v1/intents", body, headers)
+        response = conn.getresponse()
+        response.read()
+        assert response.status == 400, response.status
+    conn.close()
+    out.put([])
+
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_BUSY = (0, 1, 2, 5, 6, 7)  # /proc/stat: user, nice, system, irq, softirq, steal
+
+
+def core_seconds() -> dict[str, float]:
+    """CPU seconds used so far: by the whole machine, by the live gunicorn and PostgreSQL
+    processes, and by this process's finished children (the clients). Empty where there is
+    no /proc (not Linux)."""
+    if not os.path.exists("/proc/stat"):
+        return {}
+    with open("/proc/stat") as stat:
+        fields = stat.readline().split()[1:]
+    used = {"machine": sum(int(fields[i]) for i in _BUSY) / _TICK, "server": 0.0, "postgres": 0.0}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                command = f.read().split(b"\0")
+            with open(f"/proc/{pid}/stat") as f:
+                times = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        kind = (
+            "server"
+            if b"gunicorn" in b" ".join(command[:4])
+            else "postgres"
+            if command[0].startswith(b"postgres")
+            else None
+        )
+        if kind is not None:
+            used[kind] += (int(times[11]) + int(times[12])) / _TICK
+    children = os.times()
+    used["clients"] = children.children_user + children.children_system
+    return used
+
+
+def _spent(before: dict[str, float], after: dict[str, float], into: dict[str, float]) -> None:
+    for name, value in after.items():
+        into[name] = into.get(name, 0.0) + value - before.get(name, 0.0)
+
+
 def _run(
-    target: Callable[..., None], args_of: Callable[[int], tuple[object, ...]], clients: int
+    target: Callable[..., None],
+    args_of: Callable[[int], tuple[object, ...]],
+    clients: int,
+    cpu: dict[str, float] | None = None,
 ) -> tuple[float, list[float]]:
+    """Run `clients` workers at once; the wall time and their latencies. With `cpu`, adds
+    the core seconds spent meanwhile (`core_seconds`) to it."""
+    before = core_seconds() if cpu is not None else {}
     out: mp.Queue[list[float]] = mp.Queue()
     procs = [mp.Process(target=target, args=(*args_of(c), out)) for c in range(clients)]
     start = time.perf_counter()
@@ -205,7 +269,10 @@ def _run(
     for _ in procs:
         latencies.extend(server.next_report(out, procs))
     server.join_workers(procs)
-    return time.perf_counter() - start, latencies
+    elapsed = time.perf_counter() - start
+    if cpu is not None:
+        _spent(before, core_seconds(), cpu)
+    return elapsed, latencies
 
 
 GRANT = """
@@ -258,6 +325,9 @@ def measure(
 
     http_time = raw_time = 0.0
     latencies: list[float] = []
+    http_cpu: dict[str, float] = {}
+    raw_cpu: dict[str, float] = {}
+    refused_cpu: dict[str, float] = {}
     with server.gunicorn(env, workers, threads) as port:
         # Warm up each worker's imports and connections.
         _run(_http_worker, lambda c: (port, key, http_grant, f"warm{c}", 20), workers)
@@ -267,6 +337,7 @@ def measure(
                 _http_worker,
                 lambda c: (port, key, http_grant, f"h{r}.{c}", per_round),  # noqa: B023
                 clients,
+                http_cpu,
             )
             http_time += elapsed
             latencies.extend(lat)
@@ -274,8 +345,11 @@ def measure(
                 _raw_worker,
                 lambda c: (dsn, raw_project, raw_grant, f"r{r}.{c}", per_round),  # noqa: B023
                 clients,
+                raw_cpu,
             )
             raw_time += elapsed
+        refused = per_round * 2  # as many requests per client as a round's pairs have
+        _run(_refused_worker, lambda c: (port, key, refused), clients, refused_cpu)
         light_intents, light_receipts = _http_pairs(port, key, http_grant, "light", light)
     audit = subprocess.run(
         [sys.executable, "manage.py", "verifyaudit", "--project", "bench-http"],
@@ -299,6 +373,12 @@ def measure(
         "intent_p99": percentile(light_intents, 0.99),
         "receipt_p50": statistics.median(light_receipts),
         "receipt_p99": percentile(light_receipts, 0.99),
+        # Core milliseconds per pair (per request for `refused_cpu`), by whom they were spent.
+        "http_cpu": {name: 1000 * spent / pairs for name, spent in http_cpu.items()},
+        "raw_cpu": {name: 1000 * spent / pairs for name, spent in raw_cpu.items()},
+        "refused_cpu": {
+            name: 1000 * spent / (refused * clients) for name, spent in refused_cpu.items()
+        },
         "verifyaudit": (audit.stdout + audit.stderr).strip(),
         "verifyaudit_ok": audit.returncode == 0,
     }
@@ -355,6 +435,19 @@ def main() -> None:
         f"  POST /api/v1/receipts: p50 {m['receipt_p50'] * 1000:.2f} ms, "
         f"p99 {m['receipt_p99'] * 1000:.2f} ms"
     )
+    if m["http_cpu"]:
+        print("core ms per pair (machine: every process; server: gunicorn):")
+        for path in ("http", "raw"):
+            spent = m[f"{path}_cpu"]
+            print(
+                f"  {path:5} machine {spent['machine']:6.2f}  server {spent['server']:5.2f}  "
+                f"postgres {spent['postgres']:5.2f}  clients {spent['clients']:5.2f}"
+            )
+        spent = m["refused_cpu"]
+        print(
+            f"  a request refused at validation (no ledger work): server {spent['server']:.2f}, "
+            f"clients {spent['clients']:.2f} core ms"
+        )
     print(m["verifyaudit"])
 
 
