@@ -148,8 +148,9 @@ class Span(models.Model):
     # No constraint in the database (db_constraint=False): a partition's foreign keys would
     # put triggers on the run and project tables, and dropping the partition then locks
     # those tables, which an ingest transaction holds as it writes its spans (a deadlock).
-    # Ingest writes a span's run in the span's own transaction (RUNS_UPSERT locks it), and
-    # Django's CASCADE still deletes a run's or a project's spans.
+    # Ingest writes a span's run in the span's own transaction (RUNS_UPSERT locks it);
+    # retention deletes old spans by partition, and a project's deletion deletes its spans
+    # partition by partition (durability/retention/projects.py) before its runs.
     project = models.ForeignKey(
         Project, models.CASCADE, related_name="+", db_index=False, db_constraint=False
     )
