@@ -431,7 +431,7 @@ class Effect(models.Model):
         blank=True,
         related_name="+",
         editable=False,
-        db_index=False,  # read from the effect; an archive is never deleted
+        db_index=False,  # read from the effect; an archive goes only with its project
     )
 
     class Meta:
@@ -1206,7 +1206,7 @@ class Probe(models.Model):
         null=True,
         blank=True,
         related_name="probes",
-        db_index=False,  # read from the probe; a receipt is never deleted
+        db_index=False,  # read from the probe; a receipt goes only with its project
     )
 
     class Meta:
@@ -1279,7 +1279,8 @@ class Notice(models.Model):
         db_index=False,  # notice_of_case_idx has it after the project
         db_constraint=False,  # notice_case_same_project_fk (migration 0031)
     )
-    # Cases, comments and bulk actions are never deleted: nothing reads notices by these.
+    # Cases, comments and bulk actions go only with their project: nothing reads notices by
+    # these.
     comment = models.ForeignKey(
         Comment, models.CASCADE, null=True, blank=True, related_name="notices", db_index=False
     )
