@@ -402,6 +402,7 @@ class Effect(models.Model):
         blank=True,
         related_name="effects",
         db_index=False,  # effect_grant_created_idx has it after the project
+        db_constraint=False,  # effect_grant_same_project_fk (migration 0031)
     )
     # The amount the intent asked for, checked against the grant's limits.
     amount = models.DecimalField(max_digits=20, decimal_places=6, null=True, blank=True)
@@ -430,12 +431,17 @@ class Effect(models.Model):
         blank=True,
         related_name="+",
         editable=False,
-        db_index=False,  # read from the effect; an archive is never deleted
+        db_index=False,  # read from the effect; an archive goes only with its project
     )
 
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["project", "key"], name="effect_project_key_uniq"),
+            # What its children's foreign keys name: the project beside the effect, so that
+            # the check of a deleted effect reads their project-led indexes (migration 0031).
+            # Also the effects page's index: one project's effects, newest first (read
+            # backwards), keyset on id.
+            models.UniqueConstraint(fields=["project", "id"], name="effect_project_pk_uniq"),
             models.CheckConstraint(condition=Q(state__in=State.values), name="effect_state_valid"),
             models.CheckConstraint(
                 condition=Q(replay__in=Replay.values), name="effect_replay_valid"
@@ -448,8 +454,6 @@ class Effect(models.Model):
                 name="effect_sweep_pending_idx",
                 condition=Q(state="pending", deadline__isnull=False),
             ),
-            # The effects page: one project's effects, newest first, keyset on id.
-            models.Index(fields=["project", "-id"], name="effect_project_recent_idx"),
             # The effects page filtered by state.
             models.Index(fields=["project", "state", "-id"], name="effect_project_state_idx"),
             # The authority audit: one project's effects created in a time range.
@@ -502,6 +506,7 @@ class Attempt(models.Model):
         models.CASCADE,
         related_name="attempts",
         db_index=False,  # attempt_of_effect_uniq has it after the project
+        db_constraint=False,  # attempt_effect_same_project_fk (migration 0031)
     )
     number = models.PositiveIntegerField()
     started = models.DateTimeField(default=timezone.now)
@@ -548,6 +553,7 @@ class Receipt(models.Model):
         blank=True,
         related_name="receipts",
         db_index=False,  # receipt_of_effect_idx has it after the project
+        db_constraint=False,  # receipt_effect_same_project_fk (migration 0031)
     )
     key = models.CharField(max_length=255)
     system = models.CharField(max_length=100)
@@ -576,6 +582,8 @@ class Receipt(models.Model):
             models.UniqueConstraint(
                 fields=["project", "key", "system", "external_id"], name="receipt_identity_uniq"
             ),
+            # What its cases' foreign key names (see effect_project_pk_uniq).
+            models.UniqueConstraint(fields=["project", "id"], name="receipt_project_pk_uniq"),
             models.CheckConstraint(
                 condition=Q(strength__in=Strength.values), name="receipt_strength_valid"
             ),
@@ -690,6 +698,7 @@ class Case(models.Model):
         blank=True,
         related_name="cases",
         db_index=False,  # case_of_effect_idx has it after the project
+        db_constraint=False,  # case_effect_same_project_fk (migration 0031)
     )
     receipt = models.ForeignKey(
         Receipt,
@@ -698,6 +707,7 @@ class Case(models.Model):
         blank=True,
         related_name="cases",
         db_index=False,  # case_of_receipt_idx has it after the project
+        db_constraint=False,  # case_receipt_same_project_fk (migration 0031)
     )
     reason = models.CharField(max_length=32, choices=Reason.choices)
     severity = models.PositiveSmallIntegerField(choices=Severity.choices)
@@ -729,6 +739,8 @@ class Case(models.Model):
                 condition=Q(closed__isnull=True),
                 name="case_one_open_per_effect_reason",
             ),
+            # What its comments' and notices' foreign keys name (see effect_project_pk_uniq).
+            models.UniqueConstraint(fields=["project", "id"], name="case_project_pk_uniq"),
         ]
         indexes = [
             # The queue: a project's open cases, oldest first.
@@ -868,6 +880,7 @@ class Comment(models.Model):
         models.CASCADE,
         related_name="comments",
         db_index=False,  # comment_of_case_idx has it after the project
+        db_constraint=False,  # comment_case_same_project_fk (migration 0031)
     )
     actor = models.CharField(max_length=150)
     body = models.TextField()
@@ -1168,6 +1181,7 @@ class Probe(models.Model):
         models.CASCADE,
         related_name="probes",
         db_index=False,  # probe_of_effect_recent_idx has it after the project
+        db_constraint=False,  # probe_effect_same_project_fk (migration 0031)
     )
     config = models.ForeignKey(
         ReconcilerConfig, models.SET_NULL, null=True, blank=True, related_name="probes"
@@ -1192,7 +1206,7 @@ class Probe(models.Model):
         null=True,
         blank=True,
         related_name="probes",
-        db_index=False,  # read from the probe; a receipt is never deleted
+        db_index=False,  # read from the probe; a receipt goes only with its project
     )
 
     class Meta:
@@ -1263,8 +1277,10 @@ class Notice(models.Model):
         blank=True,
         related_name="notices",
         db_index=False,  # notice_of_case_idx has it after the project
+        db_constraint=False,  # notice_case_same_project_fk (migration 0031)
     )
-    # Cases, comments and bulk actions are never deleted: nothing reads notices by these.
+    # Cases, comments and bulk actions go only with their project: nothing reads notices by
+    # these.
     comment = models.ForeignKey(
         Comment, models.CASCADE, null=True, blank=True, related_name="notices", db_index=False
     )
@@ -1352,6 +1368,8 @@ class Grant(models.Model):
 
     class Meta:
         constraints = [
+            # What its effects' foreign key names (see Effect's effect_project_pk_uniq).
+            models.UniqueConstraint(fields=["project", "id"], name="grant_project_pk_uniq"),
             # Also the look-up of a lineage's versions.
             models.UniqueConstraint(
                 fields=["lineage", "version"], name="grant_lineage_version_uniq"
@@ -1503,6 +1521,8 @@ class WebhookSource(models.Model):
 
     class Meta:
         constraints = [
+            # What its deliveries' foreign key names (see Effect's effect_project_pk_uniq).
+            models.UniqueConstraint(fields=["project", "id"], name="webhooksource_project_pk_uniq"),
             models.CheckConstraint(
                 condition=Q(kind__in=WebhookKind.values), name="webhook_kind_valid"
             ),
@@ -1528,6 +1548,7 @@ class WebhookDelivery(models.Model):
         models.CASCADE,
         related_name="deliveries",
         db_index=False,  # webhook_delivery_once_uniq has it after the project
+        db_constraint=False,  # webhookdelivery_source_same_project_fk (migration 0031)
     )
     delivery_id = models.CharField(max_length=255)
     # SHA-256 of the bytes the signature covers. The delivery id is not signed: a captured
