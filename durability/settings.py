@@ -131,7 +131,8 @@ TEMPLATES: list[dict[str, Any]] = [
 # the API answers 503 with Retry-After, and Django drops it at the request's end.
 DATABASES = {
     "default": dj_database_url.parse(
-        env_str("DATABASE_URL", f"sqlite:///{BASE_DIR / 'tallybook.sqlite3'}"),
+        # Unset or empty (`DATABASE_URL= bin/demo`): the demo's SQLite file.
+        env_str("DATABASE_URL").strip() or f"sqlite:///{BASE_DIR / 'tallybook.sqlite3'}",
         conn_max_age=env_int("DB_CONN_MAX_AGE", 60),
     )
 }

@@ -124,3 +124,15 @@ def test_a_plain_http_start_turns_each_off(env):
     assert answer["hsts"] == ""
     assert answer["csrf_secure"] is False
     assert _ask(_production(**env))["status"] == 200
+
+
+def test_an_empty_database_url_means_the_demos_sqlite_file() -> None:
+    shown = _manage(
+        {**os.environ, "DATABASE_URL": " "},
+        "shell",
+        "-c",
+        "from django.db import connection; print(connection.vendor)",
+    )
+
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.strip() == "sqlite"
