@@ -135,4 +135,4 @@ def test_an_empty_database_url_means_the_demos_sqlite_file() -> None:
     )
 
     assert shown.returncode == 0, shown.stderr
-    assert shown.stdout.strip() == "sqlite"
+    assert shown.stdout.strip().splitlines()[-1] == "sqlite"
