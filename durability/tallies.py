@@ -155,7 +155,9 @@ def hours_tally(*, project: Project, now: datetime | None = None) -> int:
 
 def projects_tally(now: datetime | None = None) -> int:
     """The scheduled job: tally every project's hours; returns the rows written."""
-    return sum(hours_tally(project=p, now=now) for p in Project.objects.order_by("pk"))
+    # Not a project being deleted: its rows are going, and tallies would name them.
+    live = Project.objects.filter(deleting=None).order_by("pk")
+    return sum(hours_tally(project=p, now=now) for p in live)
 
 
 # -- the pages -------------------------------------------------------------------------------

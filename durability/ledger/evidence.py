@@ -420,7 +420,7 @@ def deadlines_sweep(*, now: datetime | None = None, limit: int = 1000) -> list[E
     """
     now = now or timezone.now()
     due = list(
-        Effect.objects.filter(state=S.PENDING, deadline__lt=now)
+        Effect.objects.filter(state=S.PENDING, deadline__lt=now, project__deleting=None)
         .order_by("deadline")
         .values_list("pk", "project_id")[:limit]
     )

@@ -36,6 +36,9 @@ def project_delete(project_id: int) -> bool:
 
 
 def projects_delete_resume() -> int:
-    """Carry on the deletions whose job was lost or crashed (scheduled); returns how many
-    finished."""
-    return sum(project_delete(project_id) for project_id in projects.projects_deleting())
+    """Carry on the deletions whose job was lost or crashed (scheduled): a job of its own
+    for each, each within the queue's timeout; returns how many were enqueued."""
+    marked = projects.projects_deleting()
+    for project_id in marked:
+        enqueue(project_delete, project_id)
+    return len(marked)

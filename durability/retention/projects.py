@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.apps import apps
-from django.db import connection, models, transaction
+from django.db import IntegrityError, connection, models, transaction
 from django.utils import timezone
 
 from durability.models import (
@@ -226,15 +226,18 @@ def project_delete(
         if not held:
             done.busy = True
             return done
-        for owned in tables:
-            while True:
-                with transaction.atomic():
-                    count = _batch_delete(owned, project_id, batch)
-                done.add(owned.label, count)
-                if end is not None and time.monotonic() > end:
+        for walk in range(WALKS):
+            try:
+                if not _tables_walk(tables, project_id, batch, end, done):
                     return done
-                if count < batch:
-                    break
+                break
+            except IntegrityError:
+                # A row written meanwhile (a scheduled job's, or a request's in flight) names
+                # a parent this batch deleted, and the check at its commit refused it: walk
+                # the tables again from the children, which now holds that row too.
+                if walk == WALKS - 1:
+                    raise
+                logger.warning("project %s: a row written meanwhile; walking again", project_id)
         with transaction.atomic():
             # Lock what is left (what a request in flight wrote, or holds), then the project
             # (an insert naming it holds a key-share lock until it commits): whatever those
@@ -250,6 +253,28 @@ def project_delete(
     done.finished = True
     logger.warning("project %s deleted: %s", project_id, done.rows)
     return done
+
+
+# How many times a deletion walks its tables again after a row written meanwhile
+# (`project_delete`) before it gives up until its next run.
+WALKS = 5
+
+
+def _tables_walk(
+    tables: list[Owned], project_id: int, batch: int, end: float | None, done: Deleted
+) -> bool:
+    """Delete the project's rows table by table, children first; False if the budget ran
+    out first."""
+    for owned in tables:
+        while True:
+            with transaction.atomic():
+                count = _batch_delete(owned, project_id, batch)
+            done.add(owned.label, count)
+            if end is not None and time.monotonic() > end:
+                return False
+            if count < batch:
+                break
+    return True
 
 
 def projects_deleting() -> list[int]:
