@@ -21,7 +21,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection, transaction
-from django.db.models import CharField
+from django.db.models import CharField, Q
 from django.utils import timezone
 from pydantic import ValidationError
 
@@ -397,10 +397,11 @@ _SCALAR_TYPES = {
     "output_tokens": "bigint",
 }
 _JSON_TEXTS = SPAN_COLUMNS[18:23]
-# The spans, new or re-sent, each in the run its key names, and then the tool calls the
-# model spans asked for, joined to the ids the upsert returns: one statement, no second
-# look-up of the spans just written. Its rows come as JSON arrays in lockstep (`_rows_json`),
-# parameters rather than a COPY, so that the statement is sent in the runs' round trip. A run
+# SPAN_UPSERT: the spans, new or re-sent, each in the run its key names, and then the tool
+# calls the model spans asked for, joined to the ids the upsert returns: one statement, no
+# second look-up of the spans just written. Its rows come as JSON arrays in lockstep
+# (`_rows_json`), parameters rather than a COPY, so that the statement is sent in the runs'
+# round trip. A run
 # the batch did not write fails the statement (its run_id is null), never a span left out.
 # Each span goes to the partition of its trace's first-seen day (RunTrace.day, claimed
 # earlier in the same pipeline or in an earlier batch): a span sent again, after midnight or
@@ -409,7 +410,7 @@ _JSON_TEXTS = SPAN_COLUMNS[18:23]
 # A span stored is updated only while it is in one of the runs the batch locked and refreshes
 # (`_holders`): one that another batch moved meanwhile stays as that batch left it, as if
 # this copy had come first, and no run is left counting a span it lost.
-SPAN_UPSERT = (
+_SPANS_STORED = (
     "WITH staged AS (SELECT "
     + ", ".join(
         f'(batch.row ->> {n})::{_SCALAR_TYPES.get(c, "text")} AS "{c}"'
@@ -434,7 +435,9 @@ SPAN_UPSERT = (
     + ", ".join(f'"{c}" = EXCLUDED."{c}"' for c in SPAN_UPDATED)
     + " WHERE trajectories_span.run_id = ANY(ARRAY(SELECT id FROM trajectories_run "
     "WHERE project_id = %s AND run_id = ANY(%s)))"
-    " RETURNING trace_id, span_id, day) "
+    " RETURNING trace_id, span_id, day, run_id) "
+)
+_CALLS_ASKED = (
     "INSERT INTO trajectories_requestedtoolcall (project_id, tool_call_id, trace_id, span_id, day) "
     "SELECT %s, call.id, stored.trace_id, stored.span_id, stored.day FROM staged "
     "JOIN stored ON stored.trace_id = staged.trace_id AND stored.span_id = staged.span_id "
@@ -442,6 +445,33 @@ SPAN_UPSERT = (
     "WHERE staged.requested IS NOT NULL "
     "ON CONFLICT (project_id, trace_id, span_id, tool_call_id, day) DO NOTHING"
 )
+# SPAN_UPSERT_FOLLOWED, for a batch sending spans again: the effect links taking their run
+# from a span it writes (EffectLink.run_span) take the run the span is in now, so that a link
+# follows its span to another run in the batch's transaction, and in its round trip (a
+# data-modifying CTE). Such a link names one of the batch's traces or tool call ids (its own
+# span and tool span are in its trace, or its tool span runs its tool call id, or its model
+# span asked for it), found as links.LINKS_WAITING finds them: link_trace_idx, link_tool_call_idx.
+LINKS_FOLLOW = (
+    ", followed AS (UPDATE trajectories_effectlink link SET run_id = stored.run_id FROM stored "
+    "WHERE link.project_id = %s "
+    "AND (link.trace_id = ANY(%s::text[]) OR link.tool_call_id = ANY(%s::text[])) AND "
+    + " AND ".join(
+        f"CASE WHEN link.tool_span_id <> '' THEN link.tool_{c} "
+        f"WHEN link.span_id <> '' THEN link.{c} ELSE link.model_{c} END = stored.{c}"
+        for c in ("trace_id", "span_id")
+    )
+    + " AND link.run_id IS DISTINCT FROM stored.run_id) "
+)
+SPAN_UPSERT = _SPANS_STORED + _CALLS_ASKED
+SPAN_UPSERT_FOLLOWED = _SPANS_STORED + LINKS_FOLLOW + _CALLS_ASKED
+
+
+def _links_keys(spans: list[SpanData]) -> list[list[str]]:
+    """The batch's trace ids and tool call ids (those run and those asked for): where
+    LINKS_FOLLOW looks for the links the batch's spans gave their runs."""
+    calls = {s.tool_call_id for s in spans if s.tool_call_id}
+    calls.update(c for s in spans for c in s.requested_calls)
+    return [sorted({s.trace_id for s in spans}), sorted(calls)]
 
 
 def _rows_json(rows: list[tuple[Any, ...]], spans: list[SpanData]) -> list[str]:
@@ -470,16 +500,22 @@ def _spans_upsert(
     rows: list[tuple[Any, ...]],
     spans: list[SpanData],
     locked: list[str],
+    resent: bool,
 ) -> None:
     """Insert spans, or update them in place (same id) when re-sent, with the calls asked for:
     SPAN_UPSERT on PostgreSQL, the ORM's bulk_create elsewhere (SQLite, for the demo).
-    `locked`: the keys of the runs the batch locked, which a span re-sent must be in."""
+    `locked`: the keys of the runs the batch locked, which a span re-sent must be in;
+    `resent`: some spans were stored before, and the effect links they gave their runs
+    follow them (SPAN_UPSERT_FOLLOWED)."""
     if connection.vendor == "postgresql":
         now = rows[0][-1]
         pk = project.pk
         day = today()
-        params = [*_rows_json(rows, spans), pk, pk, day, pk, now, pk, locked, pk]
-        cursor.execute(SPAN_UPSERT, params)
+        params = [*_rows_json(rows, spans), pk, pk, day, pk, now, pk, locked]
+        if resent:
+            cursor.execute(SPAN_UPSERT_FOLLOWED, [*params, pk, *_links_keys(spans), pk])
+        else:
+            cursor.execute(SPAN_UPSERT, [*params, pk])
     else:
         _spans_create(project, rows, spans)
 
@@ -520,6 +556,17 @@ def _spans_create(project: Project, rows: list[tuple[Any, ...]], spans: list[Spa
         ],
         ignore_conflicts=True,
     )
+    # LINKS_FOLLOW, with the ORM (bulk_create updates a span sent again whatever its run).
+    traces, calls = _links_keys(spans)
+    stored = {(span.trace_id, span.span_id): span.run_id for span in created}
+    waiting = EffectLink.objects.filter(project=project).filter(
+        Q(trace_id__in=traces) | Q(tool_call_id__in=calls)
+    )
+    for link in waiting:
+        run = stored.get(link.run_span)
+        if run is not None and run != link.run_id:
+            link.run_id = run
+            link.save(update_fields=["run"])
 
 
 # The runs a batch names, created when new and locked in key order either way (the update
@@ -804,12 +851,14 @@ def _spans_store(
     touched.run_keys.update(first_start)
     # The runs the batch takes spans away from: locked with its own, refreshed with them.
     losing = holders - first_start.keys()
+    # Spans stored before, in some run: the links taking their run from them follow them.
+    resent = bool(holders)
     with connection.cursor() as cursor:
         with _pipeline():
             _runs_write(cursor, project, first_start, inferred, now, losing)
             _traces_claim(cursor, project, claims)
             if not merges:
-                _spans_write(cursor, project, rows, spans, hints, losing, extras, held)
+                _spans_write(cursor, project, rows, spans, hints, losing, resent, extras, held)
         if merges:
             # Rare: the merges read what the statements above wrote.
             for trace_id, source_key, target_key in merges:
@@ -817,7 +866,7 @@ def _spans_store(
                 _run_merge(project, trace_id=trace_id, source_key=source_key, target=target)
                 touched.run_keys.add(source_key)
             with _pipeline():
-                _spans_write(cursor, project, rows, spans, hints, losing, extras, held)
+                _spans_write(cursor, project, rows, spans, hints, losing, resent, extras, held)
     if held is not None:
         held.key = None  # the unlock has run: nothing left for `slot` to do
 
@@ -829,10 +878,11 @@ def _spans_write(
     spans: list[SpanData],
     hints: dict[str, list[SpanData]],
     losing: set[str],
+    resent: bool,
     extras: Extras,
     held: Slot | None,
 ) -> None:
-    _spans_upsert(cursor, project, rows, spans, sorted(hints.keys() | losing))
+    _spans_upsert(cursor, project, rows, spans, sorted(hints.keys() | losing), resent)
     # A run that lost spans has no hints of its own: its names are kept.
     _runs_refresh(cursor, project, {**{key: [] for key in losing}, **hints}, extras)
     if held is not None:

@@ -88,7 +88,9 @@ def link_resolve(*, effect_id: int) -> EffectLink | None:
             )
             anchor = anchor or tool
         model = _model_span(link, tool, anchor)
-        run = anchor.run if anchor else (model.run if model else None)
+        # The run of the span EffectLink.run_span names, which ingest moves the link with.
+        gives_run = tool or anchor or model
+        run = gives_run.run if gives_run else None
         if run is None and link.run_key:
             run = Run.objects.filter(project_id=link.project_id, run_id=link.run_key).first()
         link.run = run

@@ -36,9 +36,9 @@ def send(api, queue, django_capture_on_commit_callbacks):
                 api.receipt(key, **fields)
             work(queue)
 
-        def spans(self, *spans):
+        def spans(self, *spans, run_id=None):
             with django_capture_on_commit_callbacks(execute=True):
-                assert post_traces(api.client, api.key, request(*spans)).status_code == 200
+                assert post_traces(api.client, api.key, in_run(run_id, *spans)).status_code == 200
             work(queue)
 
         def trajectory(self, effect_id):
@@ -46,6 +46,17 @@ def send(api, queue, django_capture_on_commit_callbacks):
             return body["run_id"], body["tool_span_id"], body["model_span_id"]
 
     return Sender()
+
+
+def in_run(run_id, *spans):
+    """A request whose spans name their run (`tallybook.run.id`), or none."""
+    return request(*spans, resource={"tallybook.run.id": run_id} if run_id else None)
+
+
+def stored_alone(project, run_id, *spans):
+    """Spans stored as the API stores them, and then the process died before links_refresh."""
+    body = in_run(run_id, *spans).SerializeToString()
+    ingest.spans_ingest(project=project, spans=otlp.decode_protobuf(body).spans)
 
 
 def genai(*, calls=("call_1",)):
@@ -124,6 +135,34 @@ def test_links_stay_when_the_spans_are_sent_again(send):
     send.spans(*reversed(genai()))
     assert EffectLink.objects.values(*links.LINK_FIELDS).get(pk=effect) == before
     assert send.trajectory(effect) == (TRACE, TOOL, MODEL)
+
+
+def test_an_effect_linked_to_a_span_follows_it_to_the_run_it_moved_to(
+    send, api, other_api, project, queue, django_capture_on_commit_callbacks
+):
+    agent, model, executed = genai()
+    send.spans(agent, model, executed, run_id="run-a")
+    in_tool = send.intent(trace_id=TRACE, span_id=TOOL)
+    by_call = send.intent("refund:2", tool_call_id="call_1")
+    # Another project's effect, linked to its own spans of the same ids in its own run-a.
+    post_traces(other_api.client, other_api.key, in_run("run-a", *genai()))
+    with django_capture_on_commit_callbacks(execute=True):
+        stranger = other_api.intent("refund:1", trace_id=TRACE, span_id=TOOL).json()["effect"]["id"]
+    work(queue)
+    theirs = EffectLink.objects.get(pk=stranger).run
+    assert theirs is not None and theirs.project_id != project.pk
+
+    # The tool span sent again naming run-b, stored, and the process died before
+    # links_refresh: the links moved with the span, in its batch's transaction.
+    stored_alone(project, "run-b", executed)
+    assert send.trajectory(in_tool) == send.trajectory(by_call) == ("run-b", TOOL, MODEL)
+    run_b = EffectLink.objects.get(pk=in_tool).run
+    assert run_b is not None and (run_b.project_id, run_b.run_id) == (project.pk, "run-b")
+    assert EffectLink.objects.get(pk=stranger).run == theirs
+
+    # The model span, moved too, moves no link: their tool span is where they take their run.
+    stored_alone(project, "run-c", model)
+    assert send.trajectory(in_tool) == send.trajectory(by_call) == ("run-b", TOOL, MODEL)
 
 
 def test_a_receipt_with_trace_context_links_an_effect_whose_intent_had_none(send):

@@ -118,7 +118,8 @@ def test_a_batch_moving_spans_to_another_run_costs_no_more_round_trips(api: Api)
 
     again = _posted(api, _naming(body, "run-5"))
 
-    # One refresh, of both runs; no trace to claim (they are run-4's).
+    # One refresh, of both runs; no trace to claim (they are run-4's); the spans' statement
+    # moves the effect links taking their runs from them too (ingest.LINKS_FOLLOW).
     assert _named(again) == [b for b in BATCH if b != "INSERT INTO trajectories_runtrace"]
     assert again.round_trips == first.round_trips
     assert Run.objects.get(run_id="run-5").span_count == 200
