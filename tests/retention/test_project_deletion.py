@@ -286,3 +286,22 @@ def test_a_row_written_while_the_deletion_runs_is_deleted_on_a_walk_again(alpha,
     assert projects.project_delete(project_id=alpha.pk).finished
     assert written
     assert not _nonzero(project_rows(alpha))
+
+
+def test_a_staff_user_without_the_delete_permission_cannot_delete_in_the_background(
+    client, alpha, api
+):
+    from django.contrib.auth.models import Permission, User
+
+    staff = User.objects.create_user("editor", password="pw-editor-1234", is_staff=True)
+    staff.user_permissions.add(
+        Permission.objects.get(codename="change_project"),
+        Permission.objects.get(codename="view_project"),
+    )
+    client.force_login(staff)
+    confirm = f"{ADMIN_PAGE}{alpha.pk}/delete-in-background/"
+
+    assert client.get(confirm).status_code == 403
+    assert client.post(confirm, {"name": "alpha"}).status_code == 403
+    assert Project.objects.get(pk=alpha.pk).deleting is None
+    assert api.intent("still-here").status_code == 201
