@@ -83,7 +83,11 @@ class Role(models.TextChoices):
 
 
 class Membership(models.Model):
-    project = models.ForeignKey(Project, models.CASCADE)
+    project = models.ForeignKey(
+        Project,
+        models.CASCADE,
+        db_index=False,  # membership_uniq leads with it
+    )
     user = models.ForeignKey(settings.AUTH_USER_MODEL, models.CASCADE)
     role = models.CharField(max_length=16, choices=Role.choices, default=Role.VIEWER)
     created = models.DateTimeField(default=timezone.now)
@@ -929,7 +933,12 @@ class BulkAction(models.Model):
 class SavedView(models.Model):
     """A named filter of the queue: its owner's own, or shared with the project's members."""
 
-    project = models.ForeignKey(Project, models.CASCADE, related_name="saved_views")
+    project = models.ForeignKey(
+        Project,
+        models.CASCADE,
+        related_name="saved_views",
+        db_index=False,  # savedview_one_name_per_owner leads with it
+    )
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, models.CASCADE, related_name="+")
     name = models.CharField(max_length=80)
     # The queue's filter as QueueQuery.query_string() writes it: only the filter's own fields,
@@ -1109,7 +1118,12 @@ class AuditEntry(models.Model):
 class ReconcilerConfig(models.Model):
     """How to ask one target system whether an effect happened (docs/reconcilers.md)."""
 
-    project = models.ForeignKey(Project, models.CASCADE, related_name="reconcilers")
+    project = models.ForeignKey(
+        Project,
+        models.CASCADE,
+        related_name="reconcilers",
+        db_index=False,  # reconciler_project_target_uniq leads with it
+    )
     target = models.CharField(
         max_length=255, help_text="The target system of the effects this reconciler answers for."
     )
@@ -1332,7 +1346,12 @@ class Grant(models.Model):
     version of a grant shares its `lineage`, and the limits count effects across versions.
     """
 
-    project = models.ForeignKey(Project, models.CASCADE, related_name="grants")
+    project = models.ForeignKey(
+        Project,
+        models.CASCADE,
+        related_name="grants",
+        db_index=False,  # grant_project_pk_uniq leads with it
+    )
     lineage = models.UUIDField(default=uuid.uuid4, editable=False)
     version = models.PositiveIntegerField(default=1)
     supersedes = models.OneToOneField(
@@ -1475,7 +1494,12 @@ class SignoffVerdict(models.TextChoices):
 class Signoff(models.Model):
     """One person's verdict on an approval. Immutable; one per person per approval."""
 
-    approval = models.ForeignKey(Approval, models.CASCADE, related_name="signoffs")
+    approval = models.ForeignKey(
+        Approval,
+        models.CASCADE,
+        related_name="signoffs",
+        db_index=False,  # signoff_one_per_person leads with it
+    )
     user = models.ForeignKey(settings.AUTH_USER_MODEL, models.PROTECT, related_name="+")
     verdict = models.CharField(max_length=8, choices=SignoffVerdict.choices)
     reason = models.TextField()
@@ -1503,7 +1527,12 @@ class WebhookKind(models.TextChoices):
 class WebhookSource(models.Model):
     """A provider that posts signed evidence to /hooks/<name>/ (docs/webhooks.md)."""
 
-    project = models.ForeignKey(Project, models.CASCADE, related_name="webhook_sources")
+    project = models.ForeignKey(
+        Project,
+        models.CASCADE,
+        related_name="webhook_sources",
+        db_index=False,  # webhooksource_project_pk_uniq leads with it
+    )
     # Unique over all projects: the URL names the source, and the source its project.
     name = models.SlugField(max_length=50, unique=True)
     kind = models.CharField(max_length=8, choices=WebhookKind.choices)
@@ -1640,7 +1669,12 @@ class Archive(models.Model):
     """An archive `manage.py archive` wrote: what it holds, by the SHA-256 of its content,
     which its `archive_written` audit entry records too (durability.retention.archive)."""
 
-    project = models.ForeignKey(Project, models.CASCADE, related_name="archives")
+    project = models.ForeignKey(
+        Project,
+        models.CASCADE,
+        related_name="archives",
+        db_index=False,  # archive_project_recent_idx and archive_sha256_uniq lead with it
+    )
     # Every effect of the project last changed before this, with its story, and the runs
     # started before it with their spans.
     before = models.DateTimeField()
