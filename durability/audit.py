@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from itertools import groupby
 from typing import Any
@@ -230,12 +230,13 @@ def trail(project: Project | int, actor: str) -> Iterator[Trail]:
     written on a clean exit.
 
     An exception rolls the transaction back and writes nothing. Inside a caller's
-    transaction this is a savepoint, and the writes still commit with the caller's.
+    transaction this is a savepoint, and the writes still commit with the caller's. Its own
+    transaction's BEGIN goes with its first statement, on PostgreSQL (`rows.begun_lazily`).
     """
     gathered = Trail(project.pk if isinstance(project, Project) else project, actor)
     connection = transaction.get_connection()
     own = not connection.in_atomic_block and connection.vendor == "postgresql"
-    with transaction.atomic():
+    with transaction.atomic(), rows.begun_lazily() if own else nullcontext():
         yield gathered
         gathered.append(commit=own)
 

@@ -23,6 +23,9 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections, models
 from django.db.models import signals
+from psycopg.pq import TransactionStatus
+
+IDLE = TransactionStatus.IDLE
 
 
 def _quoted(name: str | None) -> str:
@@ -179,6 +182,7 @@ def ahead(sql: str, params: Sequence[Any], holds: Callable[[Result], bool]) -> I
 
 
 def _check_ahead() -> None:
+    _begin_sent(_db())
     pending = _ahead.get()
     if pending is None:
         return
@@ -189,6 +193,51 @@ def _check_ahead() -> None:
         result.rows = list(cursor.fetchall())
     if not pending.holds(result):
         raise Stale(pending.sql)
+
+
+# The block's transaction is open in Django but its BEGIN not yet sent (`begun_lazily`).
+_begin: ContextVar[bool] = ContextVar("rows_begin", default=False)
+
+
+@contextmanager
+def begun_lazily() -> Iterator[None]:
+    """Inside an outermost `transaction.atomic()` on PostgreSQL, before any statement: the
+    transaction's BEGIN goes with the block's first statement (in its pipeline, where it is
+    a `Batch`'s or the `Writes`'), not in a round trip of its own.
+
+    psycopg sends the BEGIN itself before the first statement of a transaction, and in
+    pipeline mode waits for its answer before the statements queued after it. Here psycopg
+    is left in autocommit, which sends no BEGIN, and the block sends its own ahead of its
+    first statement; Django's commit or rollback at the block's end closes the transaction
+    as ever (psycopg commits and rolls back whatever its autocommit), and Django puts
+    autocommit back after it. Nothing sent, nothing begun: the transaction stays empty.
+    """
+    db = _db()
+    if db.vendor != "postgresql":
+        yield
+        return
+    assert db.in_atomic_block and db.connection.info.transaction_status == IDLE
+    db.connection.autocommit = True
+    token = _begin.set(True)
+
+    def first(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        _begin_sent(db)
+        return execute(sql, params, many, context)
+
+    try:
+        with db.execute_wrapper(first):
+            yield
+    finally:
+        _begin.reset(token)
+
+
+def _begin_sent(db: Any) -> None:
+    """Send the BEGIN `begun_lazily` holds back: queued, inside a pipeline (its answer, a
+    command's, is read at the sync with the rest); before the first statement otherwise."""
+    if not _begin.get():
+        return
+    _begin.set(False)
+    db.connection.execute("BEGIN", prepare=False)
 
 
 @dataclass
@@ -233,6 +282,7 @@ class Batch:
         cursors = []
         db = _db()
         with pipelined(), db.wrap_database_errors:
+            _begin_sent(db)
             for queued in self.queued:
                 cursor = _cursor(db)
                 _execute_one(db, cursor, queued.sql, queued.params)

@@ -1,6 +1,6 @@
-"""What one intent and one receipt cost in PostgreSQL, pinned: each statement, and three round
-trips (no health check `SELECT 1`, prepared statements already prepared, the keys version
-checked in the first pipeline)."""
+"""What one intent and one receipt cost in PostgreSQL, pinned: each statement, and two round
+trips (no health check `SELECT 1`, prepared statements already prepared, the BEGIN and the
+keys version sent in the first pipeline)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from tests.round_trips import cost
 
 pytestmark = pytest.mark.django_db(transaction=True)  # real BEGIN and COMMIT, as served
 
-# The intent of a new key, in three round trips: the BEGIN (psycopg waits for it), the reads
-# under the key's lock (one pipeline), and the writes with the COMMIT (one pipeline).
+# The intent of a new key, in two round trips: the BEGIN with the reads under the key's lock
+# (one pipeline), and the writes with the COMMIT (one pipeline).
 INTENT = [
-    "BEGIN",
+    "BEGIN",  # Django's; sent in the first pipeline (`rows.begun_lazily`)
     # one pipeline:
     # the key itself locked, whether it has an effect or not; and the keys version, so that
     # the key and its project cached here are known to hold
@@ -37,7 +37,7 @@ INTENT = [
 # A receipt for a pending effect.
 RECEIPT = [
     "BEGIN",
-    # one pipeline:
+    # one pipeline, with the BEGIN:
     "SELECT (durability_keysversion), pg_advisory_xact_lock",
     "SELECT durability_effect FOR UPDATE",  # with its grant, which the evidence is compared with
     "SELECT durability_receipt",  # the same receipt sent before, or else a key drawn for it
@@ -73,7 +73,7 @@ def test_an_intent_for_a_new_key_costs_its_statements_and_no_round_trip_more(
         assert api.intent("k1", authority={"grant": grant}).json()["decision"] == "proceed"
 
     assert spent.statements == INTENT
-    assert spent.round_trips == 3
+    assert spent.round_trips == 2
 
 
 def test_a_receipt_costs_its_statements_and_no_round_trip_more(api: Api, project: Project) -> None:
@@ -85,4 +85,4 @@ def test_a_receipt_costs_its_statements_and_no_round_trip_more(api: Api, project
         assert api.receipt("k1", external_id="e-1").status_code == 201
 
     assert spent.statements == RECEIPT
-    assert spent.round_trips == 3
+    assert spent.round_trips == 2
