@@ -569,15 +569,22 @@ def _spans_create(project: Project, rows: list[tuple[Any, ...]], spans: list[Spa
             link.save(update_fields=["run"])
 
 
-# The runs a batch names, created when new and locked in key order either way (the update
-# takes the row lock, which a conflict ignored would not), as `_runs_write` lists them.
+# The runs a batch names, created when new, and the runs it takes spans from, locked in key
+# order either way (the update takes the row lock, which a conflict ignored would not), as
+# `_runs_write` lists them. A run losing spans is never created: `_holders` found it unlocked,
+# and retention or a merge may have deleted it since (committed before this statement, or
+# while it waits for the row); the EXISTS locks it first, and is false for a row gone.
 RUNS_UPSERT = (
     "INSERT INTO trajectories_run (project_id, run_id, inferred, agent, workflow, "
     "workflow_version, conversation_id, status, started, attributes, span_count, "
-    "error_count, input_tokens, output_tokens, updated) VALUES {rows} "
+    "error_count, input_tokens, output_tokens, updated) "
+    "WITH run (project_id, run_id, inferred, started, updated, losing) AS (VALUES {rows}) "
+    "SELECT project_id, run_id, inferred, '', '', '', '', 'running', started, '{{}}', "
+    "0, 0, 0, 0, updated FROM run WHERE NOT losing OR EXISTS (SELECT 1 FROM trajectories_run "
+    "held WHERE held.project_id = run.project_id AND held.run_id = run.run_id {lock}) "
     "ON CONFLICT (project_id, run_id) DO UPDATE SET updated = EXCLUDED.updated"
 )
-_RUN_ROW = "(%s, %s, %s, '', '', '', '', 'running', %s, '{}', 0, 0, 0, 0, %s)"
+_RUN_ROW = "(%s, %s, %s, %s, %s, %s)"
 # A trace joins the run its key names unless it has one already.
 # The trace's day is today's, once: a trace claimed before keeps the day it was first seen.
 TRACES_CLAIM = (
@@ -596,13 +603,16 @@ def _runs_write(
     losing: set[str],
 ) -> None:
     """Create the runs {key: first start} that are new (`inferred` those named after their
-    trace), and lock them all with the runs `losing` spans to them, in key order: one
-    statement."""
+    trace), and lock them all with the runs `losing` spans to them that still exist, in key
+    order: one statement."""
     params: list[Any] = []
     keys = sorted(first_start.keys() | losing)
     for key in keys:
-        params += [project.pk, key, key in inferred, first_start.get(key, now), now]
-    cursor.execute(RUNS_UPSERT.format(rows=", ".join([_RUN_ROW] * len(keys))), params)
+        start, only_losing = first_start.get(key, now), key not in first_start
+        params += [project.pk, key, key in inferred, start, now, only_losing]
+    # Elsewhere (SQLite, the demo) a transaction writes alone from its start: nothing to lock.
+    lock = "FOR UPDATE" if connection.vendor == "postgresql" else ""
+    cursor.execute(RUNS_UPSERT.format(rows=", ".join([_RUN_ROW] * len(keys)), lock=lock), params)
 
 
 def _traces_claim(cursor: Any, project: Project, claims: dict[str, str]) -> None:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import gzip
 import threading
+import time
+from datetime import timedelta
 
 import pytest
 from django.db import connection, transaction
 from django.test import Client
+from django.utils import timezone
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
@@ -22,7 +25,7 @@ from tests.trajectories.support import (
     span,
     tool,
 )
-from trajectories import ingest
+from trajectories import ingest, retention
 from trajectories.models import RequestedToolCall, Run, RunTrace, Span
 
 __all__ = ["slots_taken"]
@@ -419,6 +422,69 @@ def test_two_batches_moving_one_span_at_once_leave_every_run_counting_what_it_ho
         (1, 0, 100, 20),
         (0, 0, 0, 0),
     )
+
+
+def _waits_for_a_lock(pid: int) -> bool:
+    """Whether the session `pid` comes to wait for a lock, polled for at most a minute."""
+    with connection.cursor() as cursor:
+        for _ in range(6000):
+            cursor.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pid])
+            if cursor.fetchone() == ("Lock",):
+                return True
+            time.sleep(0.01)
+    return False
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("committed", ["before_the_upsert", "while_the_upsert_waits"])
+def test_a_run_the_batch_takes_spans_from_expired_meanwhile_is_not_created_again(
+    api, project, committed
+):
+    sent = [span(ROOT, duration_ms=500), chat("1111111111111111", parent=ROOT)]
+    post_traces(api.client, api.key, _in_run("run-a", *sent))
+    deleted = threading.Event()
+    expiring: list[threading.Thread] = []
+    waited: list[bool] = []
+
+    def expire(batch: int) -> None:
+        """Retention, as if the spans had all expired: it deletes them, their trace and run-a,
+        left with no span; it commits at once, or once the batch waits for it."""
+
+        def commit_once_the_batch_waits(execute, sql, params, many, context):
+            result = execute(sql, params, many, context)
+            if sql.startswith('DELETE FROM "trajectories_run" ') and not deleted.is_set():
+                deleted.set()
+                if committed == "while_the_upsert_waits":
+                    waited.append(_waits_for_a_lock(batch))
+            return result
+
+        try:
+            with connection.execute_wrapper(commit_once_the_batch_waits):
+                retention.project_expire(project.pk, now=timezone.now() + timedelta(days=2), days=1)
+        finally:
+            connection.close()
+
+    def expire_before_its_writes(execute, sql, params, many, context):
+        if sql.startswith("INSERT INTO trajectories_run ") and not expiring:
+            # The batch has looked its spans up, found them in run-a, and is to write.
+            batch = context["connection"].connection.info.backend_pid
+            expiring.append(threading.Thread(target=expire, args=[batch]))
+            expiring[0].start()
+            if committed == "before_the_upsert":
+                expiring[0].join(timeout=60)
+            else:
+                assert deleted.wait(timeout=60)
+        return execute(sql, params, many, context)
+
+    # The spans sent again, naming run-b: run-a loses them.
+    with connection.execute_wrapper(expire_before_its_writes):
+        r = post_traces(api.client, api.key, _in_run("run-b", *sent))
+    expiring[0].join(timeout=60)
+    assert r.status_code == 200 and deleted.is_set() and not expiring[0].is_alive()
+    assert waited == ([True] if committed == "while_the_upsert_waits" else [])
+    assert not Run.objects.filter(run_id="run-a").exists()
+    assert _counts("run-b") == (2, 0, 100, 20)
+    assert set(Span.objects.values_list("run__run_id", flat=True)) == {"run-b"}
 
 
 def test_the_other_projects_spans_are_apart(api, other_api):
