@@ -12,9 +12,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.core.exceptions import ValidationError
+from django.core.exceptions import ObjectDoesNotExist, ValidationError
 from django.core.validators import MinValueValidator
-from django.db import connection, models
+from django.db import IntegrityError, connection, models
 from django.db.models import Q, Subquery
 from django.db.models.base import ModelState
 from django.urls import reverse
@@ -72,6 +72,22 @@ class Project(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+# What a write meets when its project's rows are deleted under it (after its key, webhook
+# source or membership let it in): a foreign key refused at its commit, or a row it locks
+# (a project's or an effect's audit chain head) not found.
+GONE_UNDER_A_WRITE = (IntegrityError, ObjectDoesNotExist)
+
+
+def project_gone(project_id: int) -> bool:
+    """Whether the project is deleted or being deleted (durability.retention.projects).
+    Asked once a write failed with one of GONE_UNDER_A_WRITE, never before it: the requests
+    of a live project pay nothing for it. Not in a transaction that failed without a
+    savepoint, which can run no query: there, False."""
+    if connection.needs_rollback:
+        return False
+    return not Project.objects.filter(pk=project_id, deleting=None).exists()
 
 
 class Role(models.TextChoices):

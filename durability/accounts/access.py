@@ -2,7 +2,9 @@
 
 The rules, for every page: a user in no project gets the landing page that says so; an
 object of a project the user is not in is a 404 (never "forbidden": a stranger is not
-told it exists); a member whose role lacks the permission gets a 403.
+told it exists); a member whose role lacks the permission gets a 403. A project being
+deleted is no one's (`roles`), and a write its deletion refused after the access was
+granted is a 404 too, as the next request would be.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import Model, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
+from django.views.defaults import page_not_found
 from django_htmx.middleware import HtmxDetails
 
 from durability.accounts.roles import Access, Perm, access_from, access_of, projects_of
-from durability.models import Membership
+from durability.models import GONE_UNDER_A_WRITE, Membership, project_gone
 
 SESSION_PROJECT = "tallybook_project"
+NOT_YOURS = "No such project among yours"
 
 
 class AuthedRequest(HttpRequest):
@@ -27,6 +31,8 @@ class AuthedRequest(HttpRequest):
 
     user: User
     htmx: HtmxDetails
+    # The project the access helper let the page act in (NoProjectMiddleware reads it).
+    acting_in: int
 
 
 class NoProject(Exception):
@@ -64,8 +70,9 @@ def project_access(request: AuthedRequest, perm: Perm, *, project_id: int | None
     if access is None:
         if project_id is None:
             raise NoProject
-        raise Http404("No such project among yours")
+        raise Http404(NOT_YOURS)
     require(access, perm)
+    request.acting_in = access.project.pk
     return access
 
 
@@ -89,6 +96,7 @@ def object_access[M: Model](
     if found is None or access is None:
         raise Http404(f"No such {objects.model._meta.verbose_name} in your projects")
     require(access, perm)
+    request.acting_in = access.project.pk
     return found, access
 
 
@@ -101,7 +109,10 @@ def require(access: Access, perm: Perm) -> None:
 
 
 class NoProjectMiddleware:
-    """Answers a page asked by a user in no project with the landing page that says so."""
+    """Answers a page asked by a user in no project with the landing page that says so; and
+    a page whose write failed because its project was deleted meanwhile (after the access
+    helper let it in, before it committed) with the 404 the next request gets, its
+    transaction rolled back."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
@@ -112,4 +123,11 @@ class NoProjectMiddleware:
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
         if isinstance(exception, NoProject):
             return render(request, "durability/accounts/no_project.html")
+        project_id = getattr(request, "acting_in", None)
+        if (
+            isinstance(exception, GONE_UNDER_A_WRITE)
+            and project_id is not None
+            and project_gone(project_id)
+        ):
+            return page_not_found(request, Http404(NOT_YOURS))
         return None

@@ -14,6 +14,7 @@ from typing import Any
 from django.apps import apps as global_apps
 from django.apps.registry import Apps
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, Permission
+from django.db.models import QuerySet
 
 from durability.models import Membership, Project, Role
 
@@ -86,15 +87,20 @@ class Access:
         return perm.value in self.permissions
 
 
+def _memberships(user: AbstractBaseUser) -> QuerySet[Membership]:
+    """The user's memberships with their projects, but of a project being deleted: its
+    members go when it is marked, and one added meanwhile (committed just after the mark)
+    must not show it until the deletion's last pass."""
+    return Membership.objects.select_related("project").filter(
+        user_id=user.pk, project__deleting=None
+    )
+
+
 def access_of(user: AbstractBaseUser | AnonymousUser, project_id: int) -> Access | None:
     """The user's access to a project, or None for a stranger to it. Two queries."""
     if not user.is_authenticated:
         return None
-    membership = (
-        Membership.objects.select_related("project")
-        .filter(user_id=user.pk, project_id=project_id)
-        .first()
-    )
+    membership = _memberships(user).filter(project_id=project_id).first()
     return access_from(membership) if membership else None
 
 
@@ -110,8 +116,4 @@ def projects_of(user: AbstractBaseUser | AnonymousUser) -> list[Membership]:
     """The user's memberships with their projects, by project name."""
     if not user.is_authenticated:
         return []
-    return list(
-        Membership.objects.select_related("project")
-        .filter(user_id=user.pk)
-        .order_by("project__name")
-    )
+    return list(_memberships(user).order_by("project__name"))

@@ -29,7 +29,13 @@ from django.views.decorators.http import require_GET, require_POST
 from durability import inbound
 from durability.accounts import lockouts
 from durability.accounts import services as members
-from durability.accounts.access import SESSION_PROJECT, AuthedRequest, actor_of, project_access
+from durability.accounts.access import (
+    NOT_YOURS,
+    SESSION_PROJECT,
+    AuthedRequest,
+    actor_of,
+    project_access,
+)
 from durability.accounts.forms import (
     ApiKeyForm,
     MemberAddForm,
@@ -362,7 +368,7 @@ def project_switch(request: AuthedRequest) -> HttpResponse:
     """Make another of the user's projects the current one."""
     chosen = inbound.number_param(request.POST.get("project"))
     if chosen is None:
-        raise Http404("No such project among yours")
+        raise Http404(NOT_YOURS)
     access = project_access(request, Perm.VIEW, project_id=chosen)
     request.session[SESSION_PROJECT] = access.project.pk
     target = request.POST.get("next", "")

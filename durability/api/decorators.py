@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 from durability import rows
 from durability.api.schemas import STORABLE, ErrorOut
 from durability.inbound import json_loads, storable_strings
-from durability.models import ApiKey, KeysVersion, Project
+from durability.models import GONE_UNDER_A_WRITE, ApiKey, KeysVersion, Project, project_gone
 
 MiB = 1024 * 1024
 
@@ -171,6 +171,10 @@ def authorize(
     """Authenticate the Bearer key and set `request.project`; cap the body at `max_body`;
     with a `schema`, validate the JSON body once and set it as `request.payload`.
 
+    A write refused because the key's project was deleted meanwhile (its transaction then
+    commits after the project row is gone) is answered as the key would be a moment later:
+    401, nothing stored.
+
     With `keys_ahead` (the ledger's writes, whose first statements are a batch of reads
     under the key's lock) a key this process cached is used at once, and the keys version
     it was cached under is checked in the view's first round trip (`rows.ahead`): if a key
@@ -222,4 +226,11 @@ def _as(
     request.project = key.project
     request.api_key = key
     request.actor = f"api:{key.prefix}"
-    return view(request, *args, **kwargs)
+    try:
+        return view(request, *args, **kwargs)
+    except GONE_UNDER_A_WRITE:
+        # The project was deleted under the request (its key authenticated before the
+        # revocation): answered as the key is from now on, and its transaction rolled back.
+        if project_gone(key.project_id):
+            return _unknown_key()
+        raise

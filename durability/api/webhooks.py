@@ -30,7 +30,14 @@ from durability import inbound, redaction
 from durability.api.decorators import MiB, Refused, answer, body_within, error, field_errors
 from durability.api.schemas import CaseOut, EffectOut, HookDeliveryOut, HookReceiptOut, ReceiptIn
 from durability.ledger import evidence
-from durability.models import Strength, WebhookDelivery, WebhookKind, WebhookSource
+from durability.models import (
+    GONE_UNDER_A_WRITE,
+    Strength,
+    WebhookDelivery,
+    WebhookKind,
+    WebhookSource,
+    project_gone,
+)
 
 SIGNATURE = {
     WebhookKind.GENERIC: "X-Tallybook-Signature",
@@ -309,7 +316,7 @@ def webhook_receive(
 def hook(request: HttpRequest, name: str) -> JsonResponse:
     source = WebhookSource.objects.select_related("project").filter(name=name, enabled=True).first()
     if source is None:
-        return error("No such webhook source", 404)
+        return _unknown_source()
     try:
         body = body_within(request, MiB)
     except Refused as refused:
@@ -330,8 +337,21 @@ def hook(request: HttpRequest, name: str) -> JsonResponse:
             receipts, ignored = _generic(source, payload, verified.delivery), 0
     except Rejected as exc:
         return error(exc.message, exc.status, exc.fields)
-    outcome = webhook_receive(source=source, verified=verified, receipts=receipts, ignored=ignored)
+    try:
+        outcome = webhook_receive(
+            source=source, verified=verified, receipts=receipts, ignored=ignored
+        )
+    except GONE_UNDER_A_WRITE:
+        # The project was deleted under the delivery (its source found before it was turned
+        # off): answered as its source is from now on, and nothing of it stored.
+        if project_gone(source.project_id):
+            return _unknown_source()
+        raise
     return _answer(verified, outcome)
+
+
+def _unknown_source() -> JsonResponse:
+    return error("No such webhook source", 404)
 
 
 def _received(source: WebhookSource, verified: Verified) -> bool:

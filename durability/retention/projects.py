@@ -14,6 +14,9 @@ on with what is left, and two runs at once take turns (an advisory lock per proj
 last transaction locks what is left of the project, deletes whatever a request
 authenticated just before the revocation wrote meanwhile, then the project row: a write
 after it fails its foreign key (the project is gone), and its key no longer authenticates.
+That request is answered as its next one would be, with nothing stored (`project_gone`):
+401 at the API's front door (`authorize`), 404 for a webhook's source and for a page (the
+access helper's middleware); and no page shows a project being deleted (`roles`).
 """
 
 from __future__ import annotations

@@ -11,7 +11,15 @@ from django.core.management import CommandError, call_command
 from django.db import ProgrammingError, connection, models, transaction
 from rq.job import Job
 
-from durability.models import ApiKey, AuditEntry, Membership, Project, ReconcilerConfig, State
+from durability.models import (
+    ApiKey,
+    AuditEntry,
+    Membership,
+    Project,
+    ReconcilerConfig,
+    Role,
+    State,
+)
 from durability.retention import jobs as retention_jobs
 from durability.retention import projects
 from tests.authority.support import grant, supersede
@@ -169,6 +177,21 @@ def test_the_member_no_longer_sees_the_project(alpha, alice):
     projects.project_delete_begin(project=alpha, actor="test")
     r = desk.get("/effects/")
     assert "paid" not in r.content.decode()
+
+
+def test_a_membership_committed_just_after_the_mark_shows_the_project_to_no_one(alpha, alice):
+    """The mark deletes the members it sees; one added by a request committing just after
+    it stays until the deletion's last pass, and must give nothing meanwhile."""
+    projects.project_delete_begin(project=alpha, actor="test")
+    Membership.objects.create(project=alpha, user=alice, role=Role.ADMIN)
+    desk = logged_in(alice)
+
+    landing = desk.get("/effects/")
+    assert "not a member of any project" in landing.content.decode()
+    assert "paid" not in landing.content.decode()
+    assert desk.post("/projects/switch/", {"project": alpha.pk}).status_code == 404
+    assert desk.post(f"/settings/{alpha.pk}/keys/", {"name": "late"}).status_code == 404
+    assert not ApiKey.objects.filter(project=alpha, revoked_at=None).exists()
 
 
 def test_the_job_deletes_every_row_of_the_project_in_batches(alpha, beta):

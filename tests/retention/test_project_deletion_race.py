@@ -1,0 +1,139 @@
+"""A write racing its project's deletion: a request that authenticated (or found its webhook
+source, or its membership) before the project was marked, and whose transaction commits after
+the deletion's last pass deleted the project row, is answered as it would be a moment later,
+never with a 500; nothing of it is stored."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import connection, connections
+
+from durability.models import Membership, Project, Role
+from durability.retention import projects
+from tests.api.support import signed, stripe_source
+from tests.conftest import Api
+from tests.desk.support import logged_in
+from tests.ledger import support as ledger
+from tests.retention.test_project_deletion import project_rows
+from tests.trajectories.support import PROTOBUF, chat, post_traces, request
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+UNKNOWN_KEY = {"error": "Missing, wrong or revoked API key"}
+
+
+def _delete(project_id: int, failed: list[BaseException]) -> None:
+    try:
+        project = Project.objects.get(pk=project_id)
+        projects.project_delete_begin(project=project, actor="test")
+        assert projects.project_delete(project_id=project_id).finished
+    except BaseException as exc:
+        failed.append(exc)
+    finally:
+        connections.close_all()
+
+
+@contextmanager
+def deleted_at_first_write(project: Project) -> Iterator[None]:
+    """The project marked and deleted to its last row by another connection (as by the job,
+    in another process) just as this connection sends its next INSERT through Django's cursor
+    (or the COMMIT after the ledger's pipelined writes, which pass it by): the request has
+    authenticated, and its transaction commits after the project row is gone."""
+    failed: list[BaseException] = []
+    fired: list[str] = []
+
+    def deleting(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if not fired and ("INSERT INTO" in sql.upper() or sql == "COMMIT"):
+            fired.append(sql)
+            other = threading.Thread(target=_delete, args=(project.pk, failed))
+            other.start()
+            other.join(timeout=60)
+            assert not other.is_alive(), "the deletion waited for the request"
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(deleting):
+        yield
+    assert fired, "the request wrote nothing"
+    assert not failed, failed
+    assert not Project.objects.filter(pk=project.pk).exists()
+
+
+def _nothing_left(project: Project) -> None:
+    assert not {label for label, count in project_rows(project).items() if count}
+
+
+def test_an_intent_committing_after_its_project_was_deleted_is_a_401(api: Api, project):
+    assert api.intent("before", authority=None).status_code == 201  # the key is cached
+    with deleted_at_first_write(project):
+        r = api.intent("racing", authority=None)
+    assert (r.status_code, r.json()) == (401, UNKNOWN_KEY)
+    assert r["WWW-Authenticate"] == 'Bearer realm="tallybook"'
+    _nothing_left(project)
+
+
+def test_a_receipt_committing_after_its_project_was_deleted_is_a_401(api: Api, project):
+    assert api.intent("before", authority=None).status_code == 201
+    with deleted_at_first_write(project):
+        r = api.receipt("never-intended", external_id="ext-9")
+    assert (r.status_code, r.json()) == (401, UNKNOWN_KEY)
+    _nothing_left(project)
+
+
+def test_a_first_request_of_the_process_racing_the_deletion_is_a_401(api: Api, project):
+    """Not cached: the key is read at the front door, and no keys version is checked later."""
+    ledger.everything(project)
+    with deleted_at_first_write(project):
+        r = api.intent("racing")
+    assert (r.status_code, r.json()) == (401, UNKNOWN_KEY)
+    _nothing_left(project)
+
+
+def test_a_span_batch_committing_after_its_project_was_deleted_is_a_401_in_otlp(
+    api: Api, project, client
+):
+    with deleted_at_first_write(project):
+        r = post_traces(client, api.key, request(chat("4444444444444444", trace_id="8" * 32)))
+    assert r.status_code == 401
+    assert r["Content-Type"] == PROTOBUF
+    assert r["WWW-Authenticate"] == 'Bearer realm="tallybook"'
+    _nothing_left(project)
+
+
+def test_an_event_batch_committing_after_its_project_was_deleted_is_a_401(api: Api, project):
+    with deleted_at_first_write(project):
+        r = api.post("events", {"events": [{"id": "e-1", "type": "run", "run_id": "racing"}]})
+    assert (r.status_code, r.json()) == (401, UNKNOWN_KEY)
+    _nothing_left(project)
+
+
+def test_a_webhook_delivery_committing_after_its_project_was_deleted_is_a_404(client, project):
+    source = stripe_source(project)
+    refund = {"id": "re_1", "amount": 5, "currency": "eur", "metadata": {"tallybook_key": "r:1"}}
+    body = json.dumps({"id": "evt_1", "created": 1_760_000_000, "data": {"object": refund}})
+    with deleted_at_first_write(project):
+        r = client.post(
+            f"/hooks/{source.name}/",
+            data=body,
+            content_type="application/json",
+            headers=signed(body.encode(), str(int(time.time())), source.secret),
+        )
+    assert (r.status_code, r.json()) == (404, {"error": "No such webhook source"})
+    _nothing_left(project)
+
+
+def test_a_page_write_committing_after_its_project_was_deleted_is_a_404(project):
+    admin = User.objects.create_user("ada", password="password")
+    Membership.objects.create(project=project, user=admin, role=Role.ADMIN)
+    desk = logged_in(admin)
+    with deleted_at_first_write(project):
+        r = desk.post(f"/settings/{project.pk}/keys/", {"name": "racing"})
+    assert r.status_code == 404
+    _nothing_left(project)
