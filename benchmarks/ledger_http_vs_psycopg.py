@@ -333,6 +333,7 @@ def measure(
         _run(_http_worker, lambda c: (port, key, http_grant, f"warm{c}", 20), workers)
         # The paths alternate in rounds, so that both meet the same load on the machine.
         for r in range(rounds):
+            server.analyzed(dsn)
             elapsed, lat = _run(
                 _http_worker,
                 lambda c: (port, key, http_grant, f"h{r}.{c}", per_round),  # noqa: B023

@@ -391,6 +391,7 @@ def measure(*, batches: int, clients: int, workers: int, rounds: int, db: str) -
         refused = sum(reports, refused)
         http_time = raw_time = timed_time = 0.0
         for r in range(rounds):
+            server.analyzed(dsn)
             took, reports = _run(_http_worker, partial(_http_args, port, key, share, r), clients)
             http_time, refused = http_time + took, sum(reports, refused)
             raw_time += _run(
