@@ -176,12 +176,7 @@ class Trail:
         assert transaction.get_connection().in_atomic_block, "audit must share the transaction"
         if self.entries:
             self._chain()
-        with rows.pipelined():
-            sent = self.writes.send()
-            if commit:
-                with transaction.get_connection().cursor() as cursor:
-                    cursor.execute("COMMIT")
-        rows.keys_take(sent)
+        self.writes.send(commit=commit)
 
     def _chain(self) -> None:
         now = timezone.now()

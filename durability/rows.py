@@ -21,9 +21,12 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
+import psycopg
 from django.db import DEFAULT_DB_ALIAS, connection, connections, models
 from django.db.models import signals
 from psycopg.pq import TransactionStatus
+
+from durability import pipeline
 
 IDLE = TransactionStatus.IDLE
 
@@ -251,9 +254,8 @@ class _Queued:
 
 @dataclass
 class Batch:
-    """SELECTs sent together, answered together. Inside a pipeline opened by the caller
-    they are only queued, and answered at its sync: `run` within `pipelined()` is not
-    for batches whose answers the caller reads before the pipeline closes."""
+    """SELECTs sent together, answered together: on PostgreSQL one pipeline, one round
+    trip; on SQLite one after the other."""
 
     queued: list[_Queued] = field(default_factory=list)
 
@@ -266,8 +268,7 @@ class Batch:
         return result
 
     def run(self) -> None:
-        """Send the batch: on PostgreSQL one pipeline, synced once as it closes, then
-        every answer read from its cursor (after the statement sent `ahead`, if any)."""
+        """Send the batch (after the statement sent `ahead`, if any) and read its answers."""
         pending = _ahead.get()
         first = Result()
         if pending is not None:
@@ -279,66 +280,44 @@ class Batch:
                 head.carried = True
             else:
                 self.queued.insert(0, _Queued(pending.sql, pending.params, first, False))
-        cursors = []
         db = _db()
-        with pipelined(), db.wrap_database_errors:
-            _begin_sent(db)
-            for queued in self.queued:
-                cursor = _cursor(db)
-                _execute_one(db, cursor, queued.sql, queued.params)
-                cursors.append((cursor, queued))
-        with db.wrap_database_errors:
-            for cursor, queued in cursors:
-                # Every statement of a batch is a SELECT.
-                found = cursor.fetchall()
-                cursor.close()
-                if queued.carried:
-                    first.rows = [row[:1] for row in found]
-                    found = [row[1:] for row in found]
-                queued.result.rows = list(found)
+        if db.vendor == "postgresql":
+            statements = [pipeline.Statement(q.sql, q.params) for q in self.queued]
+            _sent(db, statements)
+            answers = [statement.rows for statement in statements]
+        else:
+            answers = []
+            with db.cursor() as cursor:
+                for queued in self.queued:
+                    cursor.execute(queued.sql, queued.params)
+                    answers.append(list(cursor.fetchall()))
+        for queued, found in zip(self.queued, answers, strict=True):
+            if queued.carried:
+                first.rows = [row[:1] for row in found]
+                found = [row[1:] for row in found]
+            queued.result.rows = found
         self.queued = []
         if pending is not None and not pending.holds(first):
             raise Stale(pending.sql)
 
 
-def _cursor(db: Any) -> Any:
-    """A cursor of psycopg's own on the default connection (opened by `pipelined`), past
-    Django's cursor wrapper: a batch's statements are a handful of known SELECTs and writes,
-    whose errors the caller's `wrap_database_errors` turns into Django's; the wrapper's
-    other work (execute wrappers, the checks on every call) costs more than they do."""
-    if db.vendor != "postgresql":
-        return db.cursor()
+def _sent(db: Any, statements: list[pipeline.Statement], *, commit: bool = False) -> None:
+    """Send `statements` as one pipeline (`durability.pipeline`) on the default connection,
+    after the BEGIN `begun_lazily` holds back, if it is still held, and before a COMMIT
+    (`commit`); logged as Django logs its own statements when it logs queries (DEBUG, or a
+    test capturing them), errors raised as Django's."""
     db.validate_no_broken_transaction()
-    return db.connection.cursor()
-
-
-def _execute_one(db: Any, cursor: Any, sql: str, params: Sequence[Any]) -> None:
-    """Run one statement of a batch on a `_cursor`, logged as Django logs its own when it
-    logs queries (DEBUG, or a test capturing them)."""
-    cursor.execute(sql, params)
-    if db.vendor == "postgresql" and db.queries_logged:
-        db.queries_log.append(
-            {"sql": db.ops.last_executed_query(cursor, sql, params), "time": "0.000"}
-        )
-
-
-def in_pipeline() -> bool:
-    db = _db()
-    return db.vendor == "postgresql" and db.connection._pipeline is not None
-
-
-@contextmanager
-def pipelined() -> Iterator[None]:
-    """psycopg's pipeline mode on PostgreSQL (statements queued, answered at the first
-    fetch or the end of the block); nothing on SQLite."""
-    db = _db()
-    db.ensure_connection()
-    if db.vendor != "postgresql" or db.connection._pipeline is not None:
-        yield
-        return
-    # An error of a queued statement is raised when the pipeline syncs, as the ORM's are.
-    with db.wrap_database_errors, db.connection.pipeline():
-        yield
+    begin = _begin.get()
+    _begin.set(False)
+    with db.wrap_database_errors:
+        pipeline.send(db.connection, statements, begin=begin, commit=commit)
+    if db.queries_logged:
+        with psycopg.ClientCursor(db.connection) as literal:
+            for statement in statements:
+                sql = literal.mogrify(statement.sql, statement.params)
+                db.queries_log.append({"sql": sql, "time": "0.000"})
+        if commit:
+            db.queries_log.append({"sql": "COMMIT", "time": "0.000"})
 
 
 # -- writes --------------------------------------------------------------------------------
@@ -406,15 +385,15 @@ class Writes:
         elif held[1] is not None:
             held[1].update(fields)
 
-    def send(self) -> list[tuple[list[models.Model], Any]]:
-        """Execute every staged write (queued, inside a pipeline). Returns each statement's
-        cursor, with the rows whose keys the database draws (in the order of its answer's
-        columns), for `keys_take` once the pipeline has synced."""
+    def send(self, *, commit: bool = False) -> None:
+        """Write every staged row, and give the new rows the keys the database drew: on
+        PostgreSQL as one pipeline, with the COMMIT after them if `commit` (the caller's
+        transaction, which it then finds closed); on SQLite one statement after another."""
         _check_ahead()  # past Django's cursor, where `ahead`'s execute wrapper would
         group: list[_Write] = []
         rows: set[tuple[str, Any]] = set()
         params = length = 0
-        sent: list[tuple[list[models.Model], Any]] = []
+        statements: list[tuple[pipeline.Statement, list[models.Model]]] = []
         db = _db()
         merge = WRITES_PER_STATEMENT if db.vendor == "postgresql" else 1
         for obj, names in self.staged.values():
@@ -427,7 +406,7 @@ class Writes:
                 or params + len(write.params) > CACHED_STATEMENT_PARAMS
                 or length + len(write.sql) + _CTE_PART > CACHED_STATEMENT_LENGTH
             ):
-                sent.append(_execute(db, group))
+                statements.append(_statement(group))
                 group, rows, params, length = [], set(), 0, 0
             group.append(write)
             params += len(write.params)
@@ -435,9 +414,19 @@ class Writes:
             if write.row is not None:
                 rows.add(write.row)
         if group:
-            sent.append(_execute(db, group))
+            statements.append(_statement(group))
         self.staged = {}
-        return sent
+        if db.vendor != "postgresql":
+            with db.cursor() as cursor:
+                for statement, drawn in statements:
+                    cursor.execute(statement.sql, statement.params)
+                    statement.rows = list(cursor.fetchall()) if drawn else []
+        elif statements or (commit and not _begin.get()):
+            _sent(db, [statement for statement, _ in statements], commit=commit)
+        for statement, drawn in statements:
+            if drawn:
+                for obj, pk in zip(drawn, statement.rows[0], strict=True):
+                    obj.pk = pk
 
 
 # What a write adds to a statement beside its own SQL: `wN AS (...), ` and its key's
@@ -470,13 +459,12 @@ def _write(db: Any, obj: models.Model, names: set[str] | None) -> _Write | None:
     return None
 
 
-def _execute(db: Any, group: list[_Write]) -> tuple[list[models.Model], Any]:
-    cursor = _cursor(db)
+def _statement(group: list[_Write]) -> tuple[pipeline.Statement, list[models.Model]]:
+    """The writes of `group` as one statement, and the rows whose keys it answers (in the
+    order of its answer's columns)."""
     if len(group) == 1:
         (write,) = group
-        with db.wrap_database_errors:
-            _execute_one(db, cursor, write.sql, write.params)
-        return [write.drawn] if write.drawn is not None else [], cursor
+        return pipeline.Statement(write.sql, write.params), [write.drawn] if write.drawn else []
     parts = ", ".join(f"w{n} AS ({write.sql})" for n, write in enumerate(group))
     keys = [
         (f"(SELECT {_quoted(write.drawn._meta.pk.column)} FROM w{n})", write.drawn)
@@ -484,25 +472,8 @@ def _execute(db: Any, group: list[_Write]) -> tuple[list[models.Model], Any]:
         if write.drawn is not None
     ]
     answer = ", ".join(sql for sql, _ in keys) or "1"
-    with db.wrap_database_errors:
-        _execute_one(
-            db,
-            cursor,
-            f"WITH {parts} SELECT {answer}",
-            [value for write in group for value in write.params],
-        )
-    return [drawn for _, drawn in keys], cursor
-
-
-def keys_take(sent: list[tuple[list[models.Model], Any]]) -> None:
-    """Give the inserted rows the keys the database drew for them (after the sync), and
-    close the statements' cursors."""
-    with _db().wrap_database_errors:
-        for drawn, cursor in sent:
-            if drawn:
-                for obj, pk in zip(drawn, cursor.fetchone(), strict=True):
-                    obj.pk = pk
-            cursor.close()
+    params = [value for write in group for value in write.params]
+    return pipeline.Statement(f"WITH {parts} SELECT {answer}", params), [d for _, d in keys]
 
 
 def _value(db: Any, obj: models.Model, f: models.Field[Any, Any], *, add: bool) -> Any:

@@ -136,15 +136,17 @@ DATABASES = {
         conn_max_age=env_int("DB_CONN_MAX_AGE", 60),
     )
 }
+# The ledger's statements (durability.pipeline) are prepared on their connection once they
+# ran this many times: its few shapes of statement skip PostgreSQL's parse and plan. `off`
+# (behind a transaction-pooling PgBouncer older than 1.21): never prepared, and Django's
+# client-side binding. psycopg prepares nothing of its own: after a rollback it would
+# deallocate every statement of the connection, the ledger's too.
+_prepare_after = env_str("DB_PREPARE_THRESHOLD", "2").strip().lower()
+DB_PREPARE_AFTER = None if _prepare_after == "off" else int(_prepare_after)
 if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
-    # Server-side binding, and a statement prepared on its connection once it ran this many
-    # times (psycopg's prepare_threshold): the ORM's few shapes of query skip PostgreSQL's
-    # parse and plan. `off` (behind a transaction-pooling PgBouncer older than 1.21): never
-    # prepared, and Django's client-side binding.
-    _prepare_after = env_str("DB_PREPARE_THRESHOLD", "2").strip().lower()
-    if _prepare_after != "off":
+    if DB_PREPARE_AFTER is not None:
         DATABASES["default"].setdefault("OPTIONS", {}).update(
-            server_side_binding=True, prepare_threshold=int(_prepare_after)
+            server_side_binding=True, prepare_threshold=None
         )
 elif DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Wait for the writer lock instead of failing at once, and take it up front.

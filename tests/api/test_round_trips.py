@@ -5,6 +5,7 @@ keys version sent in the first pipeline)."""
 from __future__ import annotations
 
 import pytest
+from django.conf import settings
 from django.db import close_old_connections, connection
 
 from durability.models import Project
@@ -51,13 +52,12 @@ RECEIPT = [
 
 
 def _warmed(api: Api, project: Project) -> int:
-    """Pairs first, until psycopg prepared every statement (after DB_PREPARE_THRESHOLD runs,
-    preparing costs a round trip of its own once), on a connection of the test's own: one
-    that earlier tests used could have a DEALLOCATE of psycopg's to send (its cache holds
-    100 statements; a ROLLBACK empties it)."""
+    """Pairs first, until every statement is prepared (after DB_PREPARE_THRESHOLD runs; the
+    ledger prepares a statement in the pipeline it runs in, so it costs no round trip), on
+    a connection of the test's own."""
     connection.close()
     grant = ledger.everything(project).pk
-    for n in range(connection.settings_dict["OPTIONS"]["prepare_threshold"] + 1):
+    for n in range(settings.DB_PREPARE_AFTER + 1):
         assert api.intent(f"warm-{n}", authority={"grant": grant}).status_code == 201
         assert api.receipt(f"warm-{n}", external_id=f"w-{n}").status_code == 201
     return grant

@@ -18,9 +18,7 @@ pytestmark = pytest.mark.django_db
 
 def _sent(writes: rows.Writes) -> list[str]:
     with CaptureQueriesContext(connection) as queries, transaction.atomic():
-        with rows.pipelined():
-            sent = writes.send()
-        rows.keys_take(sent)
+        writes.send()
     return [q["sql"] for q in queries.captured_queries if "SAVEPOINT" not in q["sql"]]
 
 

@@ -11,11 +11,13 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+from unittest import mock
 
 import pytest
 from django.contrib.auth.models import User
 from django.db import connection, connections
 
+from durability import pipeline
 from durability.models import Membership, Project, Role
 from durability.retention import projects
 from tests.api.support import signed, stripe_source
@@ -45,21 +47,35 @@ def _delete(project_id: int, failed: list[BaseException]) -> None:
 def deleted_at_first_write(project: Project) -> Iterator[None]:
     """The project marked and deleted to its last row by another connection (as by the job,
     in another process) just as this connection sends its next INSERT through Django's cursor
-    (or the COMMIT after the ledger's pipelined writes, which pass it by): the request has
-    authenticated, and its transaction commits after the project row is gone."""
+    (or the ledger's writes and COMMIT, its own pipeline: `durability.pipeline.send`): the
+    request has authenticated, and its transaction commits after the project row is gone."""
     failed: list[BaseException] = []
     fired: list[str] = []
 
-    def deleting(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        if not fired and ("INSERT INTO" in sql.upper() or sql == "COMMIT"):
+    def delete_first(sql: str) -> None:
+        if not fired:
             fired.append(sql)
             other = threading.Thread(target=_delete, args=(project.pk, failed))
             other.start()
             other.join(timeout=60)
             assert not other.is_alive(), "the deletion waited for the request"
+
+    def deleting(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if "INSERT INTO" in sql.upper() or sql == "COMMIT":
+            delete_first(sql)
         return execute(sql, params, many, context)
 
-    with connection.execute_wrapper(deleting):
+    sending = pipeline.send
+
+    def deleting_before_the_writes(conn: Any, statements: Any, **options: Any) -> None:
+        if options.get("commit"):
+            delete_first("COMMIT")
+        sending(conn, statements, **options)
+
+    with (
+        connection.execute_wrapper(deleting),
+        mock.patch.object(pipeline, "send", deleting_before_the_writes),
+    ):
         yield
     assert fired, "the request wrote nothing"
     assert not failed, failed

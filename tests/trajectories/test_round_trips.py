@@ -72,10 +72,9 @@ def _posted(api: Api, body: bytes) -> Cost:
 
 
 def _warmed(api: Api) -> None:
-    """Batches first, until psycopg prepared every statement, on a connection of the test's
-    own (as tests/api/test_round_trips.py explains)."""
+    """Batches first, on a connection of the test's own."""
     connection.close()
-    for n in range(connection.settings_dict["OPTIONS"]["prepare_threshold"] + 2):
+    for n in range(2):
         _posted(api, _batch(60, salt=0xF000 + n))
 
 
