@@ -137,3 +137,24 @@ def test_a_page_write_committing_after_its_project_was_deleted_is_a_404(project)
         r = desk.post(f"/settings/{project.pk}/keys/", {"name": "racing"})
     assert r.status_code == 404
     _nothing_left(project)
+
+
+def _foreign_keys_at_once(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+    """Foreign keys checked at each INSERT, not deferred to the commit (where a trail's chain
+    head read finds a deleted project first): the refusal a write meets when its project went
+    before its foreign key was checked."""
+    if sql.upper().startswith("INSERT INTO"):
+        execute("SET CONSTRAINTS ALL IMMEDIATE", None, False, context)
+    return execute(sql, params, many, context)
+
+
+def test_a_webhook_source_whose_project_was_deleted_under_it_is_a_404_not_a_name_taken(project):
+    admin = User.objects.create_user("ada", password="password")
+    Membership.objects.create(project=project, user=admin, role=Role.ADMIN)
+    desk = logged_in(admin)
+    form = {"name": "racing", "kind": "generic", "system": "stripe", "tolerance_s": 300}
+    form["mapping"] = '{"key": "data.key", "external_id": "data.id"}'
+    with connection.execute_wrapper(_foreign_keys_at_once), deleted_at_first_write(project):
+        r = desk.post("/authority/webhooks/", form)
+    assert r.status_code == 404
+    _nothing_left(project)
