@@ -8,15 +8,17 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import connection, connections
+from django.test import Client
 
-from durability.models import Membership, Project, Role
+from durability.models import AuditAction, AuditEntry, Membership, Project, Role
 from durability.retention import projects
 from tests.api.support import signed, stripe_source
 from tests.conftest import Api
@@ -41,17 +43,24 @@ def _delete(project_id: int, failed: list[BaseException]) -> None:
         connections.close_all()
 
 
+def _a_write(sql: str) -> bool:
+    return "INSERT INTO" in sql.upper() or sql == "COMMIT"
+
+
 @contextmanager
-def deleted_at_first_write(project: Project) -> Iterator[None]:
+def deleted_at_first_write(
+    project: Project, at: Callable[[str], bool] = _a_write
+) -> Iterator[None]:
     """The project marked and deleted to its last row by another connection (as by the job,
     in another process) just as this connection sends its next INSERT through Django's cursor
-    (or the COMMIT after the ledger's pipelined writes, which pass it by): the request has
-    authenticated, and its transaction commits after the project row is gone."""
+    (or the COMMIT after the ledger's pipelined writes, which pass it by; or the statement
+    `at` picks): the request has authenticated, and its transaction commits after the
+    project row is gone."""
     failed: list[BaseException] = []
     fired: list[str] = []
 
     def deleting(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        if not fired and ("INSERT INTO" in sql.upper() or sql == "COMMIT"):
+        if not fired and at(sql):
             fired.append(sql)
             other = threading.Thread(target=_delete, args=(project.pk, failed))
             other.start()
@@ -157,4 +166,30 @@ def test_a_webhook_source_whose_project_was_deleted_under_it_is_a_404_not_a_name
     with connection.execute_wrapper(_foreign_keys_at_once), deleted_at_first_write(project):
         r = desk.post("/authority/webhooks/", form)
     assert r.status_code == 404
+    _nothing_left(project)
+
+
+def test_a_lockout_racing_the_deletion_of_one_of_the_users_projects_is_audited_in_the_rest(
+    project, caplog
+):
+    """The user's projects were read before the deletion, whose last pass went before the
+    audit entry's chain head was read: no server error, and the other projects audit it."""
+    alice = User.objects.create_user("alice", password="password")
+    beta = Project.objects.create(name="beta")
+    for each in (project, beta):
+        Membership.objects.create(project=each, user=alice, role=Role.VIEWER)
+    client = Client(raise_request_exception=False)
+    guess = {"username": "alice", "password": "not-the-password"}
+    for _ in range(settings.AXES_FAILURE_LIMIT - 1):
+        assert client.post("/login/", guess).status_code == 200
+
+    def chain_head_read(sql: str) -> bool:
+        return sql.startswith('SELECT "durability_project"') and "FOR NO KEY UPDATE" in sql
+
+    with deleted_at_first_write(project, at=chain_head_read):
+        r = client.post("/login/", guess)
+    assert r.status_code == 429
+    assert not [record.getMessage() for record in caplog.records if record.levelname == "ERROR"]
+    assert not AuditEntry.objects.filter(project_id=project.pk).exists()
+    assert AuditEntry.objects.filter(project=beta, action=AuditAction.LOGIN_LOCKED_OUT).exists()
     _nothing_left(project)
