@@ -1,9 +1,9 @@
 """Login lockouts (django-axes counts the failures): their audit entries, and unlocking.
 
 A lockout is about a user, not a project, but the audit log is kept per project: it is
-recorded in each project the user is a member of, whose admins are the people who can
-unlock them there. A locked username that is no member of any project (a guessed name) is
-in the admin's Access attempts only.
+recorded in each project the user is a member of (but one being deleted), whose admins are
+the people who can unlock them there. A locked username that is no member of any project
+(a guessed name) is in the admin's Access attempts only.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from durability import audit
 from durability.inbound import storable_text
-from durability.models import AuditAction, Membership, Project
+from durability.models import GONE_UNDER_A_WRITE, AuditAction, Membership, Project, project_gone
 
 ACTOR = "system:login"
 
@@ -92,17 +92,24 @@ def on_user_locked_out(
     failures = getattr(request, "axes_failures_since_start", None)
     if failures is None or not username:
         return
-    memberships = Membership.objects.filter(user__username=username).values_list(
-        "project_id", flat=True
-    )
+    # Not in a project being deleted, which is no one's (durability.accounts.roles).
+    memberships = Membership.objects.filter(
+        user__username=username, project__deleting=None
+    ).values_list("project_id", flat=True)
     for project_id in memberships:
-        with audit.trail(project_id, ACTOR) as trail:
-            trail.add(
-                AuditAction.LOGIN_LOCKED_OUT,
-                username=username,
-                address=ip_address,
-                failures=failures,
-            )
+        try:
+            with audit.trail(project_id, ACTOR) as trail:
+                trail.add(
+                    AuditAction.LOGIN_LOCKED_OUT,
+                    username=username,
+                    address=ip_address,
+                    failures=failures,
+                )
+        except GONE_UNDER_A_WRITE:
+            # Deleted since it was read (its chain head gone): nothing of it to audit in,
+            # and the lockout stands, audited in the user's other projects.
+            if not project_gone(project_id):
+                raise
 
 
 def locked_usernames(usernames: list[str]) -> set[str]:

@@ -171,6 +171,11 @@ def webhook_sources(request: AuthedRequest) -> HttpResponse:
                 tolerance_s=data["tolerance_s"],
             )
         except IntegrityError:
+            # A new source can break one constraint, its name's; any other refusal (its
+            # project's foreign key: the project deleted under the write) is not the form's
+            # to explain, and the access middleware answers it.
+            if not WebhookSource.objects.filter(name=data["name"]).exists():
+                raise
             form.add_error("name", "A webhook source of that name exists already.")
         else:
             messages.success(request, f"Webhook source {source.name} created.")

@@ -1,7 +1,9 @@
 """Who hears about a case by email: its assignee when it is given to them and when it goes
 overdue, a member a comment mentions (`@name`). Each member chooses which of these they
 receive (`Membership.notify_*`, on their notifications page); the email itself goes
-through the outbox (durability.notices), after the commit.
+through the outbox (durability.notices), after the commit. No one hears about a project
+being deleted, which is no one's (durability.accounts.roles): a membership committed just
+after its mark is left out with the rest.
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ MENTION = re.compile(r"(?<![\w@.+-])@([\w.@+-]+)")
 
 
 def _wants(project_id: int, user: User, preference: str) -> bool:
-    """Whether `user`, a member of the project, chose to receive this kind of email."""
+    """Whether `user`, a member of the project (not being deleted), chose to receive this
+    kind of email."""
     return Membership.objects.filter(
-        project_id=project_id, user=user, **{preference: True}
+        project_id=project_id, project__deleting=None, user=user, **{preference: True}
     ).exists()
 
 
@@ -80,6 +83,7 @@ def comment_posted(project: Project, case: Case, comment: Comment) -> list[Notic
         username__in=names,
         is_active=True,
         membership__project_id=case.project_id,
+        membership__project__deleting=None,
         membership__notify_mentioned=True,
     ).order_by("username")
     added = []
@@ -101,7 +105,10 @@ def overdue_unannounced(*, now: datetime, limit: int = 100) -> list[int]:
     """Cases overdue as alerts count it (open past their reason's threshold, above low
     severity) whose assignee wants to hear and has not been told."""
     wants = Membership.objects.filter(
-        project_id=OuterRef("project_id"), user_id=OuterRef("assignee_id"), notify_overdue=True
+        project_id=OuterRef("project_id"),
+        project__deleting=None,
+        user_id=OuterRef("assignee_id"),
+        notify_overdue=True,
     )
     announced = Notice.objects.filter(
         project_id=OuterRef("project_id"), case_id=OuterRef("pk"), kind=NoticeKind.OVERDUE

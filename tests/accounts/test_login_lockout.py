@@ -141,6 +141,14 @@ def test_a_lockout_is_audited_once_in_each_of_the_users_projects(alice, project,
     assert WRONG not in str(list(AccessAttempt.objects.values()))
 
 
+def test_a_lockout_is_not_audited_in_a_project_being_deleted(alice, project, beta):
+    # Marked with alice still a member, as one added just after the mark would be.
+    Project.objects.filter(pk=beta.pk).update(deleting=timezone.now())
+    _fail("alice", LIMIT)
+    locked = AuditEntry.objects.filter(action="login_locked_out")
+    assert list(locked.values_list("project_id", flat=True)) == [project.pk]
+
+
 def test_a_locked_username_of_nobody_is_audited_nowhere(project):
     _fail("nobody", LIMIT)
     assert _log_in(Client(), "nobody", WRONG).status_code == 429

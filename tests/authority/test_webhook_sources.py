@@ -7,6 +7,9 @@ from typing import Any
 import pytest
 
 from durability.authority.forms import WebhookSourceForm
+from durability.models import Project, WebhookSource
+from tests.api.support import stripe_source
+from tests.desk.support import logged_in
 
 
 def _form(mapping: Any) -> WebhookSourceForm:
@@ -43,3 +46,13 @@ def test_a_mapping_the_intake_could_not_follow_is_refused(mapping, message):
     form = _form(mapping)
     assert not form.is_valid()
     assert message in " ".join(form.errors["mapping"])
+
+
+def test_a_name_another_projects_source_has_is_refused_on_the_form(admin, project):
+    taken = stripe_source(Project.objects.create(name="beta"))
+    form = {"name": taken.name, "kind": "generic", "system": "stripe", "tolerance_s": 300}
+    form["mapping"] = '{"key": "data.key", "external_id": "data.id"}'
+    r = logged_in(admin).post("/authority/webhooks/", form)
+    assert r.status_code == 400
+    assert "A webhook source of that name exists already." in r.content.decode()
+    assert not WebhookSource.objects.filter(project=project).exists()

@@ -18,7 +18,16 @@ from durability import notices
 from durability.desk import jobs as desk_jobs
 from durability.desk import services
 from durability.desk.notifications import mentions, overdue_announce
-from durability.models import BulkVerb, Case, Membership, Notice, NoticeKind, Preference, Role
+from durability.models import (
+    BulkVerb,
+    Case,
+    Membership,
+    Notice,
+    NoticeKind,
+    Preference,
+    Project,
+    Role,
+)
 from tests.desk.support import logged_in, member, uncertain_case
 
 HOUR = timedelta(hours=1)
@@ -314,3 +323,37 @@ def test_the_scheduled_pass_gives_up_after_its_tries(project, ada, alice_mail, c
     )
     soon = timezone.now() + timedelta(minutes=2)
     assert notice.pk not in notices.notices_unsent(now=soon)
+
+
+def test_no_member_hears_about_a_project_being_deleted(
+    project, ada, alice_mail, case, django_capture_on_commit_callbacks
+):
+    """Its members go at the mark; one whose membership was committed just after it (kept
+    here) is told of no assignment, bulk assignment, mention or overdue case of it."""
+    other = uncertain_case(project, "k2")
+    bulk = services.bulk_start(
+        project=project,
+        actor="user:ada",
+        verb=BulkVerb.ASSIGN,
+        case_ids=[other.pk],
+        note="before the mark",
+        assignee=alice_mail,
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        _assign(logged_in(ada), case, "alice")
+    mail.outbox.clear()
+    told = Notice.objects.count()
+    Project.objects.filter(pk=project.pk).update(deleting=timezone.now())
+    with django_capture_on_commit_callbacks(execute=True):
+        services.bulk_run(bulk_id=bulk.pk)
+        services.case_assign(
+            project=project,
+            case_id=case.pk,
+            version=case.version + 1,
+            actor="user:ada",
+            assignee=alice_mail,
+        )
+        services.case_comment(project=project, case_id=case.pk, actor="user:ada", body="@alice")
+        assert overdue_announce(now=case.opened + 2 * HOUR) == 0
+    assert Case.objects.filter(project=project, assignee=alice_mail).count() == 2
+    assert mail.outbox == [] and Notice.objects.count() == told

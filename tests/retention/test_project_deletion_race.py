@@ -8,17 +8,19 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 from unittest import mock
 
 import pytest
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import connection, connections
+from django.test import Client
 
 from durability import pipeline
-from durability.models import Membership, Project, Role
+from durability.models import AuditAction, AuditEntry, Membership, Project, Role
 from durability.retention import projects
 from tests.api.support import signed, stripe_source
 from tests.conftest import Api
@@ -43,17 +45,24 @@ def _delete(project_id: int, failed: list[BaseException]) -> None:
         connections.close_all()
 
 
+def _a_write(sql: str) -> bool:
+    return "INSERT INTO" in sql.upper() or sql == "COMMIT"
+
+
 @contextmanager
-def deleted_at_first_write(project: Project) -> Iterator[None]:
+def deleted_at_first_write(
+    project: Project, at: Callable[[str], bool] = _a_write
+) -> Iterator[None]:
     """The project marked and deleted to its last row by another connection (as by the job,
     in another process) just as this connection sends its next INSERT through Django's cursor
-    (or the ledger's writes and COMMIT, its own pipeline: `durability.pipeline.send`): the
-    request has authenticated, and its transaction commits after the project row is gone."""
+    (or the ledger's writes and COMMIT, its own pipeline: `durability.pipeline.send`; or the
+    statement `at` picks): the request has authenticated, and its transaction commits after
+    the project row is gone."""
     failed: list[BaseException] = []
     fired: list[str] = []
 
     def delete_first(sql: str) -> None:
-        if not fired:
+        if not fired and at(sql):
             fired.append(sql)
             other = threading.Thread(target=_delete, args=(project.pk, failed))
             other.start()
@@ -61,8 +70,7 @@ def deleted_at_first_write(project: Project) -> Iterator[None]:
             assert not other.is_alive(), "the deletion waited for the request"
 
     def deleting(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        if "INSERT INTO" in sql.upper() or sql == "COMMIT":
-            delete_first(sql)
+        delete_first(sql)
         return execute(sql, params, many, context)
 
     sending = pipeline.send
@@ -152,4 +160,51 @@ def test_a_page_write_committing_after_its_project_was_deleted_is_a_404(project)
     with deleted_at_first_write(project):
         r = desk.post(f"/settings/{project.pk}/keys/", {"name": "racing"})
     assert r.status_code == 404
+    _nothing_left(project)
+
+
+def _foreign_keys_at_once(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+    """Foreign keys checked at each INSERT, not deferred to the commit (where a trail's chain
+    head read finds a deleted project first): the refusal a write meets when its project went
+    before its foreign key was checked."""
+    if sql.upper().startswith("INSERT INTO"):
+        execute("SET CONSTRAINTS ALL IMMEDIATE", None, False, context)
+    return execute(sql, params, many, context)
+
+
+def test_a_webhook_source_whose_project_was_deleted_under_it_is_a_404_not_a_name_taken(project):
+    admin = User.objects.create_user("ada", password="password")
+    Membership.objects.create(project=project, user=admin, role=Role.ADMIN)
+    desk = logged_in(admin)
+    form = {"name": "racing", "kind": "generic", "system": "stripe", "tolerance_s": 300}
+    form["mapping"] = '{"key": "data.key", "external_id": "data.id"}'
+    with connection.execute_wrapper(_foreign_keys_at_once), deleted_at_first_write(project):
+        r = desk.post("/authority/webhooks/", form)
+    assert r.status_code == 404
+    _nothing_left(project)
+
+
+def test_a_lockout_racing_the_deletion_of_one_of_the_users_projects_is_audited_in_the_rest(
+    project, caplog
+):
+    """The user's projects were read before the deletion, whose last pass went before the
+    audit entry's chain head was read: no server error, and the other projects audit it."""
+    alice = User.objects.create_user("alice", password="password")
+    beta = Project.objects.create(name="beta")
+    for each in (project, beta):
+        Membership.objects.create(project=each, user=alice, role=Role.VIEWER)
+    client = Client(raise_request_exception=False)
+    guess = {"username": "alice", "password": "not-the-password"}
+    for _ in range(settings.AXES_FAILURE_LIMIT - 1):
+        assert client.post("/login/", guess).status_code == 200
+
+    def chain_head_read(sql: str) -> bool:
+        return sql.startswith('SELECT "durability_project"') and "FOR NO KEY UPDATE" in sql
+
+    with deleted_at_first_write(project, at=chain_head_read):
+        r = client.post("/login/", guess)
+    assert r.status_code == 429
+    assert not [record.getMessage() for record in caplog.records if record.levelname == "ERROR"]
+    assert not AuditEntry.objects.filter(project_id=project.pk).exists()
+    assert AuditEntry.objects.filter(project=beta, action=AuditAction.LOGIN_LOCKED_OUT).exists()
     _nothing_left(project)
