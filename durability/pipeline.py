@@ -115,7 +115,7 @@ def send(
                 params = transformer.dump_sequence(
                     statement.params, [PyFormat.AUTO] * len(statement.params)
                 )
-                types, formats = tuple(transformer.types), list(transformer.formats)
+                types, formats = tuple(transformer.types or ()), transformer.formats
                 shape = (query, types)
                 name = prepared.names.get(shape)
                 if name is None and after is not None and len(prepared.names) < PREPARED_MAX:

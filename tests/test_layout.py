@@ -46,6 +46,7 @@ CORE = tuple(
         "models",
         "audit",
         "rows",
+        "pipeline",
         "redaction",
         "inbound",
         "site",

@@ -57,7 +57,7 @@ def _warmed(api: Api, project: Project) -> int:
     a connection of the test's own."""
     connection.close()
     grant = ledger.everything(project).pk
-    for n in range(settings.DB_PREPARE_AFTER + 1):
+    for n in range((settings.DB_PREPARE_AFTER or 0) + 1):
         assert api.intent(f"warm-{n}", authority={"grant": grant}).status_code == 201
         assert api.receipt(f"warm-{n}", external_id=f"w-{n}").status_code == 201
     return grant
