@@ -135,12 +135,15 @@ def bulk(tables: list[str]) -> Iterator[None]:
     from django.db import connection
 
     with connection.cursor() as cursor:
-        # Unique keys first: a foreign key is dropped after, and made again after, them.
+        # Unique keys first: a foreign key is dropped after, and made again after, them; the
+        # keys of other tables that name one of these tables' unique keys (the composite
+        # tenant keys) go and come back with them.
         cursor.execute(
             "SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid) "
             "FROM pg_constraint WHERE contype IN ('u', 'f') "
-            "AND conrelid::regclass::text = ANY(%s) ORDER BY contype DESC",
-            [tables],
+            "AND (conrelid::regclass::text = ANY(%s) "
+            "OR contype = 'f' AND confrelid::regclass::text = ANY(%s)) ORDER BY contype DESC",
+            [tables, tables],
         )
         keys = cursor.fetchall()
         cursor.execute(
