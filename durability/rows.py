@@ -3,7 +3,7 @@
 The ledger's hot path (an intent, a receipt) is a few reads under the key's lock and a few
 writes before the commit. Through the ORM each is its own round trip and its own SQL
 compilation; here each table's statements are written once per process, and on PostgreSQL
-a `Batch` of them is sent as one pipeline (psycopg's pipeline mode): one round trip for the
+a `Batch` of them is sent as one pipeline (`durability.pipeline`): one round trip for the
 reads, one for the writes and the COMMIT. On SQLite the same statements run one after the
 other.
 
@@ -185,7 +185,6 @@ def ahead(sql: str, params: Sequence[Any], holds: Callable[[Result], bool]) -> I
 
 
 def _check_ahead() -> None:
-    _begin_sent(_db())
     pending = _ahead.get()
     if pending is None:
         return
@@ -240,7 +239,8 @@ def _begin_sent(db: Any) -> None:
     if not _begin.get():
         return
     _begin.set(False)
-    db.connection.execute("BEGIN", prepare=False)
+    with db.wrap_database_errors:
+        db.connection.execute(pipeline.begin_command(db.connection), prepare=False)
 
 
 @dataclass
@@ -347,12 +347,6 @@ def _update_sql(model: type[models.Model], names: frozenset[str]) -> tuple[str, 
 # Writes sent as one statement at most (data-modifying CTEs): the staged writes of a request
 # are a handful; a bulk action's hundreds go in statements of this many.
 WRITES_PER_STATEMENT = 8
-# psycopg converts a statement's placeholders once per process only for statements within
-# these bounds (`psycopg._queries.MAX_CACHED_STATEMENT_LENGTH` and `_PARAMS`); a longer one is
-# parsed again on every execution, which costs more than sending it as two statements of the
-# same pipeline.
-CACHED_STATEMENT_LENGTH = 4096
-CACHED_STATEMENT_PARAMS = 50
 
 
 @dataclass
@@ -362,8 +356,8 @@ class Writes:
     one statement run in no set order.
 
     On PostgreSQL the writes go as few statements: each a `WITH` of up to
-    WRITES_PER_STATEMENT inserts and updates (data-modifying CTEs) within the bounds of
-    psycopg's cache of converted statements, answering the keys the database drew. Its
+    WRITES_PER_STATEMENT inserts and updates (data-modifying CTEs), answering the keys the
+    database drew. Its
     parts see one snapshot and none of each other's rows, which no write here needs (each
     row is written once; foreign keys are checked at the statement's end); a row written
     twice (two instances of it) starts a new statement. A unique index that is not deferred
@@ -392,7 +386,6 @@ class Writes:
         _check_ahead()  # past Django's cursor, where `ahead`'s execute wrapper would
         group: list[_Write] = []
         rows: set[tuple[str, Any]] = set()
-        params = length = 0
         statements: list[tuple[pipeline.Statement, list[models.Model]]] = []
         db = _db()
         merge = WRITES_PER_STATEMENT if db.vendor == "postgresql" else 1
@@ -400,17 +393,10 @@ class Writes:
             write = _write(db, obj, names)
             if write is None:
                 continue
-            if group and (
-                len(group) == merge
-                or (write.row is not None and write.row in rows)
-                or params + len(write.params) > CACHED_STATEMENT_PARAMS
-                or length + len(write.sql) + _CTE_PART > CACHED_STATEMENT_LENGTH
-            ):
+            if group and (len(group) == merge or (write.row is not None and write.row in rows)):
                 statements.append(_statement(group))
-                group, rows, params, length = [], set(), 0, 0
+                group, rows = [], set()
             group.append(write)
-            params += len(write.params)
-            length += len(write.sql) + _CTE_PART
             if write.row is not None:
                 rows.add(write.row)
         if group:
@@ -427,11 +413,6 @@ class Writes:
             if drawn:
                 for obj, pk in zip(drawn, statement.rows[0], strict=True):
                     obj.pk = pk
-
-
-# What a write adds to a statement beside its own SQL: `wN AS (...), ` and its key's
-# `(SELECT "id" FROM wN), ` in the answer.
-_CTE_PART = 48
 
 
 @dataclass

@@ -138,9 +138,10 @@ DATABASES = {
 }
 # The ledger's statements (durability.pipeline) are prepared on their connection once they
 # ran this many times: its few shapes of statement skip PostgreSQL's parse and plan. `off`
-# (behind a transaction-pooling PgBouncer older than 1.21): never prepared, and Django's
-# client-side binding. psycopg prepares nothing of its own: after a rollback it would
-# deallocate every statement of the connection, the ledger's too.
+# (behind a transaction-pooling PgBouncer older than 1.21): never prepared (the ledger's
+# statements go unnamed, which such a PgBouncer passes), and Django's client-side binding.
+# psycopg prepares nothing of its own: after a rollback it would deallocate every statement
+# of the connection, the ledger's too.
 _prepare_after = env_str("DB_PREPARE_THRESHOLD", "2").strip().lower()
 DB_PREPARE_AFTER = None if _prepare_after == "off" else int(_prepare_after)
 if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":

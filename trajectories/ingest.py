@@ -230,7 +230,7 @@ def _pipeline() -> Iterator[None]:
 
 def _in(column: str, values: Iterable[Any]) -> tuple[str, list[Any]]:
     """`column` among `values`: one array parameter on PostgreSQL (one statement text
-    whatever their number, so prepared once), a list of parameters elsewhere."""
+    whatever their number), a list of parameters elsewhere."""
     values = list(values)
     if connection.vendor == "postgresql":
         return f"{column} = ANY(%s)", [values]

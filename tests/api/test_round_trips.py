@@ -28,9 +28,9 @@ INTENT = [
     "SELECT nextval",  # so a key drawn for it
     "SELECT durability_grant",  # the grant named by the intent
     "SELECT durability_receipt",  # receipts that came before the intent, to adopt
-    # one pipeline: the writes (the effect with its audit chain head and attempt 1; the
-    # audit entry, in a statement of its own within psycopg's cache's bounds), and the COMMIT
-    "WITH INSERT INTO durability_effect, INSERT INTO durability_attempt",
+    # one pipeline: the writes as one statement (the effect with its audit chain head,
+    # attempt 1 and the audit entry), and the COMMIT
+    "WITH INSERT INTO durability_effect, INSERT INTO durability_attempt, "
     "INSERT INTO durability_auditentry",
     "COMMIT",
     "COMMIT",  # Django's, which finds the transaction closed and sends nothing

@@ -65,13 +65,10 @@ def test_a_row_written_through_two_instances_gets_both_writes_in_order(
     assert (stored.agent, stored.workflow) == ("second", "flow")
 
 
-def test_a_bulk_of_writes_goes_in_parts_each_within_psycopgs_cache(project: Project) -> None:
-    """As many rows to a statement as WRITES_PER_STATEMENT and psycopg's cache of converted
-    statements allow (CACHED_STATEMENT_PARAMS: a case's insert has a value for each column
-    but its key)."""
+def test_a_bulk_of_writes_goes_in_parts_of_writes_per_statement(project: Project) -> None:
+    """As many rows to a statement as WRITES_PER_STATEMENT allows."""
     effect = ledger.effect_in(project, State.PENDING)
-    values = len(rows.columns(Case)) - 1
-    per = min(rows.WRITES_PER_STATEMENT, rows.CACHED_STATEMENT_PARAMS // values)
+    per = rows.WRITES_PER_STATEMENT
     cases = [_case(effect, f"case {n}") for n in range(per * 2 + 1)]
     writes = rows.Writes()
     for case in cases:
