@@ -5,6 +5,8 @@ from __future__ import annotations
 import gzip
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
@@ -436,21 +438,17 @@ def _waits_for_a_lock(pid: int) -> bool:
     return False
 
 
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("committed", ["before_the_upsert", "while_the_upsert_waits"])
-def test_a_run_the_batch_takes_spans_from_expired_meanwhile_is_not_created_again(
-    api, project, committed
-):
-    sent = [span(ROOT, duration_ms=500), chat("1111111111111111", parent=ROOT)]
-    post_traces(api.client, api.key, _in_run("run-a", *sent))
+@contextmanager
+def _raced_at_the_runs_upsert(committed: str, other: Callable[[], None]) -> Iterator[None]:
+    """`other` run on another connection just as this one sends a batch's runs upsert (the
+    batch has looked its spans and traces up, and is to write): to its end
+    (`before_the_upsert`), or until it deleted a run, then committed once the batch waits
+    for that row (`while_the_upsert_waits`)."""
     deleted = threading.Event()
-    expiring: list[threading.Thread] = []
+    racing: list[threading.Thread] = []
     waited: list[bool] = []
 
-    def expire(batch: int) -> None:
-        """Retention, as if the spans had all expired: it deletes them, their trace and run-a,
-        left with no span; it commits at once, or once the batch waits for it."""
-
+    def in_other(batch: int) -> None:
         def commit_once_the_batch_waits(execute, sql, params, many, context):
             result = execute(sql, params, many, context)
             if sql.startswith('DELETE FROM "trajectories_run" ') and not deleted.is_set():
@@ -461,28 +459,45 @@ def test_a_run_the_batch_takes_spans_from_expired_meanwhile_is_not_created_again
 
         try:
             with connection.execute_wrapper(commit_once_the_batch_waits):
-                retention.project_expire(project.pk, now=timezone.now() + timedelta(days=2), days=1)
+                other()
         finally:
             connection.close()
 
-    def expire_before_its_writes(execute, sql, params, many, context):
-        if sql.startswith("INSERT INTO trajectories_run ") and not expiring:
-            # The batch has looked its spans up, found them in run-a, and is to write.
+    def before_its_writes(execute, sql, params, many, context):
+        if sql.startswith("INSERT INTO trajectories_run ") and not racing:
             batch = context["connection"].connection.info.backend_pid
-            expiring.append(threading.Thread(target=expire, args=[batch]))
-            expiring[0].start()
+            racing.append(threading.Thread(target=in_other, args=[batch]))
+            racing[0].start()
             if committed == "before_the_upsert":
-                expiring[0].join(timeout=60)
+                racing[0].join(timeout=60)
             else:
                 assert deleted.wait(timeout=60)
         return execute(sql, params, many, context)
 
-    # The spans sent again, naming run-b: run-a loses them.
-    with connection.execute_wrapper(expire_before_its_writes):
-        r = post_traces(api.client, api.key, _in_run("run-b", *sent))
-    expiring[0].join(timeout=60)
-    assert r.status_code == 200 and deleted.is_set() and not expiring[0].is_alive()
+    with connection.execute_wrapper(before_its_writes):
+        yield
+    racing[0].join(timeout=60)
+    assert deleted.is_set() and not racing[0].is_alive()
     assert waited == ([True] if committed == "while_the_upsert_waits" else [])
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("committed", ["before_the_upsert", "while_the_upsert_waits"])
+def test_a_run_the_batch_takes_spans_from_expired_meanwhile_is_not_created_again(
+    api, project, committed
+):
+    sent = [span(ROOT, duration_ms=500), chat("1111111111111111", parent=ROOT)]
+    post_traces(api.client, api.key, _in_run("run-a", *sent))
+
+    def expire() -> None:
+        """Retention, as if the spans had all expired: it deletes them, their trace and
+        run-a, left with no span."""
+        retention.project_expire(project.pk, now=timezone.now() + timedelta(days=2), days=1)
+
+    # The spans sent again, naming run-b: run-a loses them.
+    with _raced_at_the_runs_upsert(committed, expire):
+        r = post_traces(api.client, api.key, _in_run("run-b", *sent))
+    assert r.status_code == 200
     assert not Run.objects.filter(run_id="run-a").exists()
     assert _counts("run-b") == (2, 0, 100, 20)
     assert set(Span.objects.values_list("run__run_id", flat=True)) == {"run-b"}
@@ -509,55 +524,22 @@ def test_a_trace_merged_into_a_named_run_meanwhile_takes_the_spans_and_leaves_no
         api.client, api.key, _in_run(None, span(ROOT, duration_ms=500), chat(model, parent=ROOT))
     )
     assert Run.objects.get().run_id == TRACE  # inferred
-    merged = threading.Event()
-    naming: list[threading.Thread] = []
-    waited: list[bool] = []
     answers: list[int] = []
 
-    def name_the_run(batch: int) -> None:
+    def name_the_run() -> None:
         """A run event naming the trace's run: it merges the run inferred for the trace into
-        run-named; it commits at once, or once the batch waits for it."""
-
-        def commit_once_the_batch_waits(execute, sql, params, many, context):
-            result = execute(sql, params, many, context)
-            if sql.startswith('DELETE FROM "trajectories_run" ') and not merged.is_set():
-                merged.set()
-                if committed == "while_the_upsert_waits":
-                    waited.append(_waits_for_a_lock(batch))
-            return result
-
+        run-named."""
         event = {"id": "e-named", "type": "run", "run_id": "run-named", "trace_ids": [TRACE]}
-        try:
-            with connection.execute_wrapper(commit_once_the_batch_waits):
-                answers.append(
-                    Api(Client(), api.key).post("events", {"events": [event]}).status_code
-                )
-        finally:
-            connection.close()
-
-    def name_before_its_writes(execute, sql, params, many, context):
-        if sql.startswith("INSERT INTO trajectories_run ") and not naming:
-            # The batch has looked its trace up, found it in the run inferred for it, and is
-            # to write.
-            batch = context["connection"].connection.info.backend_pid
-            naming.append(threading.Thread(target=name_the_run, args=[batch]))
-            naming[0].start()
-            if committed == "before_the_upsert":
-                naming[0].join(timeout=60)
-            else:
-                assert merged.wait(timeout=60)
-        return execute(sql, params, many, context)
+        answers.append(Api(Client(), api.key).post("events", {"events": [event]}).status_code)
 
     # The model span sent again and a tool span, naming no run: they take the trace's.
-    with connection.execute_wrapper(name_before_its_writes):
+    with _raced_at_the_runs_upsert(committed, name_the_run):
         r = post_traces(
             api.client,
             api.key,
             _in_run(None, chat(model, parent=ROOT), tool(executed, parent=ROOT)),
         )
-    naming[0].join(timeout=60)
-    assert r.status_code == 200 and answers == [207] and not naming[0].is_alive()
-    assert waited == ([True] if committed == "while_the_upsert_waits" else [])
+    assert r.status_code == 200 and answers == [207]
     # As in either serial order: the trace and all its spans in run-named, and no run
     # inferred for the trace left behind.
     assert not Run.objects.filter(run_id=TRACE).exists()
