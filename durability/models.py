@@ -98,6 +98,13 @@ class Role(models.TextChoices):
     ADMIN = "admin", "admin (keys, settings, members)"
 
 
+class MembershipQuerySet(models.QuerySet["Membership"]):
+    def live(self) -> MembershipQuerySet:
+        """The memberships of projects not being deleted: a project being deleted is no
+        one's (durability.retention.projects), whoever was made a member after its mark."""
+        return self.filter(project__deleting=None)
+
+
 class Membership(models.Model):
     project = models.ForeignKey(
         Project,
@@ -111,6 +118,8 @@ class Membership(models.Model):
     notify_assigned = models.BooleanField("a case is assigned to me", default=True)
     notify_mentioned = models.BooleanField("a comment mentions me (@name)", default=True)
     notify_overdue = models.BooleanField("a case of mine goes overdue", default=True)
+
+    objects = MembershipQuerySet.as_manager()
 
     class Meta:
         constraints = [

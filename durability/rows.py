@@ -24,11 +24,8 @@ from typing import Any
 import psycopg
 from django.db import DEFAULT_DB_ALIAS, connection, connections, models
 from django.db.models import signals
-from psycopg.pq import TransactionStatus
 
 from durability import pipeline
-
-IDLE = TransactionStatus.IDLE
 
 
 def _quoted(name: str | None) -> str:
@@ -218,7 +215,7 @@ def begun_lazily() -> Iterator[None]:
     if db.vendor != "postgresql":
         yield
         return
-    assert db.in_atomic_block and db.connection.info.transaction_status == IDLE
+    assert db.in_atomic_block and db.connection.info.transaction_status == pipeline.IDLE
     db.connection.autocommit = True
     token = _begin.set(True)
 

@@ -92,10 +92,11 @@ def on_user_locked_out(
     failures = getattr(request, "axes_failures_since_start", None)
     if failures is None or not username:
         return
-    # Not in a project being deleted, which is no one's (durability.accounts.roles).
-    memberships = Membership.objects.filter(
-        user__username=username, project__deleting=None
-    ).values_list("project_id", flat=True)
+    memberships = (
+        Membership.objects.live()
+        .filter(user__username=username)
+        .values_list("project_id", flat=True)
+    )
     for project_id in memberships:
         try:
             with audit.trail(project_id, ACTOR) as trail:

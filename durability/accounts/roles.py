@@ -91,9 +91,7 @@ def _memberships(user: AbstractBaseUser) -> QuerySet[Membership]:
     """The user's memberships with their projects, but of a project being deleted: its
     members go when it is marked, and one added meanwhile (committed just after the mark)
     must not show it until the deletion's last pass."""
-    return Membership.objects.select_related("project").filter(
-        user_id=user.pk, project__deleting=None
-    )
+    return Membership.objects.live().select_related("project").filter(user_id=user.pk)
 
 
 def access_of(user: AbstractBaseUser | AnonymousUser, project_id: int) -> Access | None:

@@ -35,9 +35,11 @@ MENTION = re.compile(r"(?<![\w@.+-])@([\w.@+-]+)")
 def _wants(project_id: int, user: User, preference: str) -> bool:
     """Whether `user`, a member of the project (not being deleted), chose to receive this
     kind of email."""
-    return Membership.objects.filter(
-        project_id=project_id, project__deleting=None, user=user, **{preference: True}
-    ).exists()
+    return (
+        Membership.objects.live()
+        .filter(project_id=project_id, user=user, **{preference: True})
+        .exists()
+    )
 
 
 def case_assigned(project: Project, case: Case, *, actor: str) -> Notice | None:
@@ -104,11 +106,8 @@ def comment_posted(project: Project, case: Case, comment: Comment) -> list[Notic
 def overdue_unannounced(*, now: datetime, limit: int = 100) -> list[int]:
     """Cases overdue as alerts count it (open past their reason's threshold, above low
     severity) whose assignee wants to hear and has not been told."""
-    wants = Membership.objects.filter(
-        project_id=OuterRef("project_id"),
-        project__deleting=None,
-        user_id=OuterRef("assignee_id"),
-        notify_overdue=True,
+    wants = Membership.objects.live().filter(
+        project_id=OuterRef("project_id"), user_id=OuterRef("assignee_id"), notify_overdue=True
     )
     announced = Notice.objects.filter(
         project_id=OuterRef("project_id"), case_id=OuterRef("pk"), kind=NoticeKind.OVERDUE
