@@ -220,7 +220,7 @@ def main() -> None:
         chains(project)
         from django.utils import timezone
 
-        from durability.accounts.services import project_retention_set
+        from durability.accounts.members import project_retention_set
         from durability.models import AuditEntry, Effect, Receipt
 
         project_retention_set(

@@ -195,7 +195,7 @@ def _run(args: argparse.Namespace, data: dict[str, Any], effects_took: float) ->
     from django.test import Client
     from django.utils import timezone
 
-    from durability.accounts.services import project_retention_set
+    from durability.accounts.members import project_retention_set
     from durability.models import AuditEntry, Effect, Project
     from trajectories.models import Span
 

@@ -34,7 +34,7 @@ AUTHENTICATED_MAX = 10_000
 
 
 class AuthorityPolicy(models.TextChoices):
-    """What an intent that names no grant gets (durability.ledger.authority).
+    """What an intent that names no grant gets (durability.ledger.grant_check).
 
     Under either audit policy the effect proceeds with no grant, which the authority report
     and the effect page show; only `audit_cases` also opens a case for each such effect.
@@ -54,7 +54,7 @@ class Project(models.Model):
     members = models.ManyToManyField(
         settings.AUTH_USER_MODEL, through="Membership", related_name="projects"
     )
-    # What an intent that names no grant gets (durability.ledger.authority).
+    # What an intent that names no grant gets (durability.ledger.grant_check).
     authority_policy = models.CharField(
         max_length=16, choices=AuthorityPolicy.choices, default=AuthorityPolicy.AUDIT
     )

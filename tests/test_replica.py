@@ -34,7 +34,7 @@ from tests.sdk.support import ROOT, ServerProcess, wait_until
 PASSWORD = "replica-reads-correct-horse"
 SETUP = f"""
 from django.contrib.auth import get_user_model
-from durability.accounts.services import apikey_create
+from durability.accounts.members import apikey_create
 from durability.models import Membership, Project, Role
 project = Project.objects.create(name="replicated")
 user = get_user_model().objects.create_user("olive", password="{PASSWORD}")

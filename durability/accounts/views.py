@@ -8,7 +8,7 @@ get 403, strangers to a project 404, a user in no project the landing page. Ever
 sets their own notifications.
 The page shows the user's current project; each action names its project in the URL,
 so a project switched in another tab cannot redirect a change to the wrong project.
-Services (durability.accounts.services) make the changes and audit them.
+Services (durability.accounts.members) make the changes and audit them.
 """
 
 from __future__ import annotations
@@ -27,8 +27,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
 from durability import inbound
-from durability.accounts import lockouts
-from durability.accounts import services as members
+from durability.accounts import lockouts, members
 from durability.accounts.access import (
     NOT_YOURS,
     SESSION_PROJECT,

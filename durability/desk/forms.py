@@ -8,14 +8,14 @@ from typing import Any
 from django import forms
 from django.http import QueryDict
 
-from durability.desk.queue import QueueQuery
-from durability.desk.services import (
+from durability.desk.case_actions import (
     Evidence,
     Verdict,
     can_acknowledge,
     verdict_refusal,
     verdicts_for,
 )
+from durability.desk.queue import QueueQuery
 from durability.models import BulkVerb, Case, Reason
 
 ACKNOWLEDGE = "acknowledge"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from durability.desk import alerts, notifications, services
+from durability.desk import alerts, case_actions, notifications
 
 
 def alert() -> int:
@@ -17,12 +17,12 @@ def overdue_notify() -> int:
 
 def cases_bulk(bulk_id: int) -> int:
     """Carry out a bulk action on cases; a second run resumes where the first stopped."""
-    return services.bulk_run(bulk_id=bulk_id).done
+    return case_actions.bulk_run(bulk_id=bulk_id).done
 
 
 def bulks_resume() -> int:
     """Carry on the bulk actions whose job was lost (scheduled); returns how many."""
-    stalled = services.bulks_stalled()
+    stalled = case_actions.bulks_stalled()
     for bulk_id in stalled:
-        services.bulk_run(bulk_id=bulk_id)
+        case_actions.bulk_run(bulk_id=bulk_id)
     return len(stalled)

@@ -2,7 +2,8 @@
 
 Every view needs a login, and its first line asks the access helper (durability.accounts.access)
 for the project and the permission; every action is carried out by a service
-(durability.desk.services), which writes the audit entry with the user as actor `user:<username>`.
+(durability.desk.case_actions), which writes the audit entry with the user as actor
+`user:<username>`.
 """
 
 from __future__ import annotations
@@ -30,9 +31,8 @@ from durability.accounts.access import (
     require,
 )
 from durability.accounts.roles import Access, Perm
+from durability.desk import case_actions, saved_views
 from durability.desk import jobs as desk_jobs
-from durability.desk import saved_views
-from durability.desk import services as cases
 from durability.desk.effect_filter import EffectFilter, EffectQuery
 from durability.desk.forms import (
     ACKNOWLEDGE,
@@ -58,7 +58,7 @@ from durability.desk.queue import (
     rows_of,
 )
 from durability.desk.story import effect_story, failure_of, story_of
-from durability.ledger import authority, decisions, machine
+from durability.ledger import decisions, grant_check, machine
 from durability.models import (
     AuditAction,
     AuditEntry,
@@ -144,7 +144,7 @@ def _queue_page(
         "since": _latest_audit_id(access),
         "form": QueueFilter(initial=query.values),
         "reasons": Reason.choices,
-        "members": cases.assignable_members(access.project),
+        "members": case_actions.assignable_members(access.project),
         "bulk_verbs": BulkVerb.choices,
         "views": _saved_views(request, access, query),
         "view_form": view_form or SavedViewForm(),
@@ -287,7 +287,7 @@ def _bulk_scope(request: AuthedRequest, access: Access, form: BulkForm) -> tuple
         if groups := form.cleaned_data["case_group"]:
             picked |= Q(pk__in=named.filter(group_key__in=groups).values("pk"))
         named = Case.objects.filter(picked, project=access.project)
-    eligible = cases.bulk_eligible(named, BulkVerb(form.cleaned_data["verb"]))
+    eligible = case_actions.bulk_eligible(named, BulkVerb(form.cleaned_data["verb"]))
     ids = list(eligible.order_by("opened", "id").values_list("id", flat=True))
     return named.count(), ids
 
@@ -296,7 +296,7 @@ def _member(access: Access, request: AuthedRequest, name: str) -> User | None:
     """The member "me" or a username stands for, if they may act on the project's cases."""
     if name == "me":
         return request.user
-    return cases.assignable_members(access.project).filter(username=name).first()
+    return case_actions.assignable_members(access.project).filter(username=name).first()
 
 
 BULK_PERMS = {
@@ -344,7 +344,7 @@ def bulk_start(request: AuthedRequest) -> HttpResponse:
             form.add_error("assign_to", "Not a member who can act on this project's cases.")
             return render(request, BULK_PREVIEW, {"form": form}, status=400)
     _, ids = _bulk_scope(request, access, form)
-    bulk = cases.bulk_start(
+    bulk = case_actions.bulk_start(
         project=access.project,
         actor=actor_of(request),
         verb=verb,
@@ -353,7 +353,7 @@ def bulk_start(request: AuthedRequest) -> HttpResponse:
         assignee=assignee,
     )
     if bulk.total <= settings.TALLYBOOK_BULK_INLINE:
-        bulk = cases.bulk_run(bulk_id=bulk.pk)
+        bulk = case_actions.bulk_run(bulk_id=bulk.pk)
     else:
         jobs.enqueue(desk_jobs.cases_bulk, bulk.pk)
     # The progress keeps the queue's filter, for the queue it leads back to.
@@ -389,8 +389,8 @@ def _case_page(
         "story": story_of(case),
         "outcome": decisions.decide(effect) if effect else None,
         "verdict_options": _verdict_options(case),
-        "attest": cases.Verdict.HAPPENED in cases.verdicts_for(case),
-        "members": cases.assignable_members(access.project),
+        "attest": case_actions.Verdict.HAPPENED in case_actions.verdicts_for(case),
+        "members": case_actions.assignable_members(access.project),
         "siblings": (
             effect.cases.filter(project_id=effect.project_id, closed=None)
             .exclude(pk=case.pk)
@@ -405,7 +405,7 @@ def _case_page(
     return render(request, "durability/desk/case.html", context, status=status)
 
 
-def _figures(case: Case) -> authority.Figures | None:
+def _figures(case: Case) -> grant_check.Figures | None:
     """An `authority_exceeded` case's figures: the grant's limits, the intent's amount and
     those of the receipts that exceeded them (the case's, and any it repeated for)."""
     if case.reason != Reason.AUTHORITY_EXCEEDED or case.effect is None:
@@ -413,7 +413,7 @@ def _figures(case: Case) -> authority.Figures | None:
     named = [case.receipt_id, *(r.get("evidence") for r in case.detail.get("repeats", []))]
     found = Receipt.objects.in_bulk([pk for pk in named if pk is not None])
     receipts = [found[pk] for pk in dict.fromkeys(named) if pk in found]
-    return authority.exceeded_figures(case.effect, receipts)
+    return grant_check.exceeded_figures(case.effect, receipts)
 
 
 def _case_url(request: AuthedRequest, case: Case) -> str:
@@ -423,10 +423,10 @@ def _case_url(request: AuthedRequest, case: Case) -> str:
 
 # The key that picks each verdict on the case page (static/durability/desk.js).
 VERDICT_KEYS = {
-    cases.Verdict.HAPPENED: "h",
-    cases.Verdict.NOT_HAPPENED: "n",
-    cases.Verdict.COMPENSATED: "c",
-    cases.Verdict.ABANDONED: "b",
+    case_actions.Verdict.HAPPENED: "h",
+    case_actions.Verdict.NOT_HAPPENED: "n",
+    case_actions.Verdict.COMPENSATED: "c",
+    case_actions.Verdict.ABANDONED: "b",
     ACKNOWLEDGE: "e",
 }
 
@@ -467,7 +467,7 @@ def case_resolve(request: AuthedRequest, case_id: int) -> HttpResponseBase:
     data = form.cleaned_data
     try:
         if data["verdict"] == ACKNOWLEDGE:
-            cases.case_acknowledge(
+            case_actions.case_acknowledge(
                 project=access.project,
                 case_id=found.pk,
                 version=data["version"],
@@ -475,16 +475,16 @@ def case_resolve(request: AuthedRequest, case_id: int) -> HttpResponseBase:
                 note=data["note"],
             )
         else:
-            cases.case_resolve(
+            case_actions.case_resolve(
                 project=access.project,
                 case_id=found.pk,
                 version=data["version"],
                 actor=actor_of(request),
-                verdict=cases.Verdict(data["verdict"]),
+                verdict=case_actions.Verdict(data["verdict"]),
                 note=data["note"],
                 evidence=form.evidence(),
             )
-    except (cases.CaseChanged, cases.NotApplicable, machine.IllegalTransition) as exc:
+    except (case_actions.CaseChanged, case_actions.NotApplicable, machine.IllegalTransition) as exc:
         return _refused(request, found, str(exc))
     choice = dict(form.fields["verdict"].choices)[data["verdict"]]  # type: ignore[attr-defined]
     messages.success(request, f"Case #{found.pk} closed: {str(choice).lower()}.")
@@ -526,15 +526,15 @@ def case_assign(request: AuthedRequest, case_id: int) -> HttpResponseBase:
         assignee = _member(access, request, name) if name else None
         try:
             if name and assignee is None:
-                raise cases.NotApplicable(f"{name} cannot act on this project's cases.")
-            cases.case_assign(
+                raise case_actions.NotApplicable(f"{name} cannot act on this project's cases.")
+            case_actions.case_assign(
                 project=access.project,
                 case_id=found.pk,
                 version=form.cleaned_data["version"],
                 actor=actor_of(request),
                 assignee=assignee,
             )
-        except (cases.CaseChanged, cases.NotApplicable) as exc:
+        except (case_actions.CaseChanged, case_actions.NotApplicable) as exc:
             problem = str(exc)
     if request.htmx:
         # The queue row, changed or not, with the problem shown in it.
@@ -562,7 +562,7 @@ def case_comment(request: AuthedRequest, case_id: int) -> HttpResponseBase:
     form = CommentForm(request.POST)
     if not form.is_valid():
         return _case_page(request, found, access, status=400, comment_form=form)
-    cases.case_comment(
+    case_actions.case_comment(
         project=access.project,
         case_id=found.pk,
         actor=actor_of(request),

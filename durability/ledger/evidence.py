@@ -18,7 +18,7 @@ from django.utils import timezone
 from durability import audit, rows
 from durability.api.schemas import FailureIn, ReceiptIn, TimeoutIn
 from durability.audit import Trail
-from durability.ledger import authority as grants
+from durability.ledger import grant_check
 from durability.ledger.cases import case_close, case_open, open_case_of, uncertain_case_open
 from durability.ledger.decisions import when
 from durability.ledger.machine import Event, KeyLock, apply, locked
@@ -274,8 +274,8 @@ def evidence_mismatch(effect: Effect, row: Receipt) -> dict[str, list[object]]:
     """
     differs: dict[str, list[object]] = {}
     if row.amount is not None and effect.amount is not None:
-        asked = grants.money(effect.amount, effect.currency)
-        said = grants.money(row.amount, row.currency or effect.currency)
+        asked = grant_check.money(effect.amount, effect.currency)
+        said = grant_check.money(row.amount, row.currency or effect.currency)
         if asked != said:
             differs["amount"] = [asked, said]
     if row.target and row.target != effect.target:
@@ -293,7 +293,7 @@ def _authority_of_evidence(
 ) -> Case | None:
     """Compare new evidence with the effect's grant: beyond it opens a case, and so does
     none unless the project's policy is plain `audit`."""
-    finding = grants.evidence_finding(effect, row, project.authority_policy)
+    finding = grant_check.evidence_finding(effect, row, project.authority_policy)
     if finding is None:
         return None
     return case_open(

@@ -18,8 +18,7 @@ from django.utils import timezone
 from durability import audit, rows
 from durability.api.schemas import IntentIn
 from durability.audit import Trail
-from durability.ledger import authority as grants
-from durability.ledger import evidence
+from durability.ledger import evidence, grant_check
 from durability.ledger.cases import case_close, case_open, open_case_of, uncertain_case_open
 from durability.ledger.decisions import (
     UNREAD,
@@ -52,9 +51,9 @@ from durability.redaction import distinct, extras_of, redact_input
 S = State
 # The event that records a new effect, by the grant check's ruling.
 ENTRY = {
-    grants.Ruling.PROCEED: Event.INTENT,
-    grants.Ruling.APPROVAL: Event.REQUIRE_APPROVAL,
-    grants.Ruling.DENY: Event.REFUSE,
+    grant_check.Ruling.PROCEED: Event.INTENT,
+    grant_check.Ruling.APPROVAL: Event.REQUIRE_APPROVAL,
+    grant_check.Ruling.DENY: Event.REFUSE,
 }
 # What an intent changes on a pending effect when it makes the attempt an approval allowed.
 ATTEMPT_FIELDS = [name for name in EFFECT_MUTABLE_FIELDS if name != "state"]
@@ -98,7 +97,7 @@ def _intent_store(*, project: Project, actor: str, intent: IntentIn) -> Outcome:
     )
     # Separate from the fingerprint, which is the client's to choose: what was approved and
     # checked is the request and this claim together, whoever computes the fingerprint.
-    claim = fingerprint_of(grants.claim_of(intent))
+    claim = fingerprint_of(grant_check.claim_of(intent))
     intent = redact_input(intent, extras)
     with audit.trail(project.pk, actor) as trail:
         read = _Read(project, intent)
@@ -174,7 +173,7 @@ def _effect_new(
 ) -> Outcome:
     """Record a new effect as its grant check rules (the key is locked: no other writer
     can record it meanwhile)."""
-    check = grants.authority_check(project=project, intent=intent, named=read.grant())
+    check = grant_check.authority_check(project=project, intent=intent, named=read.grant())
     event = ENTRY[check.ruling]
     effect = Effect(
         pk=read.drawn.scalar(),
@@ -215,19 +214,19 @@ def _effect_new(
 def _ruled(
     effect: Effect,
     intent: IntentIn,
-    check: grants.Check,
+    check: grant_check.Check,
     attempt: Attempt | None,
     authority: dict[str, Any],
     trail: Trail,
     read: _Read,
 ) -> Outcome:
     """What the grant check's ruling on a new effect opens, and the answer it gives."""
-    if check.ruling == grants.Ruling.DENY:
+    if check.ruling == grant_check.Ruling.DENY:
         case = case_open(
             effect, Reason.AUTHORITY_DENIED, Severity.MEDIUM, check.reason, trail, **authority
         )
         return Outcome(Decision.DENIED, effect, check.reason, case=case, created=True)
-    if check.ruling == grants.Ruling.APPROVAL:
+    if check.ruling == grant_check.Ruling.APPROVAL:
         assert check.grant is not None
         approval = Approval.objects.create(
             project_id=effect.project_id,
@@ -326,7 +325,7 @@ def _answer(
 def _conflict(effect: Effect, intent: IntentIn, fingerprint: str, trail: Trail) -> Outcome:
     """The key was first recorded with another request or another authority claim: what
     was checked and approved is not what this intent would perform."""
-    recorded, asked = grants.claim_recorded(effect), grants.claim_of(intent)
+    recorded, asked = grant_check.claim_recorded(effect), grant_check.claim_of(intent)
     differs = {k: [recorded[k], asked[k]] for k in asked if recorded[k] != asked[k]}
     if effect.fingerprint != fingerprint:
         differs["fingerprint"] = [effect.fingerprint, fingerprint]

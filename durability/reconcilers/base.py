@@ -3,7 +3,7 @@
 A reconciler is a class with a `kind` (its name in settings.TALLYBOOK_RECONCILERS), a
 pydantic `Config` (what an admin stores in `ReconcilerConfig.config`, validated strictly)
 and a `probe(effect)` method answering one of `Found`, `NotFound` or `Unknown`. It only
-looks: settling the effect on its answer is the job of `durability.reconcilers.services`.
+looks: settling the effect on its answer is the job of `durability.reconcilers.reconciling`.
 """
 
 from __future__ import annotations

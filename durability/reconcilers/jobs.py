@@ -8,7 +8,7 @@ from rq import Retry
 
 from durability.jobs import enqueue
 from durability.models import ProbeAnswer
-from durability.reconcilers import services as reconciling
+from durability.reconcilers import reconciling
 
 
 class ProbeUnknown(Exception):

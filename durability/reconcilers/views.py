@@ -17,7 +17,7 @@ from durability.accounts.access import AuthedRequest, actor_of, object_access
 from durability.accounts.roles import Perm
 from durability.models import Effect
 from durability.reconcilers import jobs as reconciler_jobs
-from durability.reconcilers.services import PANEL, panel_context
+from durability.reconcilers.reconciling import PANEL, panel_context
 
 
 def _requested(value: str) -> datetime | None:

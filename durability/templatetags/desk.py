@@ -13,7 +13,7 @@ from django.urls import reverse
 
 from durability import models
 from durability.accounts.access import current_membership
-from durability.ledger import authority
+from durability.ledger import grant_check
 from durability.models import Membership, Role
 
 register = template.Library()
@@ -117,4 +117,4 @@ def closed_status(action: str) -> str:
 @register.filter
 def money(value: Decimal | None, currency: str) -> str:
     """An amount with its currency, as the grant check words it ("40 EUR")."""
-    return "" if value is None else authority.money(value, currency)
+    return "" if value is None else grant_check.money(value, currency)

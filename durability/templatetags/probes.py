@@ -8,7 +8,7 @@ from django import template
 
 from durability.accounts.roles import Access
 from durability.models import Effect
-from durability.reconcilers.services import PANEL, panel_context
+from durability.reconcilers.reconciling import PANEL, panel_context
 
 register = template.Library()
 

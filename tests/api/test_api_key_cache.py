@@ -8,7 +8,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from durability import models
-from durability.accounts.services import apikey_revoke, member_add, project_policy_set
+from durability.accounts.members import apikey_revoke, member_add, project_policy_set
 from durability.models import ApiKey, AuthorityPolicy, KeysVersion, Project, Role
 
 

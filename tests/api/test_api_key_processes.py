@@ -8,7 +8,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from durability.accounts.services import apikey_revoke
+from durability.accounts.members import apikey_revoke
 from durability.models import ApiKey, Project
 from tests.sdk.support import ServerProcess, database_url_of_tests, wait_until
 

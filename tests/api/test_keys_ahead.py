@@ -13,7 +13,7 @@ from django.conf import settings
 from django.db import connection
 
 from durability import rows
-from durability.accounts.services import project_policy_set
+from durability.accounts.members import project_policy_set
 from durability.models import ApiKey, AuditEntry, AuthorityPolicy, Effect, KeysVersion, Project
 from tests.conftest import Api
 

@@ -11,7 +11,7 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from django.utils import timezone
 
-from durability.desk import services as cases
+from durability.desk import case_actions
 from durability.models import AuditEntry, Effect
 from tests.desk.support import logged_in, search, uncertain_case
 from tests.ledger import support as ledger
@@ -41,7 +41,7 @@ def test_it_lists_the_projects_entries_newest_first(project, desk, other_api):
 def test_filters_by_user_effect_action_and_time(project, desk):
     case = uncertain_case(project, "k1")
     uncertain_case(project, "k2")
-    cases.case_comment(project=project, case_id=case.pk, actor="user:alice", body="hm")
+    case_actions.case_comment(project=project, case_id=case.pk, actor="user:alice", body="hm")
     mine = AuditEntry.objects.get(actor="user:alice")
     assert _ids(desk.get("/audit/?actor=alice")) == [mine.pk]
     assert _ids(desk.get("/audit/?actor=user:alice")) == [mine.pk]

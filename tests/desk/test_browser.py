@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from durability.desk import services as cases
+from durability.desk import case_actions
 from durability.models import Case, Effect, Reason, State
 from tests.browser import BROWSER, browser, log_in, page
 from tests.desk.support import late_success_case, uncertain_case
@@ -130,7 +130,7 @@ def test_a_case_resolved_elsewhere_leaves_the_queue_without_a_reload(page, desk,
     log_in(page)
     late = desk["late"]
     page.evaluate("window.notReloaded = true")
-    cases.case_acknowledge(
+    case_actions.case_acknowledge(
         project=project,
         case_id=late.pk,
         version=late.version,
@@ -151,10 +151,10 @@ def test_a_filtered_queue_ignores_changes_to_cases_it_does_not_show(page, desk, 
     assert _rows(page) == [f"case-{late.pk}"]
     # A case of another reason changes, then the one shown: once the pulse has brought the
     # second change, it has brought the first.
-    cases.case_assign(
+    case_actions.case_assign(
         project=project, case_id=deploy.pk, version=deploy.version, actor="user:ada", assignee=admin
     )
-    cases.case_acknowledge(
+    case_actions.case_acknowledge(
         project=project, case_id=late.pk, version=late.version, actor="user:ada", note="told"
     )
     page.wait_for_selector(f"tr#case-{late.pk}.closed", timeout=60_000)

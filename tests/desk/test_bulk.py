@@ -10,8 +10,8 @@ import pytest
 from django.utils import timezone
 from rq import SimpleWorker
 
+from durability.desk import case_actions
 from durability.desk import jobs as desk_jobs
-from durability.desk import services as cases
 from durability.models import AuditEntry, BulkAction, BulkVerb, Case, Effect, Reason, State
 from tests.desk.support import (
     late_success_case,
@@ -138,7 +138,7 @@ def test_a_large_bulk_action_whose_job_was_lost_is_finished_by_the_scheduled_pas
     assert desk_jobs.bulks_resume() == 0, "a fresh action may still be at work"
 
     # As if the clock had moved on.
-    BulkAction.objects.filter(pk=bulk.pk).update(created=timezone.now() - cases.BULK_STALLED)
+    BulkAction.objects.filter(pk=bulk.pk).update(created=timezone.now() - case_actions.BULK_STALLED)
     assert desk_jobs.bulks_resume() == 1
 
     bulk.refresh_from_db()
@@ -149,28 +149,28 @@ def test_a_large_bulk_action_whose_job_was_lost_is_finished_by_the_scheduled_pas
 
 def test_a_bulk_run_resumes_and_never_acts_twice(project, three):
     ids = [c.pk for c in three[:2]]
-    bulk = cases.bulk_start(
+    bulk = case_actions.bulk_start(
         project=project, actor="user:alice", verb=BulkVerb.NOT_HAPPENED, case_ids=ids, note="x"
     )
     # One case is settled by someone else before the job reaches it.
     first = three[0]
-    cases.case_resolve(
+    case_actions.case_resolve(
         project=project,
         case_id=first.pk,
         version=first.version,
         actor="user:ada",
-        verdict=cases.Verdict.ABANDONED,
+        verdict=case_actions.Verdict.ABANDONED,
         note="gave up",
     )
-    done = cases.bulk_run(bulk_id=bulk.pk)
+    done = case_actions.bulk_run(bulk_id=bulk.pk)
     assert (done.done, done.skipped, done.finished is not None) == (1, 1, True)
-    again = cases.bulk_run(bulk_id=bulk.pk)
+    again = case_actions.bulk_run(bulk_id=bulk.pk)
     assert (again.done, again.skipped) == (1, 1)
     assert AuditEntry.objects.filter(action="attest_not_happened").count() == 1
 
 
 def test_someone_elses_bulk_progress_is_not_shown_to_strangers(project, three, mallory):
-    bulk = cases.bulk_start(
+    bulk = case_actions.bulk_start(
         project=project, actor="user:alice", verb=BulkVerb.ASSIGN, case_ids=[], note=""
     )
     assert logged_in(mallory).get(f"/queue/bulk/{bulk.pk}/").status_code == 404

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from durability.desk import services as cases
+from durability.desk import case_actions
 from durability.models import AuditEntry, Case, Effect, Resolution
 from tests.desk.support import logged_in, uncertain_case
 
@@ -75,11 +75,11 @@ def test_two_operators_resolving_through_the_page_one_wins_one_is_told(project, 
 
 def test_eight_concurrent_verdicts_leave_exactly_one_resolution(project):
     case = uncertain_case(project)
-    verdicts = [cases.Verdict.NOT_HAPPENED, cases.Verdict.ABANDONED] * 4
+    verdicts = [case_actions.Verdict.NOT_HAPPENED, case_actions.Verdict.ABANDONED] * 4
     results = _at_once(
         [
             partial(
-                cases.case_resolve,
+                case_actions.case_resolve,
                 project=project,
                 case_id=case.pk,
                 version=case.version,
@@ -91,7 +91,7 @@ def test_eight_concurrent_verdicts_leave_exactly_one_resolution(project):
         ]
     )
     won = [r for r in results if isinstance(r, Case)]
-    lost = [r for r in results if isinstance(r, cases.CaseChanged)]
+    lost = [r for r in results if isinstance(r, case_actions.CaseChanged)]
     assert (len(won), len(lost)) == (1, 7)
     assert Resolution.objects.filter(case=case).count() == 1
     assert AuditEntry.objects.filter(case=case, action="case_closed").count() == 1
@@ -101,22 +101,22 @@ def test_an_assignment_and_a_resolution_at_once_do_not_both_apply_to_one_version
     case = uncertain_case(project)
     results = _at_once(
         [
-            lambda: cases.case_assign(
+            lambda: case_actions.case_assign(
                 project=project,
                 case_id=case.pk,
                 version=case.version,
                 actor="user:ada",
                 assignee=admin,
             ),
-            lambda: cases.case_resolve(
+            lambda: case_actions.case_resolve(
                 project=project,
                 case_id=case.pk,
                 version=case.version,
                 actor="user:alice",
-                verdict=cases.Verdict.NOT_HAPPENED,
+                verdict=case_actions.Verdict.NOT_HAPPENED,
                 note="checked",
             ),
         ]
     )
     assert sum(isinstance(r, Case) for r in results) == 1
-    assert sum(isinstance(r, cases.CaseChanged) for r in results) == 1
+    assert sum(isinstance(r, case_actions.CaseChanged) for r in results) == 1

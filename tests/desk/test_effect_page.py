@@ -9,7 +9,7 @@ from html import unescape
 import pytest
 from django.urls import reverse
 
-from durability.desk import services
+from durability.desk import case_actions
 from durability.models import Case, Effect, Reason
 from tests.desk.support import logged_in, search, uncertain_case
 from tests.ledger.support import failure, intent, receipt, timeout
@@ -26,7 +26,7 @@ def _moments(page: str) -> list[str]:
 
 def test_the_effect_page_tells_the_same_story_as_its_case(project, desk):
     case = uncertain_case(project, "refund:1", run_id="run-7")
-    services.case_comment(project=project, case_id=case.pk, actor="user:alice", body="looking")
+    case_actions.case_comment(project=project, case_id=case.pk, actor="user:alice", body="looking")
     case_page = desk.get(f"/cases/{case.pk}/").content.decode()
     effect_page = desk.get(f"/effects/{case.effect_id}/").content.decode()
     assert _moments(effect_page) == _moments(case_page)

@@ -15,8 +15,8 @@ from django.utils import timezone
 from rq import SimpleWorker
 
 from durability import notices
+from durability.desk import case_actions
 from durability.desk import jobs as desk_jobs
-from durability.desk import services
 from durability.desk.notifications import mentions, overdue_announce
 from durability.models import (
     BulkVerb,
@@ -118,7 +118,7 @@ def test_an_assignee_who_turned_assignments_off_gets_no_email(
 
 
 def _bulk_assign(project, cases, assignee, actor="user:ada"):
-    bulk = services.bulk_start(
+    bulk = case_actions.bulk_start(
         project=project,
         actor=actor,
         verb=BulkVerb.ASSIGN,
@@ -126,8 +126,8 @@ def _bulk_assign(project, cases, assignee, actor="user:ada"):
         note="the Stripe outage",
         assignee=assignee,
     )
-    services.bulk_run(bulk_id=bulk.pk)
-    services.bulk_run(bulk_id=bulk.pk)  # a job delivered twice
+    case_actions.bulk_run(bulk_id=bulk.pk)
+    case_actions.bulk_run(bulk_id=bulk.pk)  # a job delivered twice
     return bulk
 
 
@@ -331,7 +331,7 @@ def test_no_member_hears_about_a_project_being_deleted(
     """Its members go at the mark; one whose membership was committed just after it (kept
     here) is told of no assignment, bulk assignment, mention or overdue case of it."""
     other = uncertain_case(project, "k2")
-    bulk = services.bulk_start(
+    bulk = case_actions.bulk_start(
         project=project,
         actor="user:ada",
         verb=BulkVerb.ASSIGN,
@@ -345,15 +345,15 @@ def test_no_member_hears_about_a_project_being_deleted(
     told = Notice.objects.count()
     Project.objects.filter(pk=project.pk).update(deleting=timezone.now())
     with django_capture_on_commit_callbacks(execute=True):
-        services.bulk_run(bulk_id=bulk.pk)
-        services.case_assign(
+        case_actions.bulk_run(bulk_id=bulk.pk)
+        case_actions.case_assign(
             project=project,
             case_id=case.pk,
             version=case.version + 1,
             actor="user:ada",
             assignee=alice_mail,
         )
-        services.case_comment(project=project, case_id=case.pk, actor="user:ada", body="@alice")
+        case_actions.case_comment(project=project, case_id=case.pk, actor="user:ada", body="@alice")
         assert overdue_announce(now=case.opened + 2 * HOUR) == 0
     assert Case.objects.filter(project=project, assignee=alice_mail).count() == 2
     assert mail.outbox == [] and Notice.objects.count() == told

@@ -11,7 +11,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from durability.desk import services as cases
+from durability.desk import case_actions
 from durability.desk.queue import PAGE_SIZE
 from durability.models import Case, Membership, Project, Reason, Role, Severity
 from tests.desk.support import (
@@ -43,7 +43,7 @@ def mixed(project, admin):
     late = late_success_case(project, "mail-1")
     ledger.receipt(project, "stray", "re_stray")
     orphan = Case.objects.get(reason=Reason.ORPHAN_RECEIPT)
-    cases.case_assign(
+    case_actions.case_assign(
         project=project, case_id=deploy.pk, version=deploy.version, actor="user:ada", assignee=admin
     )
     return {"refund": refund, "deploy": deploy, "late": late, "orphan": orphan}
@@ -68,7 +68,7 @@ def test_it_lists_open_cases_of_every_reason_with_what_a_triager_needs(desk, mix
 
 def test_closed_cases_leave_the_queue(project, desk, mixed):
     late = mixed["late"]
-    cases.case_acknowledge(
+    case_actions.case_acknowledge(
         project=project, case_id=late.pk, version=late.version, actor="user:alice", note="ok"
     )
     assert late.pk not in _shown(desk.get("/queue/"))
@@ -166,12 +166,12 @@ def test_the_pulse_shows_a_case_resolved_elsewhere_and_new_ones(project, desk, m
     page = desk.get("/queue/").content.decode()
     since = search(r"since=(\d+)", page).group(1)
     refund = mixed["refund"]
-    cases.case_resolve(
+    case_actions.case_resolve(
         project=project,
         case_id=refund.pk,
         version=refund.version,
         actor="user:ada",
-        verdict=cases.Verdict.NOT_HAPPENED,
+        verdict=case_actions.Verdict.NOT_HAPPENED,
         note="not in Stripe",
     )
     uncertain_case(project, "fresh")
@@ -254,7 +254,7 @@ def test_the_pulse_sends_rows_only_for_the_cases_the_page_shows(project, desk, a
     late, deploy = mixed["late"], mixed["deploy"]
     for case, assignee in ((late, admin), (deploy, None)):
         case.refresh_from_db()
-        cases.case_assign(
+        case_actions.case_assign(
             project=project,
             case_id=case.pk,
             version=case.version,

@@ -8,7 +8,7 @@ from typing import Any
 from django.db import connection
 from django.utils import timezone
 
-from durability.accounts import services as accounts
+from durability.accounts import members
 from durability.api.schemas import FailureIn, IntentIn, ReceiptIn, TimeoutIn
 from durability.ledger import evidence, intents, settling
 from durability.ledger.decisions import Outcome
@@ -42,7 +42,7 @@ def everything(project: Project) -> Grant:
 
 def cases_asked(project: Project) -> None:
     """The project asks for a case per intent that names no grant (`audit_cases`)."""
-    accounts.project_policy_set(project=project, actor=OPERATOR, policy=AuthorityPolicy.AUDIT_CASES)
+    members.project_policy_set(project=project, actor=OPERATOR, policy=AuthorityPolicy.AUDIT_CASES)
 
 
 def intent(project: Project, key: str = "k1", **fields: Any) -> Outcome:

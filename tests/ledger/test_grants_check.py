@@ -11,7 +11,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from durability.accounts import services as accounts
+from durability.accounts import members
 from durability.authority import grants
 from durability.models import (
     AuditAction,
@@ -59,7 +59,7 @@ def test_an_intent_naming_no_grant_proceeds_under_the_audit_policy_with_no_case(
 
 
 def test_an_intent_naming_no_grant_is_flagged_when_the_project_asks_for_cases(api, project):
-    accounts.project_policy_set(
+    members.project_policy_set(
         project=project, actor="user:ada", policy=AuthorityPolicy.AUDIT_CASES
     )
     body = api.intent("k1", authority=None).json()
@@ -82,7 +82,7 @@ def test_an_ungranted_intent_under_the_audit_policy_writes_no_case_and_two_state
     api.intent("warm-up", authority=None)
     audit = _statements(api, "k1")
     assert not [sql for sql in audit if "durability_case" in sql]
-    accounts.project_policy_set(
+    members.project_policy_set(
         project=project, actor="user:ada", policy=AuthorityPolicy.AUDIT_CASES
     )
     api.intent("warm-up-2", authority=None)
@@ -94,7 +94,7 @@ def test_an_ungranted_intent_under_the_audit_policy_writes_no_case_and_two_state
 
 
 def test_an_intent_naming_no_grant_is_denied_under_the_enforce_policy(api, project):
-    accounts.project_policy_set(project=project, actor="user:ada", policy=AuthorityPolicy.ENFORCE)
+    members.project_policy_set(project=project, actor="user:ada", policy=AuthorityPolicy.ENFORCE)
     r = api.intent("k1", authority=None)
     assert r.status_code == 201
     _denied(r.json(), "no_grant")

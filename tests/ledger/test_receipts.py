@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from durability.accounts import services as accounts
+from durability.accounts import members
 from durability.audit import first_broken_entry
 from durability.models import AuditEntry, AuthorityPolicy, Case, Effect, Receipt, State
 from tests.ledger.support import OPERATOR, effect_in, row_counts
@@ -127,7 +127,7 @@ def test_a_receipt_for_an_ungranted_effect_opens_no_case_under_the_audit_policy(
 
 def test_a_receipt_for_an_ungranted_effect_is_unauthorized_once_the_policy_is_enforce(api, project):
     api.intent("k1", authority=None)
-    accounts.project_policy_set(project=project, actor=OPERATOR, policy=AuthorityPolicy.ENFORCE)
+    members.project_policy_set(project=project, actor=OPERATOR, policy=AuthorityPolicy.ENFORCE)
     body = api.receipt("k1", "re_1").json()
     assert body["effect"]["state"] == "succeeded"
     assert (body["case"]["reason"], body["case"]["severity"]) == ("unauthorized_effect", "high")

@@ -12,7 +12,7 @@ import pytest
 
 from durability.models import Case, Effect, ReconcilerConfig
 from durability.reconcilers.base import reconciler_for
-from durability.reconcilers.services import effect_probe
+from durability.reconcilers.reconciling import effect_probe
 
 GIT_ENV = {
     **os.environ,

@@ -13,7 +13,7 @@ from durability.api.schemas import ReceiptIn
 from durability.ledger import evidence
 from durability.models import Attempt, AuditEntry, Case, Effect, Probe, Receipt, ReconcilerConfig
 from durability.reconcilers.base import Found, NotFound, ProbeConfig, Reconciler, Unknown
-from durability.reconcilers.services import effect_probe
+from durability.reconcilers.reconciling import effect_probe
 from tests.local_http import LocalHttp, Reply
 from tests.ports import refusing_port
 

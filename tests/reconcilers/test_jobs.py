@@ -17,7 +17,7 @@ from durability import jobs
 from durability.audit import first_broken_entry
 from durability.models import Case, Effect, Probe, Receipt, ReconcilerConfig
 from durability.reconcilers import jobs as reconciler_jobs
-from durability.reconcilers.services import probes_due
+from durability.reconcilers.reconciling import probes_due
 from tests.local_http import LocalHttp, Reply
 
 FOUND = {"id": "re_1", "status": "succeeded"}

@@ -11,7 +11,7 @@ from rq import SimpleWorker
 
 from durability.accounts.roles import access_of
 from durability.models import AuditEntry, Case, Effect, Membership, Probe, ReconcilerConfig, Role
-from durability.reconcilers.services import effect_probe
+from durability.reconcilers.reconciling import effect_probe
 from tests.local_http import LocalHttp, Reply
 
 

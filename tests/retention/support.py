@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 
 from django.utils import timezone
 
-from durability.accounts import services as accounts
+from durability.accounts import members
 from durability.models import Effect, Project
 from tests.ledger.support import failure, intent, receipt
 
@@ -17,7 +17,7 @@ OPERATOR = "user:operator"
 def policy(
     project: Project, *, payload_days: int | None = 1, require_archive: bool = False
 ) -> None:
-    accounts.project_retention_set(
+    members.project_retention_set(
         project=project,
         actor=OPERATOR,
         span_days=30,

@@ -5,7 +5,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
-from durability.accounts.services import apikey_create
+from durability.accounts.members import apikey_create
 from durability.models import Project
 
 

@@ -18,7 +18,7 @@ from django.core.management.base import BaseCommand, CommandParser, OutputWrappe
 from django.db import transaction
 from django.utils import timezone
 
-from durability.accounts.services import apikey_create, project_policy_set
+from durability.accounts.members import apikey_create, project_policy_set
 from durability.api.schemas import FailureIn, IntentIn, ReceiptIn, TimeoutIn
 from durability.authority import grants
 from durability.demo import DEMO_DIR, PROVIDER_PORT, repository

@@ -24,7 +24,7 @@ from typing import Any, TextIO
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from durability.accounts.services import apikey_create
+from durability.accounts.members import apikey_create
 from durability.cron import SCHEDULE
 from durability.demo import DEMO_DIR, PROVIDER_PORT, repository
 from durability.demo.agents import AGENTS, CRASHED

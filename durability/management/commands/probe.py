@@ -6,7 +6,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from durability.models import Probe
-from durability.reconcilers import services as reconciling
+from durability.reconcilers import reconciling
 
 ACTOR = "system:probe-command"
 
