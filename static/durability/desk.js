@@ -72,9 +72,8 @@
     document.querySelectorAll("[data-selected-count]").forEach(function (el) {
       el.textContent = String(count);
     });
-    const scope = document.querySelector(
-      '#bulk-form input[name="scope"][value="' + (count ? "selected" : "matching") + '"]'
-    );
+    // Ticking a row chooses the ticked rows; "all N matching" is only ever chosen by hand.
+    const scope = count && document.querySelector('#bulk-form input[name="scope"][value="selected"]');
     if (scope) scope.checked = true;
   }
 
