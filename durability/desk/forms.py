@@ -206,7 +206,9 @@ class AuditFilter(forms.Form):
     actor = forms.CharField(
         label="User", max_length=150, required=False, help_text="a username, or system:…"
     )
-    effect = forms.IntegerField(min_value=1, required=False)
+    effect = forms.CharField(
+        label="Effect", max_length=255, required=False, help_text="its key, or its id"
+    )
     action = forms.CharField(max_length=32, required=False)
     since = forms.DateTimeField(
         required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"})

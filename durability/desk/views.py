@@ -15,7 +15,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count, Max, OuterRef, Q, Subquery
+from django.db.models import Count, F, Max, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce
 from django.http import HttpResponse, HttpResponseBase, HttpResponseRedirect, QueryDict
 from django.shortcuts import redirect, render
@@ -63,6 +63,7 @@ from durability.desk.queue import (
 from durability.desk.story import effect_story, failure_of, story_of
 from durability.ledger import decisions, grant_check, machine
 from durability.models import (
+    ApiKey,
     AuditAction,
     AuditEntry,
     BulkAction,
@@ -72,6 +73,7 @@ from durability.models import (
     Reason,
     Receipt,
     State,
+    actor_named,
 )
 
 AUDIT_PAGE_SIZE = 100
@@ -657,7 +659,11 @@ def audit(request: AuthedRequest) -> HttpResponse:
     if "actor" in f:
         qs = qs.filter(actor=f["actor"])
     if "effect" in f:
-        qs = qs.filter(effect_id=f["effect"])
+        # A key, or an id (a key may be digits too: either matches).
+        named = Q(effect__key=f["effect"])
+        if (pk := inbound.number_param(f["effect"])) is not None:
+            named |= Q(effect_id=pk)
+        qs = qs.filter(named)
     if "action" in f:
         qs = qs.filter(action=f["action"])
     if "since" in f:
@@ -666,7 +672,7 @@ def audit(request: AuthedRequest) -> HttpResponse:
         qs = qs.filter(at__lt=f["until"])
     if "before" in f:
         qs = qs.filter(id__lt=f["before"])
-    page = list(qs[: AUDIT_PAGE_SIZE + 1])
+    page = list(qs.annotate(effect_key=F("effect__key"))[: AUDIT_PAGE_SIZE + 1])
     more = len(page) > AUDIT_PAGE_SIZE
     page = page[:AUDIT_PAGE_SIZE]
     params = request.GET.copy()
@@ -676,7 +682,7 @@ def audit(request: AuthedRequest) -> HttpResponse:
     context = {
         "access": access,
         "form": form,
-        "entries": page,
+        "entries": list(zip(page, _actor_names(access, page), strict=True)),
         "next_query": params.urlencode() if more else "",
         "filtered": bool(set(f) - {"before"}),
         "actions": AuditAction.values,
@@ -685,6 +691,26 @@ def audit(request: AuthedRequest) -> HttpResponse:
     if request.htmx and "before" in f:
         template += "#entries"
     return render(request, template, context)
+
+
+def _actor_names(access: Access, entries: list[AuditEntry]) -> list[str]:
+    """The actor of each entry for a person: an API key by its name ("demo agents"), a
+    person by their username; one query for the page's keys."""
+    prefixes = {e.actor.partition(":")[2] for e in entries if e.actor.startswith("api:")}
+    keys = dict(
+        ApiKey.objects.filter(project=access.project, prefix__in=prefixes)
+        .exclude(name="")
+        .values_list("prefix", "name")
+    )
+    named = []
+    for e in entries:
+        kind, _, name = e.actor.partition(":")
+        named.append(
+            f"{keys[name]} (key {name}…)"
+            if kind == "api" and name in keys
+            else actor_named(e.actor)
+        )
+    return named
 
 
 # -- effects ----------------------------------------------------------------------------
