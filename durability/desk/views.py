@@ -8,6 +8,7 @@ for the project and the permission; every action is carried out by a service
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from django.conf import settings
@@ -693,7 +694,7 @@ def audit(request: AuthedRequest) -> HttpResponse:
     return render(request, template, context)
 
 
-def _actor_names(access: Access, entries: list[AuditEntry]) -> list[str]:
+def _actor_names(access: Access, entries: Sequence[AuditEntry]) -> list[str]:
     """The actor of each entry for a person: an API key by its name ("demo agents"), a
     person by their username; one query for the page's keys."""
     prefixes = {e.actor.partition(":")[2] for e in entries if e.actor.startswith("api:")}
