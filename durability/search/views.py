@@ -18,7 +18,7 @@ from durability.search.queries import MIN_TEXT, SearchForm
 from durability.search.queries import search as search_for
 
 # Where each kind's "all of them" link leads, with its filter (Results.filtered).
-LISTS = {"effects": "effects", "cases": "queue", "runs": "runs"}
+LISTS = {"effects": "effects", "cases": "queue", "approvals": "approvals", "runs": "runs"}
 
 
 @login_required
