@@ -337,3 +337,18 @@ def _search(project: Project, q: str, limit: int, wanted: list[str]) -> dict[str
     if "runs" in wanted:
         found["runs"] = search_runs(project, q, limit)
     return {k: found[k] for k in wanted}
+
+
+def by_id(project: Project, q: str) -> list[tuple[str, Any]]:
+    """The case, effect and approval of the project a number names (`24`, `#24`), each as
+    (kind, row). Three queries for a number, none otherwise."""
+    text = q.strip().removeprefix("#")
+    if not text.isdigit() or len(text) > 18:
+        return []
+    pk = int(text)
+    found: list[tuple[str, Any]] = []
+    for kind, model in (("case", Case), ("effect", Effect), ("approval", Approval)):
+        row = model.objects.filter(project=project, pk=pk).first()
+        if row is not None:
+            found.append((kind, row))
+    return found
