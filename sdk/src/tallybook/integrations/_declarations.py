@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import string
 from collections.abc import Mapping
@@ -202,6 +203,13 @@ class Declarations:
     @property
     def tools(self) -> frozenset[str]:
         return frozenset(d.tool for d in self.effects)
+
+
+def client_options() -> dict[str, Any]:
+    """What the console scripts' clients take from the environment besides the URL, key and
+    spool: `TALLYBOOK_INTENT_BUDGET`, the seconds an intent may take (2 by default)."""
+    budget = os.environ.get("TALLYBOOK_INTENT_BUDGET")
+    return {"intent_budget": float(budget)} if budget else {}
 
 
 def argument_fingerprint(value: Any) -> str:

@@ -35,7 +35,13 @@ from typing import Any
 
 from tallybook.client import Tallybook
 from tallybook.errors import EffectInterrupted, TallybookError
-from tallybook.integrations._declarations import Call, DeclarationError, Declarations, load
+from tallybook.integrations._declarations import (
+    Call,
+    DeclarationError,
+    Declarations,
+    client_options,
+    load,
+)
 from tallybook.spool import default_root
 
 __all__ = ["main"]
@@ -151,13 +157,13 @@ def handle(event: Event, declarations: Declarations, attempts: Attempts) -> tupl
         text, failed = event.output()
         if failed:
             return ALLOW, ""  # Letta Code says so again in PostToolUseFailure
-        with Tallybook() as tb:
+        with Tallybook(**client_options()) as tb:
             receipt = call.receipt(text, call=event.call_id or key)
             tb.receipt(key, **receipt, data={"output": text[:MAX_OUTPUT]})
         attempts.ended(call.run_id, key)
         return ALLOW, ""
     if event.name == "PostToolUseFailure":
-        with Tallybook() as tb:
+        with Tallybook(**client_options()) as tb:
             definitive = call.declaration.definitive_failure
             tb._record("failures", {"key": key, "error": event.error(), "definitive": definitive})
         attempts.ended(call.run_id, key)
@@ -168,7 +174,10 @@ def handle(event: Event, declarations: Declarations, attempts: Attempts) -> tupl
 def _ask(event: Event, call: Call, key: str, attempts: Attempts) -> tuple[int, str]:
     """Record the intent; let the tool run only on `proceed`."""
     worker = attempts.worker(call.run_id, key, event.name)
-    with Tallybook(worker=worker) as tb, tb.run(event.agent, run_id=call.run_id):
+    with (
+        Tallybook(worker=worker, **client_options()) as tb,
+        tb.run(event.agent, run_id=call.run_id),
+    ):
         try:
             with tb.effect(key, **call.options(event.call_id)) as fx:
                 if fx.completed:

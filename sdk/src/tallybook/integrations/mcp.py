@@ -38,7 +38,13 @@ from opentelemetry.propagate import extract
 
 from tallybook.aio import AsyncTallybook
 from tallybook.errors import EffectInterrupted
-from tallybook.integrations._declarations import Call, DeclarationError, Declarations, load
+from tallybook.integrations._declarations import (
+    Call,
+    DeclarationError,
+    Declarations,
+    client_options,
+    load,
+)
 from tallybook.records import Receipt
 
 __all__ = ["Proxy", "main"]
@@ -233,7 +239,7 @@ async def serve(args: argparse.Namespace, declarations: Declarations) -> None:
     else:
         target = StdioServerParameters(command=args.command[0], args=args.command[1:])
         named = shlex.join(args.command)
-    tb = AsyncTallybook()
+    tb = AsyncTallybook(**client_options())
     run_id = args.run or declarations.run or (None if args.http else default_run(named))
     async with Client(target, cache=None, mode="legacy") as upstream:
         proxy = Proxy(upstream, declarations, tb, run_id=run_id, workflow=args.workflow)
