@@ -26,6 +26,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from durability.models import Case, Effect, Receipt, State
 from tests.authority.support import grant
+from tests.ports import free_port
 from tests.sdk.support import ROOT, wait_until
 from tests.trajectories.support import queue, work
 from trajectories.models import Span
@@ -234,6 +235,40 @@ def test_a_denied_call_reaches_the_client_as_the_tools_error(
     assert "denied" in text and KEY in text, text
     assert ledger.refunds() == []
     assert Effect.objects.get(key=KEY).state == State.DENIED
+
+
+def test_the_proxy_serves_streamable_http_and_names_each_call_by_its_session(
+    live_server, api_key, spool_root, tmp_path, ledger
+):
+    server = proxy(live_server, api_key, spool_root, effects_file(tmp_path, key=None))
+    port = free_port()
+    arguments = [a for a in server.args if a not in ("--run", "ticket-7")]
+    upstream = stdio_upstream(ledger)
+    process = subprocess.Popen(
+        [server.command, *arguments, "--http", str(port), *upstream], cwd=ROOT, env=server.env
+    )
+    try:
+        url = f"http://127.0.0.1:{port}/mcp"
+
+        def answers() -> bool:
+            with contextlib.suppress(Exception):
+                call(url, "lookup", {"order": 7})
+                return True
+            return False
+
+        wait_until(answers, 60, "the proxy to serve streamable HTTP")
+        result = call(url, "refund", {"order": 7})
+    finally:
+        process.terminate()
+        process.wait(15)
+
+    assert result.structured_content == {"id": "re_7_1", "status": "succeeded"}
+    effect = Effect.objects.get()
+    # No run named: the client's MCP session is the run, and its request names the call.
+    prefix, session, request_id = effect.tool_call_id.split(":")
+    assert (prefix, effect.run_id) == ("mcp", session) and request_id.isdigit()
+    assert effect.key.startswith(f"refund:{session}:")
+    wait_until(lambda: Receipt.objects.filter(effect=effect).exists(), what="the receipt")
 
 
 def _alive(pid: int) -> bool:
