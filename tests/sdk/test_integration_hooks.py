@@ -21,6 +21,7 @@ from tests.authority.support import grant
 from tests.desk.support import logged_in
 from tests.sdk.fake_model import FakeModel, call, say
 from tests.sdk.support import alongside, wait_until
+from trajectories.models import Run
 
 BIN = Path(sys.executable).parent
 LETTA = BIN / "letta"
@@ -144,9 +145,9 @@ def test_a_push_is_an_effect_with_its_commit_and_a_second_run_is_told_it_was_don
         agent = Letta(tmp_path, repo.folder, model, env)
         agent.hooks([PUSH_EFFECT])
 
-        agent.run("Push the release.")
+        said = agent.run("Push the release.")
 
-        assert repo.pushed == first
+        assert repo.pushed == first, said
         effect = Effect.objects.get()
         wait_until(lambda: Receipt.objects.filter(effect=effect).exists(), what="the receipt")
         effect.refresh_from_db()
@@ -271,6 +272,11 @@ def test_claude_codes_hook_input_records_the_push_and_its_receipt(tmp_path, env)
     other = {**pre, "tool_input": {"command": "ls"}, "tool_use_id": "toolu_03"}
     assert hook(other, env, folder).returncode == 0
     assert Effect.objects.count() == 1
+    # The session's end ends its run.
+    ended = {**common, "hook_event_name": "SessionEnd", "reason": "prompt_input_exit"}
+    assert hook(ended, env, folder).returncode == 0
+    run = Run.objects.get(run_id="abc123")
+    assert (run.workflow, run.status) == ("claude-code", "ok") and run.ended is not None
 
 
 def test_a_failed_command_in_claude_codes_format_is_a_failure_definitive_when_declared(

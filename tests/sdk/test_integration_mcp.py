@@ -29,7 +29,7 @@ from tests.authority.support import grant
 from tests.ports import free_port
 from tests.sdk.support import ROOT, wait_until
 from tests.trajectories.support import queue, work
-from trajectories.models import Span
+from trajectories.models import Run, Span
 
 __all__ = ["queue"]
 
@@ -176,6 +176,11 @@ def test_a_declared_tool_call_is_an_effect_with_its_receipt_linked_to_the_client
     looked = call(server, "lookup", {"order": 7})
     assert looked.content[0].text == "order 7: 12.50 EUR, paid"
     assert Effect.objects.count() == 1
+    # Each session the proxy serves ends its run (the next one resumes it).
+    wait_until(
+        lambda: Run.objects.filter(run_id="ticket-7", workflow="mcp").exclude(ended=None).exists(),
+        what="the run to end",
+    )
 
 
 def test_a_proxy_killed_between_the_answer_and_the_receipt_leaves_a_case_and_no_repeat(

@@ -27,10 +27,11 @@ import re
 import string
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from tallybook.client import EffectOptions, ReplayPolicy
+from tallybook.client import Base, EffectOptions, ReplayPolicy
 
 REPLAY_POLICIES = ("never", "safe", "idempotent", "reconcile")
 # A call still pending after this long is timed out by the server and gets an uncertain
@@ -210,6 +211,17 @@ def client_options() -> dict[str, Any]:
     spool: `TALLYBOOK_INTENT_BUDGET`, the seconds an intent may take (2 by default)."""
     budget = os.environ.get("TALLYBOOK_INTENT_BUDGET")
     return {"intent_budget": float(budget)} if budget else {}
+
+
+def run_event(tb: Base, run_id: str, *, status: str, workflow: str, **fields: Any) -> None:
+    """Say how a run goes (`status` "running", or "ok" with its end): spooled and sent in
+    the background like a receipt, so a run the scripts started does not read `running`
+    for ever."""
+    now = datetime.now(timezone.utc).isoformat()
+    event = {"type": "run", "run_id": run_id, "status": status, "workflow": workflow, **fields}
+    event["started" if status == "running" else "ended"] = now
+    event["id"] = f"run:{run_id}:{status}:{now}"
+    tb._record("events", {"events": [event]})
 
 
 def argument_fingerprint(value: Any) -> str:

@@ -41,6 +41,7 @@ from tallybook.integrations._declarations import (
     Declarations,
     client_options,
     load,
+    run_event,
 )
 from tallybook.spool import default_root
 
@@ -144,6 +145,14 @@ class Attempts:
 def handle(event: Event, declarations: Declarations, attempts: Attempts) -> tuple[int, str]:
     """What the hook answers: an exit code and what to write (stderr when blocking, stdout
     otherwise)."""
+    if event.name in ("SessionStart", "SessionEnd"):
+        run_id = declarations.run or event.run_id
+        if declarations.effects and run_id:
+            status = "running" if event.name == "SessionStart" else "ok"
+            named = {"agent": event.raw["agent_name"]} if event.raw.get("agent_name") else {}
+            with Tallybook(**client_options()) as tb:
+                run_event(tb, run_id, status=status, workflow=event.agent, **named)
+        return ALLOW, ""
     call = declarations.call(event.tool, event.input, event.run_id)
     if call is None:
         return ALLOW, ""

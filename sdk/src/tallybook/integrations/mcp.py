@@ -44,6 +44,7 @@ from tallybook.integrations._declarations import (
     Declarations,
     client_options,
     load,
+    run_event,
 )
 from tallybook.records import Receipt
 
@@ -244,6 +245,10 @@ async def serve(args: argparse.Namespace, declarations: Declarations) -> None:
     async with Client(target, cache=None, mode="legacy") as upstream:
         proxy = Proxy(upstream, declarations, tb, run_id=run_id, workflow=args.workflow)
         server = proxy.server()
+        if run_id:
+            # The run goes on while the agent is connected (over streamable HTTP without
+            # --run, each session is a run of its own, and none is ended).
+            run_event(tb, run_id, status="running", workflow=args.workflow)
         if args.http:
             import uvicorn
 
@@ -253,7 +258,12 @@ async def serve(args: argparse.Namespace, declarations: Declarations) -> None:
         else:
             async with stdio_server() as (read, write):
                 await server.run(read, write, server.create_initialization_options())
-    await tb.aclose()
+        if run_id:
+            run_event(tb, run_id, status="ok", workflow=args.workflow)
+            # An agent gives its server a moment to exit once it hangs up (the mcp package:
+            # two seconds); what is not sent by then waits in the spool for the next proxy.
+            await tb.flush(timeout=1.0)
+    await tb.aclose(timeout=1.0)
 
 
 def parser() -> argparse.ArgumentParser:
