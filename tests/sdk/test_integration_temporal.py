@@ -164,6 +164,34 @@ def test_a_worker_killed_between_the_effect_and_the_receipt_leaves_a_case_and_no
     assert _cases("uncertain").filter(closed=None).exists()
 
 
+def test_a_retry_on_an_upgraded_worker_is_flagged_as_version_drift(temporal, atb, provider):
+    @effect(kind="payment", target="fakepay", receipt="id", replay="idempotent")
+    @activity.defn(name="refund")
+    def broken(order: int) -> dict[str, str]:
+        raise RuntimeError("the old build fails after the provider call, maybe after it")
+
+    queue = task_queue()
+    with temporal.worker(atb, [broken], task_queue=queue, build_id="refunds-1.0"):
+        handle = temporal.start(Job(order=7), task_queue=queue)
+        wait_until(lambda: _cases("uncertain").exists(), 60, "the failed attempt")
+    with temporal.worker(
+        atb,
+        [refund_activity(provider, replay="idempotent")],
+        task_queue=queue,
+        build_id="refunds-1.1",
+    ):
+        result = temporal.run(handle.result())
+
+    assert result == {"id": "re_7_1"}
+    drift = _cases("version_drift").get()
+    assert "workflow_version" in drift.summary
+    attempts = Attempt.objects.filter(effect__key=KEY).order_by("number")
+    versions = [a.context["workflow_version"] for a in attempts]
+    assert versions[0] == "refunds-1.0" and versions[-1] == "refunds-1.1"
+    assert {a.context["workflow"] for a in attempts} == {"RefundWorkflow"}
+    assert all(a.context["temporal_run_id"] == handle.result_run_id for a in attempts)
+
+
 def test_an_activity_needing_approval_waits_and_runs_once_approved(
     temporal, atb, provider, project, alice
 ):

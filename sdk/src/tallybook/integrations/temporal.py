@@ -53,7 +53,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from tallybook.aio import AsyncEffect, AsyncTallybook
 from tallybook.client import Base, EffectOptions, ReplayPolicy, check_options
-from tallybook.errors import EffectInterrupted
+from tallybook.errors import EffectInterrupted, IntentNotRecorded
 from tallybook.records import Json, Receipt
 from tallybook.tools import MAX_RESULT, _template_names
 
@@ -373,9 +373,12 @@ class _Call:
 
 
 def refusal(report: EffectInterrupted) -> ApplicationError:
-    """The interruption report as Temporal's failure: `wait` and an intent not recorded are
-    retryable (the retry policy asks again), `denied` and `conflict` are not."""
-    retryable = report.decision in ("wait", "unrecorded")
+    """The interruption report as Temporal's failure: `wait` and an intent not recorded (the
+    server away) are retryable, so the retry policy asks again; `denied`, `conflict` and an
+    intent the server refused are not."""
+    # An intent the server refused (a 4xx) fails the same way however often it is sent.
+    refused = isinstance(report, IntentNotRecorded) and report.status is not None
+    retryable = report.decision in ("wait", "unrecorded") and not refused
     details = {
         "key": report.key,
         "decision": report.decision,
