@@ -184,7 +184,7 @@ def worker_process(temporal: Temporal, url: str, key: str, spool: Path, queue: s
 
 async def _serve(args: argparse.Namespace) -> None:
     client = await Client.connect(args.address)
-    tb = AsyncTallybook(args.url, args.key, spool=args.spool, retries=2, backoff=0.05)
+    tb = AsyncTallybook(args.url, args.key, spool=args.spool, retries=2, intent_budget=30.0)
     provider = Provider(Path(args.ledger), crash=True)
     worker = Worker(
         client,

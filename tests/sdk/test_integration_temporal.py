@@ -16,7 +16,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from tallybook.integrations.temporal import effect
 from temporalio import activity
+from temporalio.client import WorkflowFailureError
 from temporalio.contrib.opentelemetry import TracingInterceptor
+from temporalio.exceptions import ApplicationError
 
 from durability.models import Approval, Attempt, Case, Effect, State
 from tests.authority.support import grant
@@ -239,3 +241,18 @@ def test_a_declaration_mistake_fails_when_it_is_made():
         effect(kind="payment", target="fakepay", receipt=42)(refund)
     with pytest.raises(TypeError, match="target"):
         effect(kind="payment", target="")(refund)
+
+
+def test_a_key_that_does_not_fit_the_arguments_fails_the_activity_for_good(temporal, atb, provider):
+    refund = refund_activity(provider, key="refund:{order.number}")  # order is an int
+    queue = task_queue()
+    with (
+        temporal.worker(atb, [refund], task_queue=queue),
+        pytest.raises(WorkflowFailureError) as failed,
+    ):
+        temporal.run(temporal.start(Job(order=7), task_queue=queue).result())
+
+    cause = failed.value.cause.cause
+    assert isinstance(cause, ApplicationError) and cause.type == "EffectDeclarationError"
+    assert cause.non_retryable
+    assert provider.refunds() == [] and not Effect.objects.exists()

@@ -52,7 +52,7 @@ from temporalio.worker import (
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from tallybook.aio import AsyncEffect, AsyncTallybook
-from tallybook.client import Base, EffectOptions, ReplayPolicy, check_options
+from tallybook.client import Base, EffectOptions, ReplayPolicy
 from tallybook.errors import EffectInterrupted, IntentNotRecorded
 from tallybook.records import Json, Receipt
 from tallybook.tools import MAX_RESULT, _template_names
@@ -251,7 +251,17 @@ class _Activities(ActivityInboundInterceptor):
             # Each Temporal attempt is an attempt of its own: a retry that runs while the
             # attempt before it may still be running (Temporal gave up on it) must not be told
             # to carry on with it, even in the same process.
-            block = _Attempt(tb, call.key(), call.options(), f"{tb.worker}#{info.attempt}")
+            try:
+                key, options = call.key(), call.options()
+            except (AttributeError, KeyError, IndexError, TypeError, ValueError) as exc:
+                # The declaration does not fit these arguments: the same on every retry.
+                raise ApplicationError(
+                    f"The effect declaration of {declared.name} failed for these arguments, "
+                    f"so the activity did not run: {exc!r}",
+                    type="EffectDeclarationError",
+                    non_retryable=True,
+                ) from exc
+            block = _Attempt(tb, key, options, f"{tb.worker}#{info.attempt}")
             try:
                 async with block as fx:
                     if fx.completed:
@@ -319,7 +329,6 @@ class _Call:
             options["amount"] = {"value": str(amount["value"]), "currency": amount["currency"]}
         if effect.definitive_on:
             options["definitive_on"] = effect.definitive_on
-        check_options(options, EffectOptions, required=("kind", "target"))
         return options
 
     def evidence(self, result: Any) -> dict[str, Any]:
