@@ -11,8 +11,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from tallybook.integrations.temporal import effect
 from temporalio import activity
@@ -33,8 +34,11 @@ from tests.sdk.temporal_support import (
     task_queue,
     worker_process,
 )
+from tests.trajectories.support import queue, work
+from trajectories.models import Span
 
 pytestmark = pytest.mark.timeout(180)
+__all__ = ["queue"]
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +61,9 @@ def _cases(reason: str) -> Any:
     return Case.objects.filter(effect__key=KEY, reason=reason)
 
 
-def test_a_retried_activity_is_one_effect_linked_to_the_activity_span(temporal, atb, provider):
+def test_a_retried_activity_is_one_effect_linked_to_the_activity_span(
+    temporal, atb, provider, api, api_key, live_server, queue
+):
     calls = []
 
     @effect(kind="payment", target="fakepay", receipt="id", definitive_on=(ProviderDown,))
@@ -72,21 +78,35 @@ def test_a_retried_activity_is_one_effect_linked_to_the_activity_span(temporal, 
     tracing = TracerProvider()
     tracing.add_span_processor(SimpleSpanProcessor(spans))
     tracer = TracingInterceptor(tracing.get_tracer("test"))
-    queue = task_queue()
-    with temporal.worker(atb, [refund], task_queue=queue, interceptors=[tracer]):
-        result = temporal.run(temporal.start(Job(order=7), task_queue=queue).result())
+    queue_name = task_queue()
+    with temporal.worker(atb, [refund], task_queue=queue_name, interceptors=[tracer]):
+        result = temporal.run(temporal.start(Job(order=7), task_queue=queue_name).result())
 
     assert result == {"id": "re_7_1"}
     assert calls == [1, 2] and provider.refunds() == ["7"]
     assert temporal.run(atb.flush(30)), "the receipt was not delivered"
     effect_ = Effect.objects.get()  # the undeclared lookup is no effect
     assert (effect_.key, effect_.state, effect_.attempt_count) == (KEY, State.SUCCEEDED, 2)
-    assert (effect_.run_id, effect_.tool_call_id, effect_.timeout_s) == ("order-7", "2", 60)
+    assert (effect_.run_id, effect_.tool_call_id, effect_.timeout_s) == ("order-7", "order-7:2", 60)
     assert effect_.workflow == "RefundWorkflow"
-    # The span of the attempt that did it (the last), in the workflow's trace.
+
+    # Temporal's spans, exported to Tallybook: the attempt that did it is the effect's tool span.
+    exporter = OTLPSpanExporter(
+        endpoint=f"{live_server.url}/v1/traces", headers={"Authorization": f"Bearer {api_key}"}
+    )
+    assert exporter.export(spans.get_finished_spans()) == SpanExportResult.SUCCESS
     run_activity = [s for s in spans.get_finished_spans() if s.name == "RunActivity:refund"][-1]
-    assert effect_.span_id == format(run_activity.context.span_id, "016x")
-    assert effect_.trace_id == format(run_activity.context.trace_id, "032x")
+    span_id = format(run_activity.context.span_id, "016x")
+    assert effect_.span_id == span_id
+
+    def links():
+        work(queue)  # the linking jobs
+        body = api.get("effects", key=KEY).json()
+        return body if body.get("tool_span_id") else None
+
+    wait_until(links, what="the effect's link to the activity's span")
+    assert (links()["tool_span_id"], links()["run_id"]) == (span_id, "order-7")
+    assert Span.objects.get(span_id=span_id).run.run_id == "order-7"
 
 
 def test_a_result_after_the_timeout_is_a_late_success_and_the_retry_returns_it(

@@ -51,6 +51,7 @@ from temporalio.worker import (
 )
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
+from tallybook import tracing
 from tallybook.aio import AsyncEffect, AsyncTallybook
 from tallybook.client import Base, EffectOptions, ReplayPolicy
 from tallybook.errors import EffectInterrupted, IntentNotRecorded
@@ -241,6 +242,7 @@ class _Activities(ActivityInboundInterceptor):
         call = _Call(declared, info, _arguments(input.fn, input.args))
         tb = self.root.tb
         run_id = info.workflow_id or f"activity:{info.activity_id}"
+        _name_span(info, run_id, call.tool_call_id)
         context = {"temporal_run_id": info.workflow_run_id, "task_queue": info.task_queue}
         with tb.run(
             info.workflow_type or info.activity_type,
@@ -294,6 +296,12 @@ class _Call:
     info: activity.Info
     args: dict[str, Any]
 
+    @property
+    def tool_call_id(self) -> str:
+        """The activity, as the call of a tool: unique in the project, as the activity id
+        alone (its place in its workflow) is not."""
+        return f"{self.info.workflow_id or 'activity'}:{self.info.activity_id}"
+
     def key(self) -> str:
         names = {
             "workflow_id": self.info.workflow_id or "activity",
@@ -314,7 +322,7 @@ class _Call:
             "target": effect.target,
             "replay": effect.replay,
             "request": _json(self.args),
-            "tool_call_id": self.info.activity_id,
+            "tool_call_id": self.tool_call_id,
         }
         if (timeout := _deadline(self.info)) is not None:
             options["timeout_s"] = timeout
@@ -398,6 +406,24 @@ def refusal(report: EffectInterrupted) -> ApplicationError:
     return ApplicationError(
         str(report), details, type=type(report).__name__, non_retryable=not retryable
     )
+
+
+def _name_span(info: activity.Info, run_id: str, tool_call_id: str) -> None:
+    """Name the activity's span (Temporal's OpenTelemetry interceptor's, when it is on) as
+    the tool call of the run, so Tallybook files it under the run and links the effect."""
+    if not tracing.OTEL:
+        return
+    from opentelemetry import trace
+
+    span = trace.get_current_span()
+    if span.is_recording():
+        span.set_attributes(
+            {
+                "gen_ai.tool.name": info.activity_type,
+                "gen_ai.tool.call.id": tool_call_id,
+                "tallybook.run.id": run_id,
+            }
+        )
 
 
 def _deadline(info: activity.Info) -> int | None:
