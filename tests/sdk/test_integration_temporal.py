@@ -173,7 +173,12 @@ def test_a_worker_killed_between_the_effect_and_the_receipt_leaves_a_case_and_no
     queue = task_queue()
     handle = temporal.start(Job(order=7, timeout_s=3), task_queue=queue)
     dying = worker_process(temporal, live_server.url, api_key, spool_root, queue, provider.ledger)
-    assert dying.wait(60) == -9, "the worker was not killed by its refund"
+    try:
+        assert dying.wait(60) == -9, "the worker was not killed by its refund"
+    finally:
+        if dying.poll() is None:  # it never got the refund: leave nothing running
+            dying.kill()
+            dying.wait(10)
     assert provider.refunds() == ["7"]
 
     with temporal.worker(atb, [refund_activity(provider)], task_queue=queue):
