@@ -324,3 +324,38 @@ def test_a_wrong_declaration_blocks_every_tool_and_says_where(tmp_path, env):
 
     assert done.returncode == 2
     assert "effects[0] (Bash).replay must be one of" in done.stderr, done.stderr
+
+
+def test_an_mcp_tool_behind_claude_codes_hooks_is_keyed_by_its_arguments(tmp_path, env):
+    folder = tmp_path / "project"
+    (folder / ".claude").mkdir(parents=True)
+    refund = {
+        "tool": "mcp__payments__refund",
+        "kind": "payment",
+        "target": "acme-pay",
+        "key": "refund:{order}",
+        "receipt": {"field": "id"},
+    }
+    (folder / ".claude" / "tallybook.json").write_text(json.dumps({"effects": [refund]}))
+    common = {
+        "session_id": "s3",
+        "cwd": str(folder),
+        "tool_name": "mcp__payments__refund",
+        "tool_input": {"order": 7},
+    }
+    pre = {**common, "hook_event_name": "PreToolUse", "tool_use_id": "toolu_01"}
+    # An MCP tool's response is its content blocks.
+    post = {
+        **common,
+        "hook_event_name": "PostToolUse",
+        "tool_use_id": "toolu_01",
+        "tool_response": [{"type": "text", "text": '{"id": "re_7", "status": "succeeded"}'}],
+    }
+
+    assert hook(pre, env, folder).returncode == 0
+    assert hook(post, env, folder).returncode == 0
+
+    effect = Effect.objects.get(key="refund:7")
+    wait_until(lambda: Receipt.objects.filter(effect=effect).exists(), what="the receipt")
+    receipt = Receipt.objects.get(effect=effect)
+    assert (receipt.system, receipt.external_id) == ("acme-pay", "re_7")

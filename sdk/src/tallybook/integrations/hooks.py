@@ -91,6 +91,10 @@ class Event:
         if isinstance(response, Mapping) and ("stdout" in response or "stderr" in response):
             both = [_text(response.get("stdout")), _text(response.get("stderr"))]
             return "\n".join(part for part in both if part), False
+        if isinstance(response, list):  # an MCP tool's content blocks
+            texts = [b.get("text") for b in response if isinstance(b, Mapping) and "text" in b]
+            if texts:
+                return "\n".join(_text(t) for t in texts), False
         return _text(response), False
 
     def error(self) -> str:
