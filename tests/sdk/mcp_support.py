@@ -36,6 +36,16 @@ def app(ledger: Path, hold: Path | None) -> MCPServer:
             time.sleep(0.02)
         return {"id": f"re_{order}_{number}", "status": "succeeded"}
 
+    @server.resource("fakepay://balance")
+    def balance() -> str:
+        """The account's balance."""
+        return "1200.00 EUR"
+
+    @server.prompt()
+    def dispute(order: int) -> str:
+        """Answer a dispute."""
+        return f"Answer the dispute on order {order}."
+
     @server.tool()
     def lookup(order: int) -> str:
         """Look an order up."""

@@ -263,17 +263,30 @@ def test_the_proxy_serves_streamable_http_and_names_each_call_by_its_session(
 
         wait_until(answers, 60, "the proxy to serve streamable HTTP")
         result = call(url, "refund", {"order": 7})
+        offered = anyio.run(offers, url)
     finally:
         process.terminate()
         process.wait(15)
 
     assert result.structured_content == {"id": "re_7_1", "status": "succeeded"}
+    # What else the server offers passes through.
+    assert offered == ("1200.00 EUR", "Answer the dispute on order 7.")
     effect = Effect.objects.get()
     # No run named: the client's MCP session is the run, and its request names the call.
     prefix, session, request_id = effect.tool_call_id.split(":")
     assert (prefix, effect.run_id) == ("mcp", session) and request_id.isdigit()
     assert effect.key.startswith(f"refund:{session}:")
     wait_until(lambda: Receipt.objects.filter(effect=effect).exists(), what="the receipt")
+
+
+async def offers(url: str) -> tuple[str, str]:
+    """The server's resource and prompt, through the proxy."""
+    async with Client(url, mode="legacy") as client:
+        (resource,) = (await client.list_resources()).resources
+        read = await client.read_resource(str(resource.uri))
+        (prompt,) = (await client.list_prompts()).prompts
+        got = await client.get_prompt(prompt.name, {"order": "7"})
+        return read.contents[0].text, got.messages[0].content.text
 
 
 def _alive(pid: int) -> bool:
