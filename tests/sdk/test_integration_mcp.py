@@ -20,6 +20,7 @@ import anyio
 import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
+from mcp_types import TextContent, TextResourceContents
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -286,7 +287,9 @@ async def offers(url: str) -> tuple[str, str]:
         read = await client.read_resource(str(resource.uri))
         (prompt,) = (await client.list_prompts()).prompts
         got = await client.get_prompt(prompt.name, {"order": "7"})
-        return read.contents[0].text, got.messages[0].content.text
+        (text,), (message,) = read.contents, got.messages
+        assert isinstance(text, TextResourceContents) and isinstance(message.content, TextContent)
+        return text.text, message.content.text
 
 
 def _alive(pid: int) -> bool:
