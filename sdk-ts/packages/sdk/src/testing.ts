@@ -22,6 +22,7 @@ import { mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
 import * as path from "node:path";
 import { type Config, Tallybook, type TallybookOptions } from "./client.js";
+import { ServerUnavailable } from "./errors.js";
 import type { Json } from "./records.js";
 import { Spool } from "./spool.js";
 import { type Channel, type Response, Retry } from "./transport.js";
@@ -91,6 +92,8 @@ export class FakeServer implements Channel {
   readonly orphans: Json[] = [];
   readonly approval: string[];
   readonly denied: string[];
+  /** While true, every request fails as if the server were away (an outage in a test). */
+  away = false;
   private ids = 0;
 
   constructor(options: { approval?: string[]; denied?: string[] } = {}) {
@@ -132,6 +135,7 @@ export class FakeServer implements Channel {
   // -- the API --------------------------------------------------------------------------------
 
   async request(method: string, path: string, body?: unknown): Promise<Response> {
+    if (this.away) throw new ServerUnavailable(`${method} ${URL}${path}: the fake is away`);
     // Through JSON, as over HTTP: nothing the client keeps is shared with the ledger.
     const given = body === undefined ? undefined : JSON.parse(JSON.stringify(body));
     if (method === "GET" && path.startsWith("/api/v1/effects?key=")) {
@@ -539,7 +543,8 @@ export class FakeTallybook extends Tallybook {
   }
 
   protected override configure(): Config {
-    const spool = new Spool(mkdtempSync(path.join(tmpdir(), "tallybook-fake-")));
+    // A spool of its own unless told (two clients on one spool: a process and the next).
+    const spool = new Spool(this.options.spool ?? mkdtempSync(path.join(tmpdir(), "tallybook-fake-")));
     return {
       channel: this.fake,
       spool,

@@ -7,7 +7,7 @@ import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { describe, test } from "node:test";
 import { type Effect, EffectConflict, EffectInterrupted, EffectUnsettled, type Json } from "../src/index.js";
-import { type Backend, type Verdict, backends } from "./backends.js";
+import { type Backend, backends, type Verdict } from "./backends.js";
 
 const TABLE = JSON.parse(readFileSync(new URL("../../../../../tests/sdk/decisions.json", import.meta.url), "utf8"));
 type Step = [string, string | null, string];
