@@ -87,3 +87,13 @@ export function iso8601(value: Date | number | string | null | undefined): strin
 export function withoutNull(values: Json): Json {
   return Object.fromEntries(Object.entries(values).filter(([, v]) => v !== null && v !== undefined));
 }
+
+/** Sorted keys, no spaces: the canonical JSON both SDKs and the server fingerprint. */
+export function canonical(value: unknown): string {
+  if (Array.isArray(value)) return `[${value.map(canonical).join(",")}]`;
+  if (value && typeof value === "object") {
+    const entries = Object.entries(value as Json).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
+    return `{${entries.map(([k, v]) => `${JSON.stringify(k)}:${canonical(v)}`).join(",")}}`;
+  }
+  return JSON.stringify(value);
+}

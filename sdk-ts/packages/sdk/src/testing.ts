@@ -23,7 +23,7 @@ import { tmpdir } from "node:os";
 import * as path from "node:path";
 import { type Config, Tallybook, type TallybookOptions } from "./client.js";
 import { ServerUnavailable } from "./errors.js";
-import type { Json } from "./records.js";
+import { canonical, type Json } from "./records.js";
 import { Spool } from "./spool.js";
 import { type Channel, type Response, Retry } from "./transport.js";
 
@@ -517,16 +517,6 @@ function claimOf(intent: Json): Json {
     authority: intent.authority ?? null,
     amount: amount ? `${amount.value} ${amount.currency}` : null,
   };
-}
-
-/** Sorted keys, no spaces: the canonical JSON both SDKs and the server fingerprint. */
-export function canonical(value: unknown): string {
-  if (Array.isArray(value)) return `[${value.map(canonical).join(",")}]`;
-  if (value && typeof value === "object") {
-    const entries = Object.entries(value as Json).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
-    return `{${entries.map(([k, v]) => `${JSON.stringify(k)}:${canonical(v)}`).join(",")}}`;
-  }
-  return JSON.stringify(value);
 }
 
 function fingerprintOf(value: unknown): string {
