@@ -108,3 +108,76 @@ def test_the_typescript_suite_passes_against_the_live_server(
         timeout=300,
     )
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+
+
+AGENT = """
+import { Tallybook } from "@tallybook/sdk";
+const [url, apiKey, spool] = process.argv.slice(2);
+const tb = new Tallybook({ url, apiKey, spool });
+const sent = [];
+const sendEmail = tb.tool("email:{runId}:{to}", { kind: "email", target: "smtp", receipt: "id" },
+  async ({ to }) => { sent.push(to); return { id: `msg-for-${to}` }; });
+const results = await tb.run({ workflow: "mailer", runId: "npm-1" }, async () =>
+  [await sendEmail({ to: "ann@example.com" }), await sendEmail({ to: "ann@example.com" })]);
+const delivered = await tb.flush();
+console.log(JSON.stringify({ results, sent, delivered, node: process.versions.node,
+  file: import.meta.resolve("@tallybook/sdk") }));
+"""
+
+
+def test_the_npm_package_installs_alone_and_records_an_effect_on_the_machines_node(
+    live_server, api_key, tmp_path
+):
+    """`npm pack`'s tarball, installed alone into an empty folder from the file (no registry),
+    brings nothing else, and on the machine's Node (20 here: the oldest the package supports)
+    records an effect that is not repeated."""
+    packed = subprocess.run(
+        ["npm", "pack", "--json", "--pack-destination", str(tmp_path)],
+        cwd=TS / "packages" / "sdk",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert packed.returncode == 0, packed.stderr
+    (info,) = json.loads(packed.stdout[packed.stdout.index("[") :])
+    files = {f["path"] for f in info["files"]}
+    assert {"package.json", "README.md", "dist/src/index.js", "dist/src/index.d.ts"} <= files
+    assert {"dist/src/testing.js", "dist/src/ai.js"} <= files
+    assert not {f for f in files if not (f.startswith("dist/src/") or "/" not in f)}, files
+
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "package.json").write_text('{"name": "app", "private": true, "type": "module"}')
+    install = [
+        "npm",
+        "install",
+        "--offline",
+        "--no-audit",
+        "--no-fund",
+        str(tmp_path / info["filename"]),
+    ]
+    done = subprocess.run(install, cwd=app, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    installed = sorted(
+        p.name for p in (app / "node_modules").iterdir() if not p.name.startswith(".")
+    )
+    assert installed == ["@tallybook"]
+    assert [p.name for p in (app / "node_modules" / "@tallybook").iterdir()] == ["sdk"]
+
+    (app / "agent.mjs").write_text(AGENT)
+    run = subprocess.run(
+        ["node", "agent.mjs", live_server.url, api_key, str(tmp_path / "spool")],
+        cwd=app,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert int(out["node"].split(".")[0]) >= 20 and out["delivered"]
+    assert out["file"].startswith(f"file://{app}/node_modules/@tallybook/sdk/")
+    assert out["results"] == [{"id": "msg-for-ann@example.com"}] * 2
+    assert out["sent"] == ["ann@example.com"]
+    effect = Effect.objects.get()
+    assert (effect.key, effect.state) == ("email:npm-1:ann@example.com", "succeeded")
+    assert effect.receipts.get().data == {"result": {"id": "msg-for-ann@example.com"}}
