@@ -3,16 +3,16 @@
  * model asks for records its intent first, runs the tool only on `proceed`, keeps the result
  * with the receipt and answers a call done before with that result, without running the tool.
  *
- *     import { durableTool } from "@tallybook/sdk/ai";
- *     const refund = durableTool(tool({ … execute: … }), { name: "refund", kind: "payment" });
- *     await tb.run({ workflow: "support", runId: ticket.id }, () => generateText({ model, tools: { refund }, … }));
+ *     import { durableTools, run } from "@tallybook/sdk/ai";
+ *     const tools = durableTools({ refund }, { refund: { kind: "payment", target: "stripe" } });
+ *     await run({ workflow: "support", runId: ticket.id }, () => generateText({ model, tools, … }));
  *
  * The key. The AI SDK's `toolCallId` comes from the model's response: a run restarted after a
  * crash asks the model again and gets a new id for the same call, so the id cannot be the key
  * (it is recorded as the intent's tool call all the same). The key is the tool's name, the
  * run and a fingerprint of the arguments, so the restarted run's call is the same effect; or a
  * template of the arguments (`key: "refund:{order}"`) or a function of them. The run is the
- * `tb.run(...)` around the agent; without one and without a key of its own the call is refused
+ * `run(...)` (or `tb.run(...)`) around the agent; without one and without a key of its own the call is refused
  * before anything happens, since the arguments alone would make two conversations' calls one
  * effect.
  *
@@ -24,10 +24,12 @@
  */
 
 import { createHash } from "node:crypto";
-import { evidence, type ReceiptFields, replayed, Tallybook, type ToolOptions, toolKey } from "./client.js";
+import { evidence, type ReceiptFields, replayed, run, Tallybook, type ToolOptions, toolKey } from "./client.js";
 import { TallybookError } from "./errors.js";
 import { canonical, type Json } from "./records.js";
 import * as scope from "./scope.js";
+
+export { run };
 
 /** The AI SDK tool's part we wrap: `execute(input, { toolCallId, … })`. */
 export interface ExecutableTool {
@@ -59,7 +61,7 @@ function defaultKey(name: string, input: unknown): string {
   const run = scope.currentRun();
   if (run === null) {
     throw new TallybookError(
-      `The call of ${name} has no run: open tb.run({ workflow, runId }, …) around the agent, or give the ` +
+      `The call of ${name} has no run: open run({ workflow, runId }, …) around the agent, or give the ` +
         'tool a key of its own arguments (key: "refund:{order}"). It was not performed.',
     );
   }

@@ -279,6 +279,16 @@ function rejected(status: number, body: unknown): RequestRejected {
   return new RequestRejected(status, String(body));
 }
 
+/**
+ * Effects inside `fn` belong to this run, whichever client records them; `fn` is given its id.
+ * Give a stable `runId` (a ticket id, a job id) so that a restarted process resumes the run.
+ */
+export function run<T>(options: RunOptions, fn: (runId: string) => T): T {
+  const { workflow, version, runId, ...context } = options;
+  const id = runId || randomBytes(16).toString("hex");
+  return scope.entered({ runId: id }, { ...context, workflow, workflow_version: version }, () => fn(id));
+}
+
 /** An unref'd pause: a sender backing off does not keep the process alive. */
 function pause(ms: number): Promise<void> {
   return new Promise((done) => setTimeout(done, ms).unref());
@@ -344,9 +354,7 @@ export class Tallybook {
 
   /** Effects inside `fn` belong to this run; `fn` is given its id. */
   run<T>(options: RunOptions, fn: (runId: string) => T): T {
-    const { workflow, version, runId, ...context } = options;
-    const id = runId || randomBytes(16).toString("hex");
-    return scope.entered({ runId: id }, { ...context, workflow, workflow_version: version }, () => fn(id));
+    return run(options, fn);
   }
 
   /** Add to the context every intent inside carries; `toolCallId` names the call. */

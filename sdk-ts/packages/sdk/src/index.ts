@@ -6,6 +6,7 @@ export {
   type ReceiptFields,
   type ReplayPolicy,
   type RunOptions,
+  run,
   Tallybook,
   type TallybookOptions,
   type ToolDeclaration,

@@ -10,7 +10,7 @@ import { describe, test } from "node:test";
 import { generateText, stepCountIs, tool } from "ai";
 import { MockLanguageModelV4 } from "ai/test";
 import { z } from "zod";
-import { durableTool } from "../src/ai.js";
+import { durableTool, durableTools, run } from "../src/ai.js";
 import { backends } from "./backends.js";
 
 const usage = {
@@ -131,6 +131,57 @@ for (const make of backends()) {
         assert.deepEqual(refunds, [9]);
         assert.ok(denied.told.includes("denied"), denied.told);
       } finally {
+        await b.close();
+      }
+    });
+
+    test("three lines: durableTools declares the effects by name, run() names the run", async () => {
+      const b = make();
+      const sent: string[] = [];
+      const sendEmail = tool({
+        inputSchema: z.object({ to: z.string() }),
+        execute: async ({ to }) => {
+          sent.push(to);
+          return "queued";
+        },
+      });
+      const lookup = tool({ inputSchema: z.object({ to: z.string() }), execute: async () => "found" });
+      const tools = durableTools({ sendEmail, lookup }, { sendEmail: { kind: "email" }, lookup: null }, b.tb);
+      assert.equal(tools.lookup, lookup);
+      const ask = (callId: string) =>
+        run({ workflow: "mailer", runId: `mail-${make.name}-${n}` }, () =>
+          generateText({
+            model: new MockLanguageModelV4({
+              doGenerate: [
+                {
+                  content: [
+                    { type: "tool-call", toolCallId: callId, toolName: "sendEmail", input: '{"to":"ann@example.com"}' },
+                  ],
+                  finishReason: { unified: "tool-calls", raw: undefined },
+                  usage,
+                  warnings: [],
+                },
+                {
+                  content: [{ type: "text", text: "Sent." }],
+                  finishReason: { unified: "stop", raw: undefined },
+                  usage,
+                  warnings: [],
+                },
+              ],
+            }),
+            tools,
+            prompt: "Mail Ann",
+            stopWhen: stepCountIs(3),
+          }),
+        );
+      try {
+        await ask("call-1");
+        assert.ok(await b.tb.flush());
+        const again = await ask("call-2");
+        assert.deepEqual(sent, ["ann@example.com"]);
+        assert.equal(again.steps[0]?.toolResults[0]?.output, "queued");
+      } finally {
+        n++;
         await b.close();
       }
     });
