@@ -83,6 +83,8 @@ export function durableTool<T extends ExecutableTool>(tool: T, options: DurableT
       if (fx.completed) return replayed(fx.stored, true);
       const result = await execute.call(tool, input, callOptions);
       if (result !== null && typeof result === "object" && Symbol.asyncIterator in result) {
+        // Nothing ran: a generator's body runs only when it is iterated.
+        fx.fail("a streaming tool", { definitive: true });
         throw new TypeError(`${name} streams its result; durableTool takes tools that return one`);
       }
       const from = receipt ?? (() => ({ system: effect.target, externalId: callOptions.toolCallId }));

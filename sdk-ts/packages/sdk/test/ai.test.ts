@@ -186,6 +186,29 @@ for (const make of backends()) {
       }
     });
 
+    test("a tool that streams its result is refused, and reported as not performed", async () => {
+      const b = make();
+      const streaming = durableTool(
+        tool({
+          inputSchema: z.object({ order: z.number() }),
+          async *execute({ order }) {
+            yield `refunding ${order}`;
+          },
+        }),
+        { name: "refund", kind: "payment", key: `stream:${make.name}:${n}:{order}`, tb: b.tb },
+      );
+      try {
+        const m = model("call-1", 5);
+        await generateText({ model: m, tools: { refund: streaming }, prompt: "Refund", stopWhen: stepCountIs(3) });
+        assert.ok(toldAbout(m).includes("streams its result"), toldAbout(m));
+        assert.ok(await b.tb.flush());
+        assert.equal((await b.tb.status(`stream:${make.name}:${n}:5`)).state, "failed");
+      } finally {
+        n++;
+        await b.close();
+      }
+    });
+
     test("without a run or a key of its own, a call is refused before anything happens", async () => {
       const { b, refunds } = agent();
       const refund = durableTool(
