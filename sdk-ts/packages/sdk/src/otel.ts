@@ -14,12 +14,16 @@ let api: OtelApi | null | undefined;
 
 function load(): OtelApi | null {
   if (api === undefined) {
-    try {
-      // Resolved from the application's folder, as its own import would be.
-      const require = createRequire(`${process.cwd()}/`);
-      api = require("@opentelemetry/api") as OtelApi;
-    } catch {
-      api = null;
+    api = null;
+    // An optional peer: resolved from this package (installed beside it), else from the
+    // application's folder.
+    for (const from of [import.meta.url, `${process.cwd()}/`]) {
+      try {
+        api = createRequire(from)("@opentelemetry/api") as OtelApi;
+        break;
+      } catch {
+        // not there
+      }
     }
   }
   return api;
