@@ -102,6 +102,7 @@ def test_the_typescript_suite_passes_against_the_live_server(
             "TALLYBOOK_TEST_LIVE": "1",
             "TALLYBOOK_TEST_OPERATOR": operator,
             "TALLYBOOK_TEST_GRANTS": ",".join(map(str, grants)),
+            "TMPDIR": str(tmp_path),  # the suites' spools and Pi's projects
         },
         capture_output=True,
         text=True,

@@ -289,11 +289,6 @@ export function run<T>(options: RunOptions, fn: (runId: string) => T): T {
   return scope.entered({ runId: id }, { ...context, workflow, workflow_version: version }, () => fn(id));
 }
 
-/** An unref'd pause: a sender backing off does not keep the process alive. */
-function pause(ms: number): Promise<void> {
-  return new Promise((done) => setTimeout(done, ms).unref());
-}
-
 /**
  * The Tallybook client; one per process is plenty. `url` and `apiKey` default to
  * $TALLYBOOK_URL and $TALLYBOOK_API_KEY, `spool` to $TALLYBOOK_SPOOL_DIR, all read at first use.
@@ -306,6 +301,7 @@ export class Tallybook {
   private closed = false;
   private failing = false;
   private readonly inFlight = new Map<string, Promise<void>>();
+  private interrupt: (() => void) | null = null;
 
   constructor(protected readonly options: TallybookOptions = {}) {
     this.worker = options.worker ?? newWorker();
@@ -515,6 +511,8 @@ export class Tallybook {
     if (this.config === null) return;
     await this.flushWithin(timeoutMs, true);
     this.closed = true;
+    this.interrupt?.();
+    await this.sending;
     const left = this.config.spool.pending().length;
     if (left) console.warn(`${left} Tallybook event(s) wait in ${this.config.spool.directory} for the next client`);
   }
@@ -612,8 +610,21 @@ export class Tallybook {
       }
       this.failing = failures > 0;
       if (!failures && !this.again && !spool.pending().length) return;
-      if (failures) await pause(channel.retry.delay(Math.min(failures, 16)));
+      if (failures) await this.pause(channel.retry.delay(Math.min(failures, 16)));
     }
+  }
+
+  /** A backoff pause that does not keep the process alive, and that close() cuts short. */
+  private pause(ms: number): Promise<void> {
+    return new Promise<void>((done) => {
+      const timer = setTimeout(done, ms).unref();
+      this.interrupt = () => {
+        clearTimeout(timer);
+        done();
+      };
+    }).finally(() => {
+      this.interrupt = null;
+    });
   }
 
   /** Send one spooled event, unless this client is sending it already. */

@@ -18,7 +18,7 @@
  */
 
 import { createHash } from "node:crypto";
-import { mkdtempSync } from "node:fs";
+import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import * as path from "node:path";
 import { type Config, Tallybook, type TallybookOptions } from "./client.js";
@@ -526,6 +526,7 @@ function fingerprintOf(value: unknown): string {
 /** A `Tallybook` whose server is a `FakeServer` (`tb.fake`), with a spool of its own. */
 export class FakeTallybook extends Tallybook {
   readonly fake: FakeServer;
+  private ownSpool: string | null = null;
 
   constructor(fake?: FakeServer, options: TallybookOptions = {}) {
     super({ url: URL, apiKey: "tb_fake", ...options });
@@ -533,13 +534,20 @@ export class FakeTallybook extends Tallybook {
   }
 
   protected override configure(): Config {
-    // A spool of its own unless told (two clients on one spool: a process and the next).
-    const spool = new Spool(this.options.spool ?? mkdtempSync(path.join(tmpdir(), "tallybook-fake-")));
+    // A spool of its own unless told (two clients on one spool: a process and the next),
+    // removed by close().
+    this.ownSpool = this.options.spool === undefined ? mkdtempSync(path.join(tmpdir(), "tallybook-fake-")) : null;
+    const spool = new Spool(this.ownSpool ?? (this.options.spool as string));
     return {
       channel: this.fake,
       spool,
       failOpen: this.options.failOpen ?? false,
       intentBudgetMs: this.options.intentBudgetMs ?? 2000,
     };
+  }
+
+  override async close(timeoutMs = 5000): Promise<void> {
+    await super.close(timeoutMs);
+    if (this.ownSpool !== null) rmSync(this.ownSpool, { recursive: true, force: true });
   }
 }

@@ -4,7 +4,7 @@
  * endpoint of the pytest process that settles an effect as a person at the desk would).
  */
 
-import { mkdtempSync } from "node:fs";
+import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import * as path from "node:path";
 import { Tallybook } from "../src/index.js";
@@ -25,8 +25,16 @@ export interface Backend {
 /** Quick retries, so that a test of a server that is away takes a second, not a minute. */
 export const FAST = { retries: 2, backoffMs: 50, maxBackoffMs: 500, timeoutMs: 5000 };
 
+const made: string[] = [];
+process.on("exit", () => {
+  for (const dir of made) rmSync(dir, { recursive: true, force: true });
+});
+
+/** A spool folder of the test's own, removed when the suite ends. */
 export function spoolRoot(): string {
-  return mkdtempSync(path.join(tmpdir(), "tallybook-ts-test-"));
+  const dir = mkdtempSync(path.join(tmpdir(), "tallybook-ts-test-"));
+  made.push(dir);
+  return dir;
 }
 
 export function fake(): Backend {
