@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from tallybook.spool import Spool, spool_dir
+from tallybook.transport import Retry, Transport
 
 from durability.api.schemas import ReceiptIn
 from durability.ledger import settling
@@ -182,3 +184,39 @@ def test_the_npm_package_installs_alone_and_records_an_effect_on_the_machines_no
     effect = Effect.objects.get()
     assert (effect.key, effect.state) == ("email:npm-1:ann@example.com", "succeeded")
     assert effect.receipts.get().data == {"result": {"id": "msg-for-ann@example.com"}}
+
+
+def test_a_receipt_the_python_sdk_spooled_is_sent_by_the_typescript_client(
+    live_server, api_key, tmp_path
+):
+    """The two SDKs' spools are one layout: what a Python agent left (its process died before
+    the receipt was sent) the next TypeScript client on the same spool delivers."""
+    api = Transport(
+        live_server.url, api_key, timeout=5.0, retry=Retry(retries=0), user_agent="tests"
+    )
+    intent = {"key": "refund:py-1", "kind": "payment", "target": "fakepay", "worker": "py"}
+    assert api.request("POST", "/api/v1/intents", intent).status == 201
+    api.close()
+    root = tmp_path / "spool"
+    spool = Spool(spool_dir(root, live_server.url, api_key))
+    body = {"key": "refund:py-1", "system": "fakepay", "external_id": "re_py", "attempt": 1}
+    spool.release(spool.put("receipts", body))
+
+    script = (
+        f"import {{ Tallybook }} from {json.dumps(str(TS / 'packages/sdk/dist/src/index.js'))};\n"
+        "const [url, apiKey, spool] = process.argv.slice(2);\n"
+        "const tb = new Tallybook({ url, apiKey, spool });\n"
+        "console.log(JSON.stringify(await tb.flush()));\n"
+    )
+    (tmp_path / "next.mjs").write_text(script)
+    done = subprocess.run(
+        [str(NODE), str(tmp_path / "next.mjs"), live_server.url, api_key, str(root)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "true"), done.stderr
+    assert not list(spool.directory.glob("*.json"))  # delivered, so deleted
+    effect = Effect.objects.get(key="refund:py-1")
+    assert effect.state == "succeeded"
+    assert effect.receipts.get().external_id == "re_py"
