@@ -48,7 +48,13 @@ function session(p: ReturnType<typeof project>, command: string, resume: boolean
   const done = spawnSync(
     process.execPath,
     [AGENT, JSON.stringify({ project: p.dir, sessions: p.sessions, extension: p.extension, command, resume })],
-    { cwd: p.dir, encoding: "utf8", timeout: 60_000, env: { ...process.env } },
+    {
+      cwd: p.dir,
+      encoding: "utf8",
+      timeout: 60_000,
+      // Offline: no catalog refresh, version check or install telemetry.
+      env: { ...process.env, PI_OFFLINE: "1", PI_SKIP_VERSION_CHECK: "1", PI_TELEMETRY: "0" },
+    },
   );
   const last = done.stdout.trim().split("\n").at(-1);
   const out = last?.startsWith("{") ? JSON.parse(last) : { told: [] };
