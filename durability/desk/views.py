@@ -74,7 +74,6 @@ from durability.models import (
     Reason,
     Receipt,
     State,
-    actor_named,
 )
 
 AUDIT_PAGE_SIZE = 100
@@ -695,8 +694,9 @@ def audit(request: AuthedRequest) -> HttpResponse:
 
 
 def _actor_names(access: Access, entries: Sequence[AuditEntry]) -> list[str]:
-    """The actor of each entry for a person: an API key by its name ("demo agents"), a
-    person by their username; one query for the page's keys."""
+    """The actor of each entry as the page shows it: an API key by its name ("demo agents
+    (key tb_…)"), any other as recorded (`user:alice`, the filter's words); one query for the
+    page's keys."""
     prefixes = {e.actor.partition(":")[2] for e in entries if e.actor.startswith("api:")}
     keys = dict(
         ApiKey.objects.filter(project=access.project, prefix__in=prefixes)
@@ -706,11 +706,7 @@ def _actor_names(access: Access, entries: Sequence[AuditEntry]) -> list[str]:
     named = []
     for e in entries:
         kind, _, name = e.actor.partition(":")
-        named.append(
-            f"{keys[name]} (key {name}…)"
-            if kind == "api" and name in keys
-            else actor_named(e.actor)
-        )
+        named.append(f"{keys[name]} (key {name}…)" if kind == "api" and name in keys else e.actor)
     return named
 
 
