@@ -189,6 +189,13 @@ TALLYBOOK_RECONCILERS = {
     "http": "durability.reconcilers.http_probe.HttpReconciler",
     "git": "durability.reconcilers.git_probe.GitReconciler",
 }
+# Project admins configure reconcilers, and agents' data fills their templates: neither may
+# make the server read its own secrets or reach inside its network (docs/security.md).
+# An http reconciler's auth_env names TALLYBOOK_SECRET_… variables, or one listed here.
+TALLYBOOK_RECONCILER_SECRET_ENV = env_list("TALLYBOOK_RECONCILER_SECRET_ENV", [])
+# Networks (CIDR) a reconciler may reach although they are loopback, private, link-local or
+# otherwise not public; none by default. The demo's fake provider needs 127.0.0.0/8.
+TALLYBOOK_RECONCILER_ALLOWED_NETWORKS = env_list("TALLYBOOK_RECONCILER_ALLOWED_NETWORKS", [])
 # Reconciler probes that answer `unknown` are retried after these many seconds, in turn.
 TALLYBOOK_PROBE_RETRY_DELAYS = [
     int(seconds) for seconds in env_list("TALLYBOOK_PROBE_RETRY_DELAYS", ["30", "120", "600"])

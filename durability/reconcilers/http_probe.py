@@ -8,6 +8,7 @@ import urllib.error
 import urllib.request
 from typing import TYPE_CHECKING, Annotated, Any
 
+from django.conf import settings
 from pydantic import AfterValidator, Field, StringConstraints, model_validator
 
 from durability import inbound
@@ -38,6 +39,22 @@ def _url(template: str) -> str:
     return template_check(template)
 
 
+# The environment variables a configuration may read: the server's own (SECRET_KEY,
+# DATABASE_URL, ...) are not a project admin's to send to a URL of their choosing.
+SECRET_ENV_PREFIX = "TALLYBOOK_SECRET_"
+
+
+def _auth_env(name: str | None) -> str | None:
+    allowed = settings.TALLYBOOK_RECONCILER_SECRET_ENV
+    if name is None or name.startswith(SECRET_ENV_PREFIX) or name in allowed:
+        return name
+    listed = f" or one of {', '.join(allowed)}" if allowed else ""
+    raise ValueError(
+        f"{name} is not a reconciler's secret: name a variable starting {SECRET_ENV_PREFIX}"
+        f"{listed} (TALLYBOOK_RECONCILER_SECRET_ENV lists others)"
+    )
+
+
 class HttpConfig(ProbeConfig):
     url: Annotated[Template, AfterValidator(_url)] = Field(
         description="URL template, e.g. https://api.example.com/refunds?key={key} or "
@@ -45,10 +62,11 @@ class HttpConfig(ProbeConfig):
     )
     headers: dict[str, str] = Field(default_factory=dict, description="Extra request headers.")
     auth_header: str = "Authorization"
-    auth_env: str | None = Field(
+    auth_env: Annotated[str | None, AfterValidator(_auth_env)] = Field(
         default=None,
         description="Name of the environment variable holding the auth header's whole value "
-        "(e.g. 'Bearer sk_…'); the secret itself is never stored.",
+        f"(e.g. 'Bearer sk_…'): {SECRET_ENV_PREFIX}… or one listed in "
+        "TALLYBOOK_RECONCILER_SECRET_ENV; the secret itself is never stored.",
     )
     external_id_path: Path = Field(
         description="Where the external id is in the JSON reply, dotted: data.0.id"
