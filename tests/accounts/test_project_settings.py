@@ -335,8 +335,8 @@ def test_an_admin_adds_secret_patterns_and_key_names_and_the_audit_names_them(pr
     ("pattern", "message"),
     [
         ("cust-[0-9", "not a regular expression"),
-        ("(a+)+$", "unbounded repeat inside another"),
-        ("(?:x|y*)*z", "unbounded repeat inside another"),
+        ("(?<!x)y", "a negative lookbehind (?&lt;!…) is not supported"),
+        ("(ab)\\1", "a backreference is not supported"),
         ("a*", "matches the empty text"),
         ("x" * 201, "over 200 characters"),
     ],
