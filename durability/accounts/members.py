@@ -99,25 +99,35 @@ def member_add(
             user = User.objects.filter(email__iexact=email).order_by("pk").first()
             if user is None:
                 return _member_new(project, actor, trail, username, role, email)
-        if user is None or not user.is_active:
-            return Added()
-        if Membership.objects.filter(project=project, user=user).exists():
+        if user is not None and Membership.objects.filter(project=project, user=user).exists():
             raise Refused("username", f"{username} is already a member of {project}.")
-        own_email = bool(email) and user.email.lower() == email.lower()
-        if not user.email or (not user.has_usable_password() and not own_email):
-            return Added()
-        if not user.has_usable_password():
-            # New reset tokens: a link shown to another project's admin dies here.
-            user.set_unusable_password()
-            user.save(update_fields=["password"])
-        invitation, _ = Invitation.objects.update_or_create(
-            project=project,
-            user=user,
-            defaults={"role": role, "actor": actor, "created": timezone.now()},
-        )
-        trail.add(AuditAction.MEMBER_INVITED, username=user.get_username(), role=role.value)
-        notices.notice_add(project=project, user=user, kind=NoticeKind.JOIN, actor=actor)
+        # The project's audit log says what its admin asked, as they typed it, whatever
+        # came of it: its readers learn no more than the admin.
+        trail.add(AuditAction.MEMBER_INVITED, username=username, role=role.value)
+        if user is not None and _invitable(user, email):
+            _invite(project, actor, user, role)
     return Added()
+
+
+def _invitable(user: User, email: str) -> bool:
+    """Whether `user` may be sent an invitation: active, with an address to send it to, and
+    when they have chosen no password yet, named by that address."""
+    if not user.is_active or not user.email:
+        return False
+    return user.has_usable_password() or email.lower() == user.email.lower()
+
+
+def _invite(project: Project, actor: str, user: User, role: Role) -> None:
+    if not user.has_usable_password():
+        # New reset tokens: a set-password link shown to another project's admin dies here.
+        user.set_unusable_password()
+        user.save(update_fields=["password"])
+    Invitation.objects.update_or_create(
+        project=project,
+        user=user,
+        defaults={"role": role, "actor": actor, "created": timezone.now()},
+    )
+    notices.notice_add(project=project, user=user, kind=NoticeKind.JOIN, actor=actor)
 
 
 def _member_new(

@@ -200,6 +200,11 @@ def test_an_admin_learns_nothing_about_people_outside_their_project(project, adm
     assert len(set(answers.values())) == 1, answers
     assert "If X can be invited" in next(iter(answers.values()))[1]
     assert not Membership.objects.filter(project=project).exclude(user=admin).exists()
+    # Nor does the project's audit log, which its members read: it says what was asked.
+    entries = AuditEntry.objects.filter(project=project).order_by("seq")
+    assert [(e.action, e.data["username"]) for e in entries] == [
+        ("member_invited", username) for username, _ in answers
+    ]
 
 
 def test_an_account_invited_by_one_project_cannot_be_taken_over_from_another(
