@@ -247,3 +247,10 @@ def test_an_account_invited_by_one_project_cannot_be_taken_over_from_another(
     )
     assert owner.post(re.search(ACCEPT, email.body).group(1)).status_code == 302
     assert Membership.objects.get(project=b, user=inv_x).role == Role.OPERATOR
+
+
+def test_staff_see_a_projects_pending_invitations(project, admin, newbie_mail):
+    _invite(logged_in(admin), project, username="newbie", email="")
+    staff = User.objects.create_superuser("root", password="pw")
+    page = logged_in(staff).get(f"/admin/durability/project/{project.pk}/change/")
+    assert page.status_code == 200 and "newbie" in page.content.decode()
