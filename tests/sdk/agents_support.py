@@ -19,13 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from tallybook import Tallybook
-from tallybook.integrations._tool_calls import ToolEffect
+from tallybook.integrations._tool_calls import ToolEffect, default_key
 
 from tests.sdk.support import ROOT
 
 CALL_ID = "call_refund_7"
 RUN_ID = "ticket-7"
-KEY = f"{RUN_ID}:{CALL_ID}"
+# The docs' first example declares no key: the run, the tool and the arguments' fingerprint.
+KEY = default_key("refund", RUN_ID, {"order": 7})
 
 
 class Provider:
@@ -51,7 +52,7 @@ def refund_effect(grant: int) -> ToolEffect:
     return ToolEffect(kind="payment", target="fakepay", authority={"grant": grant})
 
 
-def openai_agent(provider: Provider, tb: Tallybook, grant: int) -> Any:
+def openai_agent(provider: Provider, tb: Tallybook, grant: int, call_id: str = CALL_ID) -> Any:
     from agents import Agent, function_tool
     from agents.testing import ScriptedModel, assistant_message, function_call
     from tallybook.integrations.openai_agents import durable
@@ -62,7 +63,7 @@ def openai_agent(provider: Provider, tb: Tallybook, grant: int) -> Any:
         return provider.refund(order)
 
     model = ScriptedModel(
-        [[function_call("refund", {"order": 7}, call_id=CALL_ID)], [assistant_message("Done.")]]
+        [[function_call("refund", {"order": 7}, call_id=call_id)], [assistant_message("Done.")]]
     )
     agent = Agent(name="support", instructions="Refund what is asked.", tools=[refund], model=model)
     return durable(agent, tb, tools={"refund": refund_effect(grant)})
@@ -78,7 +79,7 @@ async def openai_run(agent: Any, tb: Tallybook, state: Any = None) -> Any:
     return result
 
 
-def langgraph_agent(provider: Provider, tb: Tallybook, grant: int) -> Any:
+def langgraph_agent(provider: Provider, tb: Tallybook, grant: int, call_id: str = CALL_ID) -> Any:
     """A model node and a tool node: the graph of LangGraph's own agent, with a fake model."""
     from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
     from langchain_core.messages import AIMessage
@@ -93,7 +94,7 @@ def langgraph_agent(provider: Provider, tb: Tallybook, grant: int) -> Any:
         """Refund an order in full."""
         return provider.refund(order)
 
-    asks = AIMessage("", tool_calls=[{"name": "refund", "args": {"order": 7}, "id": CALL_ID}])
+    asks = AIMessage("", tool_calls=[{"name": "refund", "args": {"order": 7}, "id": call_id}])
     model = FakeMessagesListChatModel(responses=[asks, AIMessage("Done.")])
     builder = StateGraph(MessagesState)
     builder.add_node("agent", lambda state: {"messages": [model.invoke(state["messages"])]})
@@ -126,12 +127,13 @@ def agent_process(
     grant: int,
     *,
     crash: bool = False,
+    call_id: str = CALL_ID,
 ) -> tuple[int, Any]:
-    """Run the framework's agent in a process of its own (`main` below): its exit code, and
-    the JSON it printed last (or its standard error)."""
+    """Run the framework's agent in a process of its own (`main` below), its model naming
+    the call `call_id`: its exit code, and the JSON it printed last (or its standard error)."""
     command = [sys.executable, "-m", "tests.sdk.agents_support", framework]
     command += ["--url", live_server.url, "--key", api_key, "--spool", str(spool)]
-    command += ["--ledger", str(provider.ledger), "--grant", str(grant)]
+    command += ["--ledger", str(provider.ledger), "--grant", str(grant), "--call-id", call_id]
     command += ["--crash"] if crash else []
     done = subprocess.run(
         command, cwd=ROOT, env=os.environ, capture_output=True, text=True, timeout=120
@@ -143,7 +145,7 @@ def agent_process(
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("framework", choices=["openai", "langgraph"])
-    for name in ("--url", "--key", "--spool", "--ledger", "--grant"):
+    for name in ("--url", "--key", "--spool", "--ledger", "--grant", "--call-id"):
         parser.add_argument(name, required=True)
     parser.add_argument("--crash", action="store_true")
     args = parser.parse_args()
@@ -154,11 +156,13 @@ def main() -> int:
             from agents import set_tracing_disabled
 
             set_tracing_disabled(True)
-            result = asyncio.run(openai_run(openai_agent(provider, tb, int(args.grant)), tb))
+            result = asyncio.run(
+                openai_run(openai_agent(provider, tb, int(args.grant), args.call_id), tb)
+            )
             interrupted = [item.tool_name for item in result.interruptions]
             print(json.dumps({"interrupted": interrupted, "output": result.final_output}))
         else:
-            state = langgraph_run(langgraph_agent(provider, tb, int(args.grant)))
+            state = langgraph_run(langgraph_agent(provider, tb, int(args.grant), args.call_id))
             interrupted = [i.value["tool"] for i in state.get("__interrupt__", ())]
             print(json.dumps({"interrupted": interrupted, "output": state["messages"][-1].text}))
         return 0

@@ -23,6 +23,7 @@ from pydantic_ai import Agent, DeferredToolRequests, DeferredToolResults
 from pydantic_ai.capabilities import Instrumentation
 from pydantic_ai.models.instrumented import InstrumentationSettings
 from tallybook import AsyncTallybook, EffectInDoubt
+from tallybook.integrations._tool_calls import default_key
 from tallybook.integrations.pydantic_ai import Effects, ToolEffect
 
 from durability.models import Approval, Case, Effect, Project, Receipt, State
@@ -36,7 +37,8 @@ from trajectories.models import Span
 __all__ = ["queue"]  # the RQ queue fixture, used by name
 
 CONVERSATION = "ticket-7"
-KEY = f"refund:{CONVERSATION}:{refunds.CALL}"
+# The docs' first example declares no key: the run, the tool and the arguments' fingerprint.
+KEY = default_key("refund", CONVERSATION, {"order": 42})
 
 
 def delivered(atb):
@@ -126,7 +128,8 @@ def test_a_crash_between_the_effect_and_its_receipt_leaves_a_case_and_no_repeat(
     assert code == -9
     assert ledger.read_text() == "42\n"
 
-    code, out = refunds.run(live_server.url, api_key, spool_root, ledger)
+    # The restarted agent's model asks for the same refund under a new tool call id.
+    code, out = refunds.run(live_server.url, api_key, spool_root, ledger, call="call_refund_42b")
 
     assert (code, out["outcome"]) == (3, "in_doubt")
     assert ledger.read_text() == "42\n", "the refund was repeated"
