@@ -360,8 +360,7 @@ def _receipt_apply(
         effect,
         Reason.UNAUTHORIZED_EFFECT,
         Severity.CRITICAL,
-        f"A receipt ({row}) arrived for an effect that is {state}: "
-        "it happened without authority.",
+        f"A receipt ({row}) arrived for an effect that is {state}: it happened without authority.",
         trail,
         receipt=row,
     )

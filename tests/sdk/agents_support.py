@@ -25,8 +25,10 @@ from tests.sdk.support import ROOT
 
 CALL_ID = "call_refund_7"
 RUN_ID = "ticket-7"
-# The docs' first example declares no key: the run, the tool and the arguments' fingerprint.
-KEY = default_key("refund", RUN_ID, {"order": 7})
+# The refund's key as the docs' first example declares it, and by default (no key declared:
+# the run, the tool and the arguments' fingerprint).
+KEY = "refund:7"
+DEFAULT_KEY = default_key("refund", RUN_ID, {"order": 7})
 
 
 class Provider:
@@ -36,29 +38,41 @@ class Provider:
         self.ledger, self.crash = ledger, crash
         ledger.touch()
 
-    def refund(self, order: int) -> str:
+    def refund(self, order: int) -> dict[str, str]:
         number = len(self.refunds()) + 1
         with self.ledger.open("a") as f:
             f.write(f"{order}\n")
         if self.crash:
             os.kill(os.getpid(), signal.SIGKILL)
-        return f"re_{order}_{number}"
+        return {"id": f"re_{order}_{number}"}
 
     def refunds(self) -> list[str]:
         return self.ledger.read_text().splitlines()
 
 
-def refund_effect(grant: int) -> ToolEffect:
-    return ToolEffect(kind="payment", target="fakepay", authority={"grant": grant})
+def refund_effect(grant: int, declared: str = "docs") -> ToolEffect:
+    """The refund declared as docs/sdk.md's first example declares it (its key, and where its
+    receipt is), or with neither ("default")."""
+    if declared == "default":
+        return ToolEffect(kind="payment", target="fakepay", authority={"grant": grant})
+    return ToolEffect(
+        kind="payment",
+        target="fakepay",
+        key="refund:{order}",
+        receipt="id",
+        authority={"grant": grant},
+    )
 
 
-def openai_agent(provider: Provider, tb: Tallybook, grant: int, call_id: str = CALL_ID) -> Any:
+def openai_agent(
+    provider: Provider, tb: Tallybook, grant: int, call_id: str = CALL_ID, declared: str = "docs"
+) -> Any:
     from agents import Agent, function_tool
     from agents.testing import ScriptedModel, assistant_message, function_call
     from tallybook.integrations.openai_agents import durable
 
     @function_tool
-    def refund(order: int) -> str:
+    def refund(order: int) -> dict[str, str]:
         """Refund an order in full."""
         return provider.refund(order)
 
@@ -66,7 +80,7 @@ def openai_agent(provider: Provider, tb: Tallybook, grant: int, call_id: str = C
         [[function_call("refund", {"order": 7}, call_id=call_id)], [assistant_message("Done.")]]
     )
     agent = Agent(name="support", instructions="Refund what is asked.", tools=[refund], model=model)
-    return durable(agent, tb, tools={"refund": refund_effect(grant)})
+    return durable(agent, tb, tools={"refund": refund_effect(grant, declared)})
 
 
 async def openai_run(agent: Any, tb: Tallybook, state: Any = None) -> Any:
@@ -79,7 +93,9 @@ async def openai_run(agent: Any, tb: Tallybook, state: Any = None) -> Any:
     return result
 
 
-def langgraph_agent(provider: Provider, tb: Tallybook, grant: int, call_id: str = CALL_ID) -> Any:
+def langgraph_agent(
+    provider: Provider, tb: Tallybook, grant: int, call_id: str = CALL_ID, declared: str = "docs"
+) -> Any:
     """A model node and a tool node: the graph of LangGraph's own agent, with a fake model."""
     from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
     from langchain_core.messages import AIMessage
@@ -90,7 +106,7 @@ def langgraph_agent(provider: Provider, tb: Tallybook, grant: int, call_id: str 
     from tallybook.integrations.langgraph import DurableToolNode
 
     @tool
-    def refund(order: int) -> str:
+    def refund(order: int) -> dict[str, str]:
         """Refund an order in full."""
         return provider.refund(order)
 
@@ -99,7 +115,7 @@ def langgraph_agent(provider: Provider, tb: Tallybook, grant: int, call_id: str 
     builder = StateGraph(MessagesState)
     builder.add_node("agent", lambda state: {"messages": [model.invoke(state["messages"])]})
     builder.add_node(
-        "tools", DurableToolNode([refund], tb, effects={"refund": refund_effect(grant)})
+        "tools", DurableToolNode([refund], tb, effects={"refund": refund_effect(grant, declared)})
     )
     builder.add_edge(START, "agent")
     builder.add_conditional_edges("agent", tools_condition)
@@ -128,12 +144,14 @@ def agent_process(
     *,
     crash: bool = False,
     call_id: str = CALL_ID,
+    declared: str = "docs",
 ) -> tuple[int, Any]:
     """Run the framework's agent in a process of its own (`main` below), its model naming
     the call `call_id`: its exit code, and the JSON it printed last (or its standard error)."""
     command = [sys.executable, "-m", "tests.sdk.agents_support", framework]
     command += ["--url", live_server.url, "--key", api_key, "--spool", str(spool)]
     command += ["--ledger", str(provider.ledger), "--grant", str(grant), "--call-id", call_id]
+    command += ["--declared", declared]
     command += ["--crash"] if crash else []
     done = subprocess.run(
         command, cwd=ROOT, env=os.environ, capture_output=True, text=True, timeout=120
@@ -145,7 +163,7 @@ def agent_process(
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("framework", choices=["openai", "langgraph"])
-    for name in ("--url", "--key", "--spool", "--ledger", "--grant", "--call-id"):
+    for name in ("--url", "--key", "--spool", "--ledger", "--grant", "--call-id", "--declared"):
         parser.add_argument(name, required=True)
     parser.add_argument("--crash", action="store_true")
     args = parser.parse_args()
@@ -157,12 +175,16 @@ def main() -> int:
 
             set_tracing_disabled(True)
             result = asyncio.run(
-                openai_run(openai_agent(provider, tb, int(args.grant), args.call_id), tb)
+                openai_run(
+                    openai_agent(provider, tb, int(args.grant), args.call_id, args.declared), tb
+                )
             )
             interrupted = [item.tool_name for item in result.interruptions]
             print(json.dumps({"interrupted": interrupted, "output": result.final_output}))
         else:
-            state = langgraph_run(langgraph_agent(provider, tb, int(args.grant), args.call_id))
+            state = langgraph_run(
+                langgraph_agent(provider, tb, int(args.grant), args.call_id, args.declared)
+            )
             interrupted = [i.value["tool"] for i in state.get("__interrupt__", ())]
             print(json.dumps({"interrupted": interrupted, "output": state["messages"][-1].text}))
         return 0

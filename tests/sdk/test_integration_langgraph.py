@@ -10,7 +10,14 @@ import pytest
 from durability.models import Approval, Case, Effect, Receipt, State
 from tests.authority.support import grant
 from tests.desk.support import logged_in
-from tests.sdk.agents_support import KEY, Provider, agent_process, langgraph_agent, langgraph_run
+from tests.sdk.agents_support import (
+    DEFAULT_KEY,
+    KEY,
+    Provider,
+    agent_process,
+    langgraph_agent,
+    langgraph_run,
+)
 from tests.sdk.support import wait_until
 from tests.trajectories.support import queue, work
 from trajectories.models import Span
@@ -45,7 +52,9 @@ def test_a_tool_call_is_an_effect_linked_to_its_tool_and_model_spans_and_never_r
         "call_refund_7",
         "ticket-7",
     )
-    assert Receipt.objects.get(effect=effect).data == {"result": "re_7_1"}
+    receipt = Receipt.objects.get(effect=effect)
+    assert (receipt.system, receipt.external_id) == ("fakepay", "re_7_1")
+    assert receipt.data == {"result": '{"id": "re_7_1"}'}
     wait_until(lambda: _links(api, queue), what="the effect's links to its spans")
     links = _links(api, queue)
     tool = Span.objects.get(span_id=links["tool_span_id"])
@@ -60,27 +69,36 @@ def test_a_tool_call_is_an_effect_linked_to_its_tool_and_model_spans_and_never_r
     assert tb.flush(timeout=60), "the receipts were not delivered"
     assert again["messages"][-1].text == "Done."
     assert provider.refunds() == ["7"], "the refund was repeated"
-    assert again["messages"][2].content == "re_7_1"
+    assert again["messages"][2].content == '{"id": "re_7_1"}'
 
 
+@pytest.mark.parametrize(("declared", "key"), [("docs", KEY), ("default", DEFAULT_KEY)])
 def test_a_crash_between_the_refund_and_its_receipt_leaves_a_case_and_no_repeat(
-    live_server, api_key, spool_root, project, provider
+    live_server, api_key, spool_root, project, provider, declared, key
 ):
     g = grant(project, name="refunds")
-    code, _ = agent_process(
-        "langgraph", live_server, api_key, spool_root, provider, g.pk, crash=True
+    first = agent_process(
+        "langgraph", live_server, api_key, spool_root, provider, g.pk, crash=True, declared=declared
     )
-    assert code == -9 and provider.refunds() == ["7"]
+    assert first[0] == -9 and provider.refunds() == ["7"]
 
     # The restarted agent's model asks for the same refund under a new tool call id.
     code, out = agent_process(
-        "langgraph", live_server, api_key, spool_root, provider, g.pk, call_id="call_refund_7b"
+        "langgraph",
+        live_server,
+        api_key,
+        spool_root,
+        provider,
+        g.pk,
+        call_id="call_refund_7b",
+        declared=declared,
     )
 
     assert code == 0, out
     assert out["interrupted"] == ["refund"], "the call in doubt did not stop the graph"
     assert provider.refunds() == ["7"], "the refund was repeated"
-    effect = Effect.objects.get(key=KEY)
+    assert Effect.objects.count() == 1
+    effect = Effect.objects.get(key=key)
     assert effect.state == State.TIMED_OUT
     assert Case.objects.filter(effect=effect, reason="uncertain", closed=None).exists()
 

@@ -96,6 +96,7 @@ def check_effect(
     key, receipt, amount = get("key"), get("receipt"), get("amount")
     if key is not None and not (isinstance(key, str) or callable(key)):
         raise TypeError(f"key={key!r}{of} must be a template (str) or a function of the arguments")
+    named = template_names(key) if isinstance(key, str) else set()
     if receipt is not None and not (isinstance(receipt, str) or callable(receipt)):
         raise TypeError(
             f"receipt={receipt!r}{of} must be the result's field with the provider's id "
@@ -118,12 +119,8 @@ def check_effect(
             raise TypeError(f"{name}={get(name)!r}{of} must be a string")
     if params is not None:
         known = {*params, *CALL_NAMES}
-        if isinstance(key, str):
-            named = template_names(key)
-        elif callable(key):
+        if callable(key):
             named = _accepted(key)
-        else:
-            named = set()
         if unknown := named - known:
             raise TypeError(
                 f"the key{of} names {', '.join(sorted(unknown))}, which the tool does not take"
