@@ -32,7 +32,7 @@ from tests.desk.support import logged_in
 from tests.sdk import pydantic_ai_agent as refunds
 from tests.sdk.support import alongside, wait_until
 from tests.trajectories.support import queue, work
-from trajectories.models import Span
+from trajectories.models import Run, Span
 
 __all__ = ["queue"]  # the RQ queue fixture, used by name
 
@@ -111,8 +111,11 @@ def test_the_tool_call_is_recorded_and_linked_to_its_tool_and_model_spans(
     receipt = Receipt.objects.get(effect=effect)
     assert receipt.external_id == "re_42"
     assert receipt.data == {"result": {"refund_id": "re_42", "order": 42}}
-    # pydantic-ai's spans are filed under the run the effect names.
+    # pydantic-ai's spans are filed under the run the effect names, named for the agent and
+    # ended with its output.
     assert set(Span.objects.values_list("run__run_id", flat=True)) == {CONVERSATION}
+    run = Run.objects.get(run_id=CONVERSATION)
+    assert (run.agent, run.status, run.ended is not None) == ("refunds", "ok", True)
 
     again = agent.run_sync("Refund order 42", conversation_id=CONVERSATION)
 
