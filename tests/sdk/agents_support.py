@@ -126,12 +126,14 @@ def langgraph_agent(
 THREAD = {"configurable": {"thread_id": RUN_ID}}
 
 
-def langgraph_run(graph: Any, resume: Any = None) -> dict[str, Any]:
+def langgraph_run(graph: Any, tb: Tallybook, resume: Any = None) -> dict[str, Any]:
+    """The graph invoked as the docs' first example invokes it, but returned when it stops
+    for the desk (`wait=0`) instead of waiting for a decision."""
     from langchain_core.messages import HumanMessage
+    from tallybook.integrations.langgraph import invoke
 
-    if resume is not None:
-        return dict(graph.invoke(resume, THREAD))
-    return dict(graph.invoke({"messages": [HumanMessage("Refund order 7.")]}, THREAD))
+    start = resume if resume is not None else {"messages": [HumanMessage("Refund order 7.")]}
+    return invoke(graph, start, THREAD, tb, wait=0, agent="support")
 
 
 def agent_process(
@@ -183,7 +185,7 @@ def main() -> int:
             print(json.dumps({"interrupted": interrupted, "output": result.final_output}))
         else:
             state = langgraph_run(
-                langgraph_agent(provider, tb, int(args.grant), args.call_id, args.declared)
+                langgraph_agent(provider, tb, int(args.grant), args.call_id, args.declared), tb
             )
             interrupted = [i.value["tool"] for i in state.get("__interrupt__", ())]
             print(json.dumps({"interrupted": interrupted, "output": state["messages"][-1].text}))

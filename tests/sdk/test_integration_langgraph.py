@@ -20,7 +20,7 @@ from tests.sdk.agents_support import (
 )
 from tests.sdk.support import wait_until
 from tests.trajectories.support import queue, work
-from trajectories.models import Span
+from trajectories.models import Run, Span
 
 __all__ = ["queue"]
 
@@ -41,7 +41,7 @@ def test_a_tool_call_is_an_effect_linked_to_its_tool_and_model_spans_and_never_r
 ):
     g = grant(project, name="refunds")
 
-    state = langgraph_run(langgraph_agent(provider, tb, g.pk))
+    state = langgraph_run(langgraph_agent(provider, tb, g.pk), tb)
     assert tb.flush(timeout=60), "the receipts were not delivered"
 
     assert state["messages"][-1].text == "Done."
@@ -63,9 +63,12 @@ def test_a_tool_call_is_an_effect_linked_to_its_tool_and_model_spans_and_never_r
     assert tool.name == "execute_tool refund"
     assert model.kind == "model" and model.run == tool.run
     assert links["run_id"] == "ticket-7"
+    # The run is named for the agent, and ended with the graph.
+    run = Run.objects.get(run_id="ticket-7")
+    assert (run.agent, run.status, run.ended is not None) == ("support", "ok", True)
 
     # The same thread asked again for the same call (a resumed conversation): not repeated.
-    again = langgraph_run(langgraph_agent(provider, tb, g.pk))
+    again = langgraph_run(langgraph_agent(provider, tb, g.pk), tb)
     assert tb.flush(timeout=60), "the receipts were not delivered"
     assert again["messages"][-1].text == "Done."
     assert provider.refunds() == ["7"], "the refund was repeated"
@@ -111,7 +114,7 @@ def test_a_grant_requiring_approval_interrupts_the_graph_until_an_operator_appro
     g = grant(project, name="refunds", requires_approval=True)
     graph = langgraph_agent(provider, tb, g.pk)
 
-    state = langgraph_run(graph)
+    state = langgraph_run(graph, tb)
     assert tb.flush(timeout=60), "the receipts were not delivered"
 
     (stopped,) = state["__interrupt__"]
@@ -123,7 +126,7 @@ def test_a_grant_requiring_approval_interrupts_the_graph_until_an_operator_appro
     )
     assert signed.status_code in (200, 302)
 
-    done = langgraph_run(graph, settle(state, tb, timeout=120))
+    done = langgraph_run(graph, tb, settle(state, tb, timeout=120))
     assert tb.flush(timeout=60), "the receipts were not delivered"
 
     assert "__interrupt__" not in done
