@@ -94,7 +94,12 @@ async def openai_run(agent: Any, tb: Tallybook, state: Any = None) -> Any:
 
 
 def langgraph_agent(
-    provider: Provider, tb: Tallybook, grant: int, call_id: str = CALL_ID, declared: str = "docs"
+    provider: Provider,
+    tb: Tallybook,
+    grant: int,
+    call_id: str = CALL_ID,
+    declared: str = "docs",
+    spans: bool = True,
 ) -> Any:
     """A model node and a tool node: the graph of LangGraph's own agent, with a fake model."""
     from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
@@ -115,7 +120,10 @@ def langgraph_agent(
     builder = StateGraph(MessagesState)
     builder.add_node("agent", lambda state: {"messages": [model.invoke(state["messages"])]})
     builder.add_node(
-        "tools", DurableToolNode([refund], tb, effects={"refund": refund_effect(grant, declared)})
+        "tools",
+        DurableToolNode(
+            [refund], tb, effects={"refund": refund_effect(grant, declared)}, spans=spans
+        ),
     )
     builder.add_edge(START, "agent")
     builder.add_conditional_edges("agent", tools_condition)

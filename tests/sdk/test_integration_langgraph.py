@@ -6,6 +6,10 @@ interrupt until an operator approves it in the desk."""
 from __future__ import annotations
 
 import pytest
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from tallybook import Tallybook
 
 from durability.models import Approval, Case, Effect, Receipt, State
 from tests.authority.support import grant
@@ -18,7 +22,7 @@ from tests.sdk.agents_support import (
     langgraph_agent,
     langgraph_run,
 )
-from tests.sdk.support import wait_until
+from tests.sdk.support import FAST, wait_until
 from tests.trajectories.support import queue, work
 from trajectories.models import Run, Span
 
@@ -133,3 +137,47 @@ def test_a_grant_requiring_approval_interrupts_the_graph_until_an_operator_appro
     assert done["messages"][-1].text == "Done."
     assert provider.refunds() == ["7"]
     assert Effect.objects.get(key=KEY).state == State.SUCCEEDED
+
+
+def test_under_openinference_the_conversation_is_one_run_and_the_effect_links_to_its_spans(
+    live_server, api_key, spool_root, api, queue, project, provider
+):
+    """LangGraph traced by OpenInference (its spans, not the integration's: spans=False):
+    its trace, the integration's spans and the effect are one run, and the effect links to
+    OpenInference's TOOL span, whose call id is only in its output."""
+    from openinference.instrumentation.langchain import LangChainInstrumentor
+
+    g = grant(project, name="refunds")
+    otel = TracerProvider()
+    # Batched, as in production: the conversation's spans arrive in one export.
+    otel.add_span_processor(
+        BatchSpanProcessor(
+            OTLPSpanExporter(
+                endpoint=f"{live_server.url}/v1/traces",
+                headers={"Authorization": f"Bearer {api_key}"},
+            )
+        )
+    )
+    tb = Tallybook(live_server.url, api_key, spool=spool_root, tracer_provider=otel, **FAST)
+    instrumentor = LangChainInstrumentor()
+    instrumentor.instrument(tracer_provider=otel)
+    try:
+        state = langgraph_run(langgraph_agent(provider, tb, g.pk, spans=False), tb)
+        assert tb.flush(timeout=60), "the receipts were not delivered"
+    finally:
+        instrumentor.uninstrument()
+        otel.shutdown()  # exports what is left
+        tb.close()
+
+    assert state["messages"][-1].text == "Done."
+    wait_until(lambda: _links(api, queue), what="the effect's links to its spans")
+    links = _links(api, queue)
+    tool = Span.objects.get(span_id=links["tool_span_id"])
+    model = Span.objects.get(span_id=links["model_span_id"])
+    assert (tool.name, tool.kind, tool.tool_call_id) == ("refund", "tool", "call_refund_7")
+    assert model.kind == "model"
+    # One conversation, one run: OpenInference's trace, the agent's span and the effect.
+    assert set(Span.objects.values_list("run__run_id", flat=True)) == {"ticket-7"}
+    assert list(Run.objects.values_list("run_id", "agent", "status")) == [
+        ("ticket-7", "support", "ok")
+    ]

@@ -33,6 +33,7 @@ from langgraph.prebuilt import ToolNode
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command, interrupt
 
+from tallybook import tracing
 from tallybook.aio import AsyncEffect
 from tallybook.client import Base, Effect
 from tallybook.errors import EffectConflict, EffectDenied, EffectInDoubt
@@ -262,7 +263,12 @@ class _GraphRun:
 
     @contextmanager
     def opened(self) -> Iterator[None]:
-        with nullcontext() if current_run() else self.tb.run(self.agent, run_id=self.run_id):
+        with (
+            nullcontext() if current_run() else self.tb.run(self.agent, run_id=self.run_id),
+            tracing.agent_span(self.tb.tracer_provider, self.agent, self.run_id),
+        ):
+            # Names the current trace (the agent span's): another instrumentation's spans
+            # started inside join the run.
             self.spans.run(self.run_id, agent=self.agent)
             try:
                 yield
