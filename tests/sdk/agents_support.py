@@ -38,13 +38,13 @@ class Provider:
         self.ledger, self.crash = ledger, crash
         ledger.touch()
 
-    def refund(self, order: int) -> dict[str, str]:
+    def refund(self, order: int) -> str:
         number = len(self.refunds()) + 1
         with self.ledger.open("a") as f:
             f.write(f"{order}\n")
         if self.crash:
             os.kill(os.getpid(), signal.SIGKILL)
-        return {"id": f"re_{order}_{number}"}
+        return f"re_{order}_{number}"
 
     def refunds(self) -> list[str]:
         return self.ledger.read_text().splitlines()
@@ -74,7 +74,7 @@ def openai_agent(
     @function_tool
     def refund(order: int) -> dict[str, str]:
         """Refund an order in full."""
-        return provider.refund(order)
+        return {"id": provider.refund(order)}
 
     model = ScriptedModel(
         [[function_call("refund", {"order": 7}, call_id=call_id)], [assistant_message("Done.")]]
@@ -113,7 +113,7 @@ def langgraph_agent(
     @tool
     def refund(order: int) -> dict[str, str]:
         """Refund an order in full."""
-        return provider.refund(order)
+        return {"id": provider.refund(order)}
 
     asks = AIMessage("", tool_calls=[{"name": "refund", "args": {"order": 7}, "id": call_id}])
     model = FakeMessagesListChatModel(responses=[asks, AIMessage("Done.")])

@@ -60,7 +60,7 @@ def test_openai_agents_refuses_a_declaration_naming_what_the_tool_does_not_take(
     @function_tool
     def refund(order: int) -> dict[str, str]:
         """Refund an order in full."""
-        return provider.refund(order)
+        return {"id": provider.refund(order)}
 
     agent = Agent(name="support", tools=[refund])
     with pytest.raises(TypeError, match=_escaped(says)):
@@ -78,7 +78,7 @@ def test_langgraph_refuses_a_declaration_naming_what_the_tool_does_not_take(fiel
     @tool
     def refund(order: int) -> dict[str, str]:
         """Refund an order in full."""
-        return provider.refund(order)
+        return {"id": provider.refund(order)}
 
     with pytest.raises(TypeError, match=_escaped(says)):
         DurableToolNode([refund], FakeTallybook(), effects={"refund": ToolEffect(**fields)})
@@ -97,7 +97,7 @@ def test_langgraph_refuses_a_graph_without_a_checkpointer_before_any_effect(prov
     @tool
     def refund(order: int) -> dict[str, str]:
         """Refund an order in full."""
-        return provider.refund(order)
+        return {"id": provider.refund(order)}
 
     asks = AIMessage("", tool_calls=[{"name": "refund", "args": {"order": 7}, "id": "c1"}])
     model = FakeMessagesListChatModel(responses=[asks, AIMessage("Done.")])
