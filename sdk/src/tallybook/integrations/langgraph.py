@@ -87,7 +87,7 @@ class DurableToolNode(ToolNode):
         self._spans = Spans(tb, spans)
         super().__init__(tools, wrap_tool_call=self._wrap, awrap_tool_call=self._awrap, **options)
         check_declarations(
-            {"default": default, **(effects or {})},
+            effects,
             {name: dict(tool.args) for name, tool in self.tools_by_name.items()},
         )
 

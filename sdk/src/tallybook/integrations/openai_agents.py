@@ -99,7 +99,7 @@ def durable(
     """
     function_tools = [t for t in agent.tools if isinstance(t, FunctionTool)]
     check_declarations(
-        {"default": default, **(tools or {})},
+        tools,
         {t.name: (t.params_json_schema or {}).get("properties", {}) for t in function_tools},
     )
     recorder = Spans(tb, spans)
