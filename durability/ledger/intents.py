@@ -9,8 +9,19 @@ The same tool call asked again under another key (a key that names the model's c
 which a model's retry changes) is recognised too: an intent for a new key, from another
 worker of the same run, with the same kind, target and request fingerprint as an effect of
 that run still pending, interrupts that effect's attempt as a resumed run interrupts its own
-(`effect_interrupted`: timed out, an `uncertain` case). The new key still proceeds: it may
+(`effect_interrupt`: timed out, an `uncertain` case). The new key still proceeds: it may
 be a deliberate second call, which is what its own key says.
+
+Every round trip an intent makes to PostgreSQL (two; `tests/api/test_round_trips.py`), and
+the two that this module does not spell out:
+1. The BEGIN, the API key's check and the reads under the key's lock, in one pipeline:
+   `audit.trail` opens the transaction with `rows.begun_lazily()`, which holds the BEGIN
+   back so that it rides in the first batch; and the API's front door
+   (`api.decorators.authorize(keys_ahead=True)`) set `rows.ahead(...)`, the keys version
+   that validates a cached API key, which the first batch (`machine.KeyLock`'s `rows.Batch`)
+   carries as its first column. A stale answer rolls the block back before anything was written.
+2. The staged writes, the audit entries and the COMMIT, in one pipeline (`Trail.append(commit=True)`
+   as the trail closes).
 """
 
 from __future__ import annotations
