@@ -24,7 +24,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse, reverse_lazy
 from django.utils.cache import add_never_cache_headers
 from django.utils.http import url_has_allowed_host_and_scheme
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from durability import inbound
 from durability.accounts import lockouts, members
@@ -86,7 +86,12 @@ def _page(
         "add_form": bound.get("add_form") or MemberAddForm(),
         "key_form": bound.get("key_form") or ApiKeyForm(),
         "policy_form": bound.get("policy_form")
-        or PolicyForm(initial={"authority_policy": project.authority_policy}),
+        or PolicyForm(
+            initial={
+                "authority_policy": project.authority_policy,
+                "effect_timeout_s": project.effect_timeout_s,
+            }
+        ),
         "retention_form": bound.get("retention_form") or _retention_form(project),
         "redaction_form": bound.get("redaction_form")
         or RedactionForm(
@@ -143,12 +148,49 @@ def member_add(request: AuthedRequest, project_id: int) -> HttpResponseBase:
         except members.Refused as exc:
             form.add_error(exc.field, str(exc))
         else:
+            username = data["username"]
             if added.set_password_path:
                 link = site_url() + added.set_password_path
-                return _page(request, access, invited=(data["username"], link))
-            messages.success(request, f"{data['username']} joined as {data['role']}.")
+                return _page(request, access, invited=(username, link))
+            if added.membership is not None:
+                messages.success(
+                    request, f"{username} is invited: an email with a link to choose a "
+                    "password is on its way."
+                )  # fmt: skip
+            else:
+                messages.success(request, NEUTRAL.format(username=username, role=data["role"]))
             return redirect("settings")
     return _page(request, access, status=400, add_form=form)
+
+
+# One answer whether the user exists, is another project's, has no address, or was invited:
+# an admin learns nothing about people outside their project.
+NEUTRAL = (
+    "If {username} can be invited, an invitation to join as {role} is on its way to them: "
+    "they become a member when they accept it. To invite someone new, give their email "
+    "address."
+)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def invitation(request: AuthedRequest, invitation_id: int, token: str) -> HttpResponseBase:
+    """An emailed invitation: the invited user, logged in as themselves, accepts it here."""
+    try:
+        if request.method == "POST":
+            membership = members.invitation_accept(
+                invitation_id=invitation_id, token=token, user=request.user
+            )
+            request.session[SESSION_PROJECT] = membership.project_id
+            messages.success(request, f"You joined {membership.project} as {membership.role}.")
+            return redirect("queue")
+        found = members.invitation_find(invitation_id=invitation_id, token=token, user=request.user)
+    except members.InvitationGone as exc:
+        context = {"gone": str(exc)}
+        return render(request, "durability/accounts/invitation.html", context, status=404)
+    response = render(request, "durability/accounts/invitation.html", {"invitation": found})
+    add_never_cache_headers(response)
+    return response
 
 
 @login_required
@@ -239,8 +281,15 @@ def policy(request: AuthedRequest, project_id: int) -> HttpResponseBase:
     if not form.is_valid():
         return _page(request, access, status=400, policy_form=form)
     new = AuthorityPolicy(form.cleaned_data["authority_policy"])
-    if members.project_policy_set(project=access.project, actor=actor_of(request), policy=new):
-        messages.success(request, f"Intents that name no grant now get: {new.label}.")
+    timeout_s = form.cleaned_data["effect_timeout_s"]
+    if members.project_policy_set(
+        project=access.project, actor=actor_of(request), policy=new, timeout_s=timeout_s
+    ):
+        messages.success(
+            request,
+            f"Intents that name no grant now get: {new.label}; an attempt declaring no "
+            f"timeout times out after {access.project.effect_timeout_s} s.",
+        )
     return redirect("settings")
 
 
