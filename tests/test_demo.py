@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import io
 import re
+from datetime import timedelta
 
 import pytest
 from django.core.management import call_command
+from django.utils import timezone
 
-from durability.models import Case, Effect, Probe, Project, Reason, State
+from durability.models import Approval, Case, Effect, Membership, Probe, Project, Reason, State
 from tests.ports import free_port
 from trajectories.models import Run, Span
 
@@ -29,14 +31,41 @@ def test_each_seeding_starts_a_fresh_project_with_every_state_and_case_reason(db
     assert set(project.effects.values_list("state", flat=True)) == EVERY_STATE
     assert set(project.cases.values_list("reason", flat=True)) == EVERY_REASON
     assert re.search(r"^Operator login: operator / \S+$", printed, re.M)
+    assert re.search(r"^Admin login: admin / \S+$", printed, re.M)
+    roles = dict(Membership.objects.filter(project=project).values_list("user__username", "role"))
+    assert roles == {"operator": "operator", "admin": "admin"}
     assert re.search(r"^API key: tb_\S+$", printed, re.M)
     # The release bot's repository exists, for the git reconciler to ask.
     assert (tmp_path / "release-repo" / ".git").is_dir()
     # The audit table refuses DELETE: the previous demo is archived, not deleted.
     old.refresh_from_db()
     assert old.name.startswith("demo (archived ") and old.effects.exists()
-    assert not old.members.exists() and project.members.count() == 1
+    assert not old.members.exists() and project.members.count() == 2
     assert not old.reconcilers.filter(enabled=True).exists()
+
+
+def test_the_seeded_history_looks_like_a_deployments_past(db, tmp_path):
+    project, _ = _seed(tmp_path)
+    now = timezone.now()
+    created = sorted(project.effects.values_list("created", flat=True))
+    # A week of work, not one moment: effects on each of the past days, the last minutes ago.
+    assert now - created[0] > timedelta(days=6)
+    days = {(now - moment).days for moment in created}
+    assert days >= set(range(7))
+    assert timedelta(0) < now - created[-1] < timedelta(hours=1)
+    opened = sorted(project.cases.values_list("opened", flat=True))
+    assert now - opened[0] > timedelta(hours=12)
+    # Every approval decided through the approvals service: none left open for an effect
+    # that no longer awaits one.
+    for approval in Approval.objects.filter(project=project).select_related("effect"):
+        assert (approval.status == "open") == (approval.effect.state == "awaiting_approval")
+    assert Approval.objects.get(effect__key="refund:H-112").status == "approved"
+    # Each seeded case's effect has its run: the agent's span, the model request and the tool
+    # call that made it.
+    for case in project.cases.exclude(reason="orphan_receipt").select_related("effect"):
+        run = Run.objects.get(project=project, run_id=case.effect.run_id)
+        assert {"agent", "model", "tool"} <= set(run.spans.values_list("kind", flat=True))
+        assert run.spans.filter(tool_call_id=case.effect.tool_call_id).exists(), case
 
 
 # What the live agents make happen on their own (the seeded history has the rest).
