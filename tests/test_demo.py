@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import io
 import re
+import socket
 from datetime import timedelta
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from durability.models import Approval, Case, Effect, Membership, Probe, Project, Reason, State
@@ -66,6 +67,16 @@ def test_the_seeded_history_looks_like_a_deployments_past(db, tmp_path):
         run = Run.objects.get(project=project, run_id=case.effect.run_id)
         assert {"agent", "model", "tool"} <= set(run.spans.values_list("kind", flat=True))
         assert run.spans.filter(tool_call_id=case.effect.tool_call_id).exists(), case
+
+
+def test_the_agents_say_so_when_their_providers_port_is_taken(db, tmp_path):
+    project, _ = _seed(tmp_path)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(CommandError, match=f"cannot listen on port {port}"):
+            call_command("demoagents", provider_port=port, dir=tmp_path, url="http://127.0.0.1:9")
 
 
 # What the live agents make happen on their own (the seeded history has the rest).
