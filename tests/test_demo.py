@@ -1,5 +1,6 @@
-"""The demo: its seeding shows every state and every case reason, and its simulated agents,
-using the real SDK and OpenTelemetry over HTTP, keep producing them on a live server."""
+"""The demo: its seeding shows every state and every case reason, over a week of history with
+the agents' runs, and its logins for each role. Its simulated agents at work on a live server,
+and every page they leave behind, are tests/test_live_demo.py's."""
 
 from __future__ import annotations
 
@@ -12,9 +13,8 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from durability.models import Approval, Case, Effect, Membership, Probe, Project, Reason, State
-from tests.ports import free_port
-from trajectories.models import Run, Span
+from durability.models import Approval, Membership, Project, Reason, State
+from trajectories.models import Run
 
 EVERY_STATE = set(State.values)
 EVERY_REASON = set(Reason.values)
@@ -77,79 +77,3 @@ def test_the_agents_say_so_when_their_providers_port_is_taken(db, tmp_path):
         port = taken.getsockname()[1]
         with pytest.raises(CommandError, match=f"cannot listen on port {port}"):
             call_command("demoagents", provider_port=port, dir=tmp_path, url="http://127.0.0.1:9")
-
-
-# What the live agents make happen on their own (the seeded history has the rest).
-AGENTS = {"RF", "REL", "SUP"}
-LIVE_STATES = {"succeeded", "failed", "timed_out", "awaiting_approval", "denied"}
-LIVE_REASONS = {
-    "uncertain",
-    "late_success",
-    "duplicate_effect",
-    "key_reuse_conflict",
-    "version_drift",
-    "approval_required",
-    "authority_denied",
-    "unauthorized_effect",
-}
-
-
-def _not_seen_yet(project: Project, seeded: set[int], printed: str) -> list[str]:
-    """What of every scenario the live agents have not shown yet: nothing once all is there."""
-    live = Effect.objects.filter(project=project).exclude(pk__in=seeded)
-    runs = Run.objects.filter(project=project, run_id__in=live.values("run_id"))
-    spans = Span.objects.filter(run__in=runs)
-    cases = Case.objects.filter(project=project)
-    checks = {
-        "effects of all three agents": {e.run_id.split("-")[0] for e in live} == AGENTS,
-        "each live state": set(live.values_list("state", flat=True)) >= LIVE_STATES,
-        "each live reason": set(cases.filter(effect__in=live).values_list("reason", flat=True))
-        >= LIVE_REASONS,
-        # The provider's dashboard reported a refund no agent made.
-        "two orphan receipts": cases.filter(reason="orphan_receipt").count() >= 2,
-        # Crashed agents were restarted, and reconcilers settled some effects on their own.
-        "a planned crash": "crashed, as planned" in printed,
-        "a reconciler's find": Probe.objects.filter(
-            effect__in=live, settled="probe_found"
-        ).exists(),
-        # Their trajectories arrived over OTLP: runs named as the tickets, with model and tool
-        # spans; and their run events said how each went.
-        "runs of all three agents": {run.run_id.split("-")[0] for run in runs} == AGENTS,
-        "agent, model and tool spans": {"agent", "model", "tool"}
-        <= set(spans.values_list("kind", flat=True)),
-        "runs that went well and badly": {"ok", "error"}
-        <= set(runs.values_list("status", flat=True)),
-        # Together with the seeded history: every state and every reason.
-        "every state": set(project.effects.values_list("state", flat=True)) == EVERY_STATE,
-        "every reason": set(cases.values_list("reason", flat=True)) == EVERY_REASON,
-    }
-    return [what for what, seen in checks.items() if not seen]
-
-
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.timeout(900)
-def test_the_agents_bring_every_scenario_to_life(live_server, settings, tmp_path):
-    # No Redis: the agents' supervisor runs the sweeps and probes itself, as in `bin/demo`.
-    settings.REDIS_URL = ""
-    port = free_port()
-    project, _ = _seed(tmp_path, port)
-    seeded = set(project.effects.values_list("pk", flat=True))
-    out = io.StringIO()
-    missing = ["anything: the agents never ran"]
-
-    def everything_seen() -> bool:
-        missing[:] = _not_seen_yet(project, seeded, out.getvalue())
-        return not missing
-
-    # The agents run until every scenario has been seen, or for ten minutes at most.
-    call_command(
-        "demoagents",
-        url=live_server.url,
-        provider_port=port,
-        dir=tmp_path,
-        seconds=600,
-        pace=0.3,
-        until=everything_seen,
-        stdout=out,
-    )
-    assert missing == []
