@@ -18,7 +18,7 @@ def close_stale(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("durability", "0032_redundant_project_indexes"),
+        ("durability", "0033_invitation"),
     ]
 
     operations = [
