@@ -8,7 +8,7 @@ import hmac
 import secrets
 import uuid
 import zoneinfo
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -1318,6 +1318,20 @@ class Probe(models.Model):
     def took_s(self) -> float:
         return (self.finished - self.started).total_seconds()
 
+    @property
+    def observed_at(self) -> datetime | None:
+        """When the system says the effect happened: the evidence's ISO 8601 text as an aware
+        moment; None when absent or unreadable, so that no stored value fails a page."""
+        evidence = self.evidence if isinstance(self.evidence, dict) else {}
+        value = evidence.get("observed_at")
+        if not isinstance(value, str):
+            return None
+        try:
+            moment = datetime.fromisoformat(value)
+        except ValueError:
+            return None
+        return moment if timezone.is_aware(moment) else moment.replace(tzinfo=UTC)
+
 
 class CaseAlert(models.Model):
     """A case that reached its reason's alert threshold; `sent` once the webhook took it."""
@@ -1516,6 +1530,9 @@ class ApprovalStatus(models.TextChoices):
     OPEN = "open"
     APPROVED = "approved"
     DENIED = "denied"
+    # The effect stopped awaiting it without a signature (decided through the state machine
+    # directly): nothing left to sign.
+    CLOSED = "closed"
 
 
 class Approval(models.Model):
@@ -1561,6 +1578,11 @@ class Approval(models.Model):
 
     def get_absolute_url(self) -> str:
         return reverse("approval", args=[self.pk])
+
+    @property
+    def closed_why(self) -> str:
+        """Why a closed approval takes no signature, in the words its pages and 409 use."""
+        return f"the effect was settled without it (it is now {self.effect.state})"
 
 
 class SignoffVerdict(models.TextChoices):
