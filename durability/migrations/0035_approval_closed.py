@@ -18,7 +18,7 @@ def close_stale(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("durability", "0033_invitation"),
+        ("durability", "0034_effect_timeout_default"),
     ]
 
     operations = [
