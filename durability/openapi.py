@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from functools import cache
 from typing import Any
 
@@ -19,6 +20,79 @@ from trajectories import otlp
 from trajectories import schemas as trajectories_schemas
 
 REF = "#/components/schemas/{model}"
+
+
+# PostgreSQL stores no NUL character, and the API refuses a string holding one (400): the
+# document says so wherever a string of a request may go, so that a client's generator or a
+# fuzzer reading it makes none (durability/inbound.py, `storable`).
+NO_NUL: dict[str, Any] = {"not": {"pattern": "\u0000"}}
+# A free JSON value of a request (an intent's `request`, a receipt's `data`, the context's
+# extra keys): any JSON, its strings and its objects' names without NUL, at any depth.
+STORABLE_JSON = "StorableJson"
+_STORABLE_JSON_SCHEMA: dict[str, Any] = {
+    "description": "Any JSON value; no string in it, nor any object's name, holds a NUL.",
+    "anyOf": [
+        {"type": "string", **NO_NUL},
+        {"type": ["number", "boolean", "null"]},
+        {"type": "array", "items": {"$ref": REF.format(model=STORABLE_JSON)}},
+        {
+            "type": "object",
+            "propertyNames": NO_NUL,
+            "additionalProperties": {"$ref": REF.format(model=STORABLE_JSON)},
+        },
+    ],
+}
+# What pydantic writes beside a schema's own constraints: kept when a free value is replaced.
+_ANNOTATIONS = ("title", "description", "default", "examples")
+
+
+def _storable(node: Any) -> Any:
+    """A request's schema with the API's refusal of NUL stated on every string it can hold:
+    free strings get `not: {pattern: NUL}`, free JSON values the StorableJson schema."""
+    if not isinstance(node, dict) or "$ref" in node:
+        return node
+    if not {"type", "anyOf", "allOf", "oneOf", "enum", "const", "not"} & set(node):
+        # `{}`: any JSON (pydantic's Any)
+        free = {key: node[key] for key in _ANNOTATIONS if key in node}
+        return free | {"$ref": REF.format(model=STORABLE_JSON)}
+    made = dict(node)
+    for key in ("anyOf", "allOf", "oneOf", "prefixItems"):
+        if key in node:
+            made[key] = [_storable(item) for item in node[key]]
+    for key in ("properties", "patternProperties"):
+        if key in node:
+            made[key] = {name: _storable(value) for name, value in node[key].items()}
+    if isinstance(node.get("items"), dict):
+        made["items"] = _storable(node["items"])
+    # An object whose other names are kept (a dict, the context's extra keys): its names are
+    # stored too. One that ignores other names (OTLP's messages) or refuses them needs none.
+    if node.get("additionalProperties") is True:
+        made["additionalProperties"] = {"$ref": REF.format(model=STORABLE_JSON)}
+    elif isinstance(node.get("additionalProperties"), dict):
+        made["additionalProperties"] = _storable(node["additionalProperties"])
+    if node.get("additionalProperties", False) is not False and node.get("type") == "object":
+        made.setdefault("propertyNames", NO_NUL)
+    if node.get("type") == "string" and not {"pattern", "enum", "const", "format"} & set(node):
+        if "not" in made:
+            made["allOf"] = [{"not": made.pop("not")}, NO_NUL]
+        else:
+            made.update(NO_NUL)
+    return made
+
+
+def _requests(defs: dict[str, Any]) -> dict[str, Any]:
+    """The schemas a request body can reach (the `...In` models and what they refer to),
+    each with the refusal of NUL stated."""
+    names = [name for name in defs if name.endswith("In")]
+    reached: set[str] = set()
+    while names:
+        name = names.pop()
+        if name in reached:
+            continue
+        reached.add(name)
+        text = json.dumps(defs[name])
+        names += [n for n in defs if f'"{REF.format(model=n)}"' in text]
+    return {name: _storable(defs[name]) for name in reached}
 
 
 def _ref(model: type[BaseModel]) -> dict[str, str]:
@@ -428,6 +502,7 @@ def openapi_document() -> dict[str, Any]:
         [(m, "validation" if m.__name__.endswith("In") else "serialization") for m in models],
         ref_template=REF,
     )
+    requests = _requests(defs["$defs"])
     decision = _json(schemas.DecisionOut, "The decision for an effect that already existed.")
     return {
         "openapi": "3.1.0",
@@ -447,7 +522,7 @@ def openapi_document() -> dict[str, Any]:
         },
         "servers": [{"url": "/"}],
         "components": {
-            "schemas": defs["$defs"],
+            "schemas": defs["$defs"] | requests | {STORABLE_JSON: _STORABLE_JSON_SCHEMA},
             "securitySchemes": {
                 "bearer": {"type": "http", "scheme": "bearer"},
                 **HOOK_SECURITY_SCHEMES,

@@ -17,6 +17,7 @@ from pydantic import (
     TypeAdapter,
     ValidationError,
     ValidationInfo,
+    WithJsonSchema,
     field_validator,
 )
 
@@ -96,7 +97,23 @@ def _iso_time(value: Any) -> Any:
 
 
 # A time the world reported, ISO 8601, in UTC and in range (durability/inbound.py says which).
-Timestamp = Annotated[datetime, BeforeValidator(_iso_time), AfterValidator(instant)]
+# The document states the range: the lower bound as a pattern too (a year from 2000 on, the
+# first day left out for the offsets that put it in 1999); one day from now only in words.
+Timestamp = Annotated[
+    datetime,
+    BeforeValidator(_iso_time),
+    AfterValidator(instant),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "format": "date-time",
+            "pattern": "^(?!2000-01-01)[2-9][0-9]{3}-",
+            "description": "ISO 8601 with its offset; once converted to UTC, no earlier than "
+            "2000-01-01 and no later than one day from now.",
+        },
+        mode="validation",
+    ),
+]
 
 
 def _whole(value: Any) -> Any:

@@ -1,4 +1,4 @@
-"""The decision an intent for a recorded effect gets (DESIGN.md section 3), written once.
+"""The decision an intent for a recorded effect gets (docs/concepts.md, "Decision"), written once.
 
 `decision_for` is the rule; `decide` adds the sentence the agent reads and is the dry
 run (the API's and the desk's "what would an intent get now?"). `intent_record` acts on

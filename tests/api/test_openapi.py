@@ -18,7 +18,7 @@ from pydantic import BaseModel, TypeAdapter
 from durability.api import schemas, webhooks
 from durability.api.decorators import MiB
 from durability.models import ApiKey, WebhookKind, WebhookSource
-from durability.openapi import REF
+from durability.openapi import NO_NUL, REF, STORABLE_JSON, _storable
 from tests.api.support import deliver
 from tests.ledger import support as ledger
 from tests.trajectories.support import (
@@ -173,9 +173,56 @@ def test_the_request_bodies_are_the_validation_schemas(document):
     for ref in bodies:
         model = _model(ref)
         expected = model.model_json_schema(ref_template=REF, mode="validation")
+        # As validation states them, with the refusal of NUL written on every free string.
         for name, definition in expected.pop("$defs", {}).items():
-            assert components[name] == definition, name
-        assert components[model.__name__] == expected, model.__name__
+            assert components[name] == _storable(definition), name
+        assert components[model.__name__] == _storable(expected), model.__name__
+
+
+def _free_strings(node: Any, at: str = "") -> list[str]:
+    """Where a request schema admits any string: no pattern, enum, format or NUL refusal."""
+    found = []
+    if isinstance(node, dict):
+        if (
+            node.get("type") == "string"
+            and not {"pattern", "enum", "const", "format"} & set(node)
+            and node.get("not") != NO_NUL["not"]
+            and NO_NUL not in node.get("allOf", [])
+        ):
+            found.append(at)
+        for key, value in node.items():
+            if key not in ("not", "propertyNames"):
+                found += _free_strings(value, f"{at}/{key}")
+    elif isinstance(node, list):
+        for n, value in enumerate(node):
+            found += _free_strings(value, f"{at}/{n}")
+    return found
+
+
+def test_the_document_says_no_string_of_a_request_may_hold_a_nul(document):
+    # The API refuses one with a 400 (test_bad_input.py); a client's generator reads it here.
+    components = document["components"]["schemas"]
+    requests = {name: schema for name, schema in components.items() if name.endswith("In")}
+    assert not _free_strings(requests)
+    intent = components["IntentIn"]["properties"]
+    assert intent["key"]["not"] == {"pattern": "\u0000"}
+    assert intent["request"]["$ref"] == REF.format(model=STORABLE_JSON)
+    context = components["Context"]
+    assert context["additionalProperties"] == {"$ref": REF.format(model=STORABLE_JSON)}
+    assert context["propertyNames"] == NO_NUL
+    # Any JSON at any depth: its strings, and its objects' names.
+    storable = components[STORABLE_JSON]["anyOf"]
+    assert {"type": "string", **NO_NUL} in storable
+    assert any(arm.get("propertyNames") == NO_NUL for arm in storable)
+
+
+def test_the_document_states_the_range_of_a_time_from_outside(document):
+    observed_at = document["components"]["schemas"]["ReceiptIn"]["properties"]["observed_at"]
+    moment = observed_at["anyOf"][0]
+    assert "no earlier than 2000-01-01 and no later than one day from now" in moment["description"]
+    lower = re.compile(moment["pattern"])
+    assert lower.match("2026-11-29T12:00:00Z") and lower.match("2000-01-02T00:00:00Z")
+    assert not lower.match("1999-12-31T23:59:59Z") and not lower.match("1074-06-26T09:43:13Z")
 
 
 def test_the_bodies_are_required_and_json_or_for_otlp_also_protobuf(document):

@@ -7,11 +7,30 @@ from typing import Any
 
 from django.contrib.auth.models import User
 from django.test import Client
+from django.urls import URLPattern, URLResolver, get_resolver
 
 from durability.api.schemas import AmountIn, ReceiptIn
 from durability.ledger import evidence
 from durability.models import Case, Grant, Membership, Project, Reason, Role, State
 from tests.ledger import support as ledger
+
+# Not operator pages: machine endpoints with their own authentication, the login itself,
+# and an invitation's one-time link (its token is the authentication).
+NOT_PAGES = ("api/", "v1/", "hooks/", "admin/", "login/", "logout/", "static/", "welcome/")
+
+
+def operator_pages(
+    patterns: list[URLPattern | URLResolver] | None = None, prefix: str = ""
+) -> list[str]:
+    """Every operator page the URLconf routes to, each argument written as 1."""
+    found = []
+    for pattern in get_resolver().url_patterns if patterns is None else patterns:
+        route = prefix + str(pattern.pattern)
+        if isinstance(pattern, URLResolver):
+            found += operator_pages(pattern.url_patterns, route)
+        elif not route.startswith(NOT_PAGES):
+            found.append("/" + re.sub(r"<(?:\w+:)?\w+>", "1", route))
+    return found
 
 
 def member(project: Project, username: str, role: Role) -> User:

@@ -10,29 +10,13 @@ from typing import Any
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
-from django.urls import URLPattern, URLResolver, get_resolver
 
 from durability.desk.views import EFFECTS_PAGE_SIZE as PAGE_SIZE
 from durability.models import Case, Effect, Reason, State
+from tests.desk.support import operator_pages
 from tests.ledger.support import effect_in, intent, receipt, timeout
 
-# Not operator pages: machine endpoints with their own authentication, the login itself,
-# and an invitation's one-time link (its token is the authentication).
-NOT_PAGES = ("api/", "v1/", "hooks/", "admin/", "login/", "logout/", "static/", "welcome/")
-
-
-def _pages(patterns: list[URLPattern | URLResolver], prefix: str = "") -> list[str]:
-    found = []
-    for pattern in patterns:
-        route = prefix + str(pattern.pattern)
-        if isinstance(pattern, URLResolver):
-            found += _pages(pattern.url_patterns, route)
-        elif not route.startswith(NOT_PAGES):
-            found.append("/" + re.sub(r"<(?:\w+:)?\w+>", "1", route))
-    return found
-
-
-PAGES = _pages(get_resolver().url_patterns)
+PAGES = operator_pages()
 
 
 def test_the_pages_include_the_ledgers():

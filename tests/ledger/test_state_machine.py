@@ -1,6 +1,7 @@
 """The effect state machine: every allowed transition through the services, every other refused.
 
-DESIGN.md section 3 is the specification; `machine.TRANSITIONS` is its table.
+docs/concepts.md ("The effect's states", "Decision") is the specification;
+`machine.TRANSITIONS` is its table.
 """
 
 from __future__ import annotations
@@ -324,7 +325,7 @@ def test_reports_for_an_unknown_key_are_404(api):
     assert row_counts() == counts
 
 
-# -- the decision table (DESIGN.md section 3) ---------------------------------------------
+# -- the decision table (docs/concepts.md, "Decision") -----------------------------------
 
 DECISIONS = [
     (S.PENDING, "never", "wait"),
