@@ -663,6 +663,10 @@ class EffectHour(models.Model):
     agent_reported = models.PositiveIntegerField()
     provider_confirmed = models.PositiveIntegerField()
     operator_attested = models.PositiveIntegerField()
+    # Of those, the effects with a case of these reasons: the overview's "problems only"
+    # shows them beside the failed states.
+    late_success = models.PositiveIntegerField(default=0)
+    duplicate_effect = models.PositiveIntegerField(default=0)
 
     class Meta:
         constraints = [

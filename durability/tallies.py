@@ -36,6 +36,7 @@ from durability.models import (
     EffectHour,
     EffectHourMark,
     Project,
+    Reason,
     Receipt,
 )
 from durability.models import Strength as StrengthChoice
@@ -46,8 +47,11 @@ MARGIN = timedelta(minutes=10)
 # The columns an hour's rows are grouped by, as named on the effect and on EffectHour.
 GROUPS = ("state", "kind", "target", "agent", "grant_id")
 STRENGTHS = tuple(StrengthChoice.values)
-# What a tally counts: effects, those with any receipt, those with one of each strength.
-MEASURES = ("n", "evidenced", *STRENGTHS)
+# Cases that make an effect a problem though its state is not: counted per reason.
+PROBLEM_CASES = (Reason.LATE_SUCCESS.value, Reason.DUPLICATE_EFFECT.value)
+# What a tally counts: effects, those with any receipt, those with one of each strength,
+# those with a case of each of PROBLEM_CASES.
+MEASURES = ("n", "evidenced", *STRENGTHS, *PROBLEM_CASES)
 # How long cases took to settle is counted in buckets of at most these many seconds (and
 # more, the last bucket): wide enough apart that an hour's row stays small, close enough
 # that a median read from them is within a bucket of the truth.
@@ -80,6 +84,11 @@ def _measured(measures: Sequence[str], prefix: str = "") -> dict[str, Any]:
             counts[prefix + "n"] = Count("pk")
         elif measure == "evidenced":
             counts[prefix + measure] = Count("pk", filter=Q(Exists(receipts)))
+        elif measure in PROBLEM_CASES:
+            cases = Case.objects.filter(
+                project=OuterRef("project_id"), effect=OuterRef("pk"), reason=measure
+            )
+            counts[prefix + measure] = Count("pk", filter=Q(Exists(cases)))
         else:
             counted = Q(Exists(receipts.filter(strength=measure)))
             counts[prefix + measure] = Count("pk", filter=counted)
@@ -288,7 +297,7 @@ def tally(
 ) -> Tally:
     """Effects created in [since, until) (until None: to now) matching `filters` (columns of
     both the effect and EffectHour), counted per the `by` columns ("hour" among them: the
-    hour created).
+    hour created; "minute", for a range counted live alone).
 
     Two queries: the whole hours before `tallied` (see `tallied_until`) from EffectHour,
     and the rest from the effects.
@@ -313,6 +322,8 @@ def tally(
         live = live.filter(later, created__gte=since)
     if "hour" in by:
         live = live.annotate(hour=Trunc("created", "hour", tzinfo=UTC))
+    if "minute" in by:  # the last hour's chart, counted live (no `tallied`)
+        live = live.annotate(minute=Trunc("created", "minute", tzinfo=UTC))
     for row in (
         live.values_list(*by)
         .annotate(**_measured(measures, "sum_"))

@@ -8,14 +8,12 @@ the queue for open cases, the effects list for effects.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib.auth.decorators import login_required
 from django.db.models import Count, Min, Q
-from django.db.models.functions import Trunc
 from django.http import HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
@@ -28,6 +26,7 @@ from durability.desk.effect_filter import effects_url
 from durability.desk.queue import QueueQuery
 from durability.models import Case, Effect, Project, Reason, Severity, State
 from durability.tallies import (
+    PROBLEM_CASES,
     STRENGTHS,
     CaseCounts,
     case_hours,
@@ -219,20 +218,27 @@ def effects_chart(
     span, step, trunc = RANGES[range_name]
     end = _floor(now, step) + step
     start = end - span
-    rows: Iterable[tuple[datetime, str, int]]
+    measures = ("n", *PROBLEM_CASES) if problems else ("n",)
     if trunc == "hour":
-        found = tally(project, start, None, by=("hour", "state"), tallied=tallied)
-        rows = [(hour, state, counts["n"]) for (hour, state), counts in found.groups.items()]
-    else:
-        rows = (
-            Effect.objects.filter(project=project, created__gte=start)
-            .annotate(at=Trunc("created", trunc))
-            .values_list("at", "state")
-            .annotate(n=Count("id"))
-            .order_by()
+        found = tally(
+            project, start, None, by=("hour", "state"), measures=measures, tallied=tallied
         )
-    states = PROBLEM_STATES if problems else CHART_STATES
-    rows = [(at, state, n) for at, state, n in rows if state in states]
+        counted = [(hour, state, counts) for (hour, state), counts in found.groups.items()]
+    else:
+        found = tally(project, start, None, by=("minute", "state"), measures=measures)
+        counted = [(at, state, counts) for (at, state), counts in found.groups.items()]
+    states: list[str] = list(PROBLEM_STATES if problems else CHART_STATES)
+    rows = [(at, state, counts["n"]) for at, state, counts in counted if state in states]
+    if problems:
+        # Effects that succeeded, but late or twice: problems their state does not show.
+        states += PROBLEM_CASES
+        rows += [
+            (at, reason, counts[reason])
+            for at, state, counts in counted
+            if state == State.SUCCEEDED
+            for reason in PROBLEM_CASES
+            if counts[reason]
+        ]
     buckets = int(span / step)
     grid: list[dict[str, int]] = [{} for _ in range(buckets)]
     per_state: dict[str, int] = {}
@@ -265,7 +271,12 @@ def effects_chart(
     legend = [
         (
             str(state),
-            Number(per_state[state], effects_url(project=project.pk, state=state, since=start)),
+            Number(
+                per_state[state],
+                effects_url(project=project.pk, state=State.SUCCEEDED, case=state, since=start)
+                if state in PROBLEM_CASES
+                else effects_url(project=project.pk, state=state, since=start),
+            ),
         )
         for state in states
         if per_state.get(state)

@@ -13,7 +13,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from durability import tallies
-from durability.models import Case, CaseHour, Project
+from durability.models import Case, CaseHour, Effect, EffectHour, Project
 from tests.desk.support import logged_in, uncertain_case
 from tests.ledger import support as ledger
 
@@ -130,3 +130,27 @@ def test_the_backlog_costs_the_same_queries_for_few_cases_or_many(project, alice
         _opened(project, f"b:{n}", timedelta(minutes=n))
     tallies.projects_tally()
     assert queries() == few
+
+
+def test_problems_only_counts_late_successes_and_duplicates_tallied_or_live(project, alice):
+    ledger.intent(project, "late:1")
+    ledger.timeout(project, "late:1")
+    ledger.receipt(project, "late:1", "re-late")
+    ledger.intent(project, "dup:1")
+    ledger.receipt(project, "dup:1", "re-a")
+    ledger.receipt(project, "dup:1", "re-b")
+    then = timezone.now() - timedelta(hours=3)
+    Effect.objects.update(created=then)
+    client = logged_in(alice)
+
+    def legend() -> dict[str, int]:
+        chart = client.get("/?range=24h&show=problems").context["chart"]
+        return {state: number.n for state, number in chart.legend}
+
+    live = legend()
+    assert live == {"late_success": 1, "duplicate_effect": 1}
+    tallies.projects_tally()
+    assert EffectHour.objects.filter(late_success=1).exists()
+    assert legend() == live
+    page = client.get("/?range=24h&show=problems").content.decode()
+    assert "case=duplicate_effect" in page and 'class="s-late_success"' in page
