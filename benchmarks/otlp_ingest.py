@@ -41,6 +41,7 @@ from typing import Any, NamedTuple
 import psycopg
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
 ROOT = Path(__file__).resolve().parent.parent
 # The HTTP benchmarks' shared helpers beside this script (its folder is first on sys.path).
@@ -126,7 +127,7 @@ def batch(index: int, *, tag: str) -> bytes:
                 start_time_unix_nano=at,
                 end_time_unix_nano=at + 8 * 10**6,
             )
-            span.status.code = 1
+            span.status.code = Status.STATUS_CODE_OK
             if n % 2:
                 span.name = "chat gpt-4o"
                 asked, answered = _messages(f"Please refund order #{index:06d}", call_id)

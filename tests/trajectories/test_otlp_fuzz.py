@@ -67,8 +67,8 @@ def _checked(response: Any, sent: int, before: tuple[int, ...], *, as_json: bool
         partial = response.json().get("partialSuccess", {})
         rejected = int(partial.get("rejectedSpans", 0))
     else:
-        rejected = ExportTraceServiceResponse.FromString(response.content).partial_success
-        rejected = rejected.rejected_spans
+        partial_success = ExportTraceServiceResponse.FromString(response.content).partial_success
+        rejected = partial_success.rejected_spans
     assert 0 <= rejected <= sent
     assert after[0] - before[0] <= sent - rejected
     if rejected == sent:
