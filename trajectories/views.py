@@ -150,10 +150,11 @@ def runs(request: AuthedRequest) -> HttpResponse:
     return render(request, template, context)
 
 
-# An idle stretch of a run (no span open, no event) longer than this many seconds, and than
-# this share of the run, is drawn as a break of BREAK_WIDTH, so the work stays readable.
+# An idle stretch of a run (no leaf span open, no event) longer than this many seconds, and
+# than this share of the time spent working, is drawn as a break of BREAK_WIDTH, so that the
+# work stays readable beside a wait of minutes.
 BREAK_MIN_S = 5
-BREAK_SHARE = 0.2
+BREAK_SHARE = 0.5
 BREAK_WIDTH = 30
 # At most this many breaks are drawn; shorter gaps beyond them are drawn to scale.
 MAX_BREAKS = 8
@@ -190,7 +191,7 @@ class Scale:
 
 def scale_of(busy: list[tuple[datetime, datetime]]) -> Scale:
     """The waterfall's scale for these busy stretches (spans, events): idle gaps longer than
-    BREAK_MIN_S and BREAK_SHARE of the whole become breaks."""
+    BREAK_MIN_S and than BREAK_SHARE of the time busy become breaks (the longest first)."""
     merged: list[list[datetime]] = []
     for begin, end in sorted(busy):
         if merged and begin <= merged[-1][1]:
@@ -199,6 +200,7 @@ def scale_of(busy: list[tuple[datetime, datetime]]) -> Scale:
             merged.append([begin, end])
     start, end = merged[0][0], merged[-1][1]
     total = (end - start).total_seconds()
+    working = sum((b - a).total_seconds() for a, b in merged)
     gaps = sorted(
         (
             ((b[0] - a[1]).total_seconds(), i)
@@ -209,7 +211,7 @@ def scale_of(busy: list[tuple[datetime, datetime]]) -> Scale:
     long = {
         i
         for seconds, i in gaps[:MAX_BREAKS]
-        if seconds > BREAK_MIN_S and seconds > BREAK_SHARE * total
+        if seconds > BREAK_MIN_S and seconds > BREAK_SHARE * working
     }
     skipped = sum((merged[i + 1][0] - merged[i][1]).total_seconds() for i in long)
     drawn = max(total - skipped, 1e-6)

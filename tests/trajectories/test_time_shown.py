@@ -109,7 +109,8 @@ def test_a_signed_approval_is_an_event_on_the_runs_timeline(api, project, alice)
     client.post(f"/approvals/{approval.pk}/sign/", {"verdict": "approve", "reason": "ok"})
     page = client.get(run.get_absolute_url()).content.decode()
     events = page[page.index("data-run-events") :]
-    assert "Approval signed: approve" in events and "by user:alice" in events
+    assert "Approval signed: approve" in events
+    assert 'by <span title="user:alice">alice</span>' in events
     assert "waiting on" not in page
 
 
@@ -162,3 +163,11 @@ def test_scale_without_gaps_is_linear():
     scale = scale_of([(start, start + timedelta(seconds=10))])
     assert scale.breaks == []
     assert scale.x(start + timedelta(seconds=5)) == pytest.approx(500)
+
+
+def test_the_overviews_recent_runs_say_what_they_wait_on(api, project, alice):
+    _waiting_run(api, project, approval=True)
+    approval = Approval.objects.get()
+    page = logged_in(alice).get("/").content.decode()
+    runs = page[page.index('id="runs-title"') :]
+    assert f'waiting on <a href="/approvals/{approval.pk}/">approval #{approval.pk}</a>' in runs

@@ -8,7 +8,7 @@ from typing import Any
 from django import template
 
 from durability.models import Project
-from trajectories import messages
+from trajectories import messages, people
 from trajectories.models import Run, Span
 
 register = template.Library()
@@ -18,10 +18,13 @@ RECENT_RUNS = 8
 
 @register.inclusion_tag("trajectories/_recent_runs.html")
 def recent_runs(project: Project) -> dict[str, Any]:
-    """The runs started last; walks run_project_started_idx."""
-    return {
-        "runs": list(Run.objects.filter(project=project).order_by("-started", "-id")[:RECENT_RUNS])
-    }
+    """The runs started last (walks run_project_started_idx), with what the running ones
+    wait on (`people.waits_of`)."""
+    runs = list(Run.objects.filter(project=project).order_by("-started", "-id")[:RECENT_RUNS])
+    waits = people.waits_of(project.pk, runs)
+    for run in runs:
+        run.waiting = waits.get(run.pk)  # type: ignore[attr-defined]
+    return {"runs": runs}
 
 
 @register.inclusion_tag("trajectories/_messages.html")
