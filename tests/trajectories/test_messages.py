@@ -242,7 +242,7 @@ def test_the_case_page_shows_the_model_request_and_the_tool_call_inline(api, ali
     }
     assert "re_77" in re.search(r"<dd data-result>(.*?)</dd>", trajectory, re.S)[1]
     assert '"parts"' not in unescape(trajectory)
-    assert f'<code class="id">{TOOL}</code>' in trajectory
+    assert f'<code class="id" title="span {TOOL}">{TOOL}</code>' in trajectory
 
 
 def test_the_span_page_shows_the_messages_and_malformed_ones_never_fail_it(api, alice):
