@@ -14,7 +14,7 @@ def _tally_again(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('durability', '0032_redundant_project_indexes'),
+        ('durability', '0033_invitation'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
