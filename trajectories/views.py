@@ -177,6 +177,7 @@ class Scale:
     """Time to waterfall x (0..TIMELINE), linear but for the long idle gaps, each a break."""
 
     start: datetime
+    end: datetime
     # (from, to, x at from, x per second) for each stretch drawn to scale.
     pieces: list[tuple[datetime, datetime, float, float]]
     breaks: list[Break]
@@ -226,7 +227,7 @@ def scale_of(busy: list[tuple[datetime, datetime]]) -> Scale:
             x += BREAK_WIDTH
             begin = after
     pieces.append((begin, end, x, per))
-    return Scale(start, pieces, breaks)
+    return Scale(start, end, pieces, breaks)
 
 
 @dataclass
@@ -260,7 +261,9 @@ class Tree:
         return Node(
             span,
             x=round(x, 2),
-            width=max(round(self.scale.x(span.end or span.start) - x, 2), 1),
+            # A span not ended yet (an agent waiting on a person) reaches the run's latest
+            # moment: its bar shows how long it has been open.
+            width=max(round(self.scale.x(span.end or self.scale.end) - x, 2), 1),
             child_count=len(self.children.get((span.trace_id, span.span_id), [])),
             effects=self.effects.get((span.trace_id, span.span_id), []),
         )

@@ -171,3 +171,11 @@ def test_the_overviews_recent_runs_say_what_they_wait_on(api, project, alice):
     page = logged_in(alice).get("/").content.decode()
     runs = page[page.index('id="runs-title"') :]
     assert f'waiting on <a href="/approvals/{approval.pk}/">approval #{approval.pk}</a>' in runs
+
+
+def test_a_span_still_open_is_drawn_to_the_runs_latest_moment(api, project, alice):
+    run = _waiting_run(api, project, approval=True)
+    page = logged_in(alice).get(run.get_absolute_url()).content.decode()
+    widths = re.findall(r'<rect x="([\d.]+)" y="1" width="([\d.]+)"', page)
+    agent_x, agent_width = (float(v) for v in widths[0])  # the agent's span, first
+    assert agent_x == 0 and agent_width > 500
