@@ -100,7 +100,7 @@ def test_a_denial_denies_the_effect_and_the_agent_is_told_who_and_why(api, proje
 def test_above_the_threshold_two_different_people_must_approve(api, project, alice, bob):
     body, approval = _ask(api, project, amount="250.00")
     assert approval.needed == 2
-    assert "two people's approval above 100 EUR" in body["reason"]
+    assert "two people's approval above 100.00 EUR" in body["reason"]
     _sign(alice, approval, "approve")
     assert Effect.objects.get(key="refund:1").state == State.AWAITING_APPROVAL
     again = _sign(alice, approval, "approve", "really sure")
@@ -173,7 +173,7 @@ def test_the_inbox_shows_what_is_asked_by_whom_under_which_grant(
         page = client.get("/approvals/").content.decode()
     assert "Waiting (5)" in page
     assert "refund-bot" in page and "run-7" in page and "refunds" in page
-    assert "40 EUR" in page
+    assert "40.00 EUR" in page
 
 
 def test_the_approval_page_shows_the_request_and_its_place_in_the_run(api, project, alice):
