@@ -14,7 +14,7 @@ def _tally_again(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('durability', '0034_effect_timeout_default'),
+        ('durability', '0035_approval_closed'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
