@@ -7,7 +7,7 @@ Each kind is found in tiers, best first (a whole key before a key that contains 
 a key before a request that mentions it); a tier is one SELECT of the newest rows it
 matches, limited, and a kind's tiers are one UNION ALL statement, so a page costs the same
 few queries whatever matches. On PostgreSQL the text tiers use `ILIKE`, served by the
-trigram indexes named `search_*` (migrations durability 0025 and 0036, trajectories 0004); SQLite
+trigram indexes named `search_*` (migrations durability 0025 and 0038, trajectories 0004); SQLite
 (the demo) scans with `LIKE`, which its small tables allow, a statement per tier (it takes
 no LIMIT inside a UNION).
 """

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('durability', '0034_effect_timeout_default'),
+        ('durability', '0036_case_hours'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

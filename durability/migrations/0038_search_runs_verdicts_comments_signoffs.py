@@ -41,7 +41,7 @@ class Migration(migrations.Migration):
     # CONCURRENTLY: the ledger keeps writing while the indexes are built (see 0025).
     atomic = False
     dependencies = [
-        ("durability", "0035_case_snooze"),
+        ("durability", "0037_case_snooze"),
     ]
 
     operations = [
