@@ -1,11 +1,11 @@
-"""Intent + receipt pairs through HTTP (a real gunicorn server on loopback) against the same
+"""Intent + receipt pairs through HTTP (granian as deployed, on loopback) against the same
 writes through raw psycopg, in one run on one PostgreSQL database.
 
     .venv/bin/python benchmarks/ledger_http_vs_psycopg.py [--pairs 4000] [--clients 8]
 
 Prints effects/s for both paths, their ratio and the p50/p99 latency of POST /intents under
 that load, and (on Linux, from /proc) the core milliseconds a pair costs on each path, by
-whom: the whole machine, gunicorn, PostgreSQL and the clients; and what gunicorn spends on
+whom: the whole machine, the web server, PostgreSQL and the clients; and what the server spends on
 a request it refuses at validation, the cost of serving a request before the ledger works;
 then, at light load (one client, one keep-alive connection, --light pairs), the
 p50/p99 of POST /intents and of POST /receipts. It creates (and drops at the start) the
@@ -216,7 +216,7 @@ _BUSY = (0, 1, 2, 5, 6, 7)  # /proc/stat: user, nice, system, irq, softirq, stea
 
 
 def core_seconds() -> dict[str, float]:
-    """CPU seconds used so far: by the whole machine, by the live gunicorn and PostgreSQL
+    """CPU seconds used so far: by the whole machine, by the live granian and PostgreSQL
     processes, and by this process's finished children (the clients). Empty where there is
     no /proc (not Linux)."""
     if not os.path.exists("/proc/stat"):
@@ -234,7 +234,7 @@ def core_seconds() -> dict[str, float]:
             continue
         kind = (
             "server"
-            if b"gunicorn" in b" ".join(command[:4])
+            if b"granian" in b" ".join(command[:4])
             else "postgres"
             if command[0].startswith(b"postgres")
             else None
@@ -319,7 +319,7 @@ def measure(
             conn.execute("SELECT id FROM durability_project WHERE name = 'bench-raw'")
         )
 
-    threads = server.deployed("--threads") if threads is None else threads
+    threads = server.deployed("--blocking-threads") if threads is None else threads
     per_round = max(1, pairs // clients // rounds)
     pairs = per_round * clients * rounds
 
@@ -328,7 +328,7 @@ def measure(
     http_cpu: dict[str, float] = {}
     raw_cpu: dict[str, float] = {}
     refused_cpu: dict[str, float] = {}
-    with server.gunicorn(env, workers, threads) as port:
+    with server.web(env, workers, threads) as port:
         # Warm up each worker's imports and connections.
         _run(_http_worker, lambda c: (port, key, http_grant, f"warm{c}", 20), workers)
         # The paths alternate in rounds, so that both meet the same load on the machine.
@@ -393,14 +393,14 @@ def main() -> None:
         "--workers",
         type=int,
         default=server.deployed("--workers"),
-        help="gunicorn worker processes (default: deploy/systemd's)",
+        help="granian worker processes (default: deploy/systemd's)",
     )
     parser.add_argument(
         "--threads",
         type=int,
-        default=server.deployed("--threads"),
-        help="gunicorn threads per worker (default: deploy/systemd's, the gthread worker with "
-        "keep-alive); 1 is the sync worker, a connection per request",
+        default=server.deployed("--blocking-threads"),
+        help="granian blocking threads per worker, the threads that run Django (default: "
+        "deploy/systemd's)",
     )
     parser.add_argument("--rounds", type=int, default=4, help="alternating HTTP/raw rounds")
     parser.add_argument("--light", type=int, default=1000, help="pairs from one client")
@@ -417,7 +417,7 @@ def main() -> None:
     )
     print(
         f"pairs per path: {m['pairs']} in {m['rounds']} alternating rounds, client processes: "
-        f"{m['clients']}, gunicorn workers: {m['workers']} x {m['threads']} threads, "
+        f"{m['clients']}, granian workers: {m['workers']} x {m['threads']} blocking threads, "
         f"cores: {os.cpu_count()}"
     )
     print(f"HTTP (intent + receipt):  {m['http_rate']:8.0f} effects/s")
@@ -437,7 +437,7 @@ def main() -> None:
         f"p99 {m['receipt_p99'] * 1000:.2f} ms"
     )
     if m["http_cpu"]:
-        print("core ms per pair (machine: every process; server: gunicorn):")
+        print("core ms per pair (machine: every process; server: granian):")
         for path in ("http", "raw"):
             spent = m[f"{path}_cpu"]
             print(

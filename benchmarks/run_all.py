@@ -35,6 +35,7 @@ from typing import Any
 import psycopg
 
 # The benchmarks beside this script (its folder is first on sys.path).
+server = importlib.import_module("server")
 ledger = importlib.import_module("ledger_http_vs_psycopg")
 otlp_ingest = importlib.import_module("otlp_ingest")
 queue_page = importlib.import_module("queue_page")
@@ -194,7 +195,9 @@ def main() -> None:
     parser.add_argument("--scale", choices=sorted(SCALES), default="small")
     parser.add_argument("--rounds", type=int, help="alternating rounds (small 2, full 4)")
     parser.add_argument("--clients", type=int, default=8, help="ledger client processes")
-    parser.add_argument("--workers", type=int, default=4, help="gunicorn worker processes")
+    parser.add_argument(
+        "--workers", type=int, default=server.deployed("--workers"), help="granian workers"
+    )
     parser.add_argument("--check-plans", action="store_true", help="print the hot plans")
     parser.add_argument("--db-prefix", default="tb_run_all_", help="of the databases' names")
     options = parser.parse_args()
@@ -249,7 +252,7 @@ def main() -> None:
     effects = f"{scale['effects']:,}"
     rows = [
         (
-            f"intent+receipt pairs over HTTP, {options.clients} clients, gunicorn "
+            f"intent+receipt pairs over HTTP, {options.clients} clients, granian "
             f"{options.workers} workers, vs raw psycopg ({pairs['pairs']} pairs each)",
             f"{pairs['http_rate']:.0f} vs {pairs['raw_rate']:.0f} effects/s: "
             f"{pairs['http_rate'] / pairs['raw_rate']:.2f}",
