@@ -25,6 +25,7 @@ from durability.models import (
     Comment,
     Effect,
     Grant,
+    Invitation,
     Membership,
     Notice,
     Probe,
@@ -56,6 +57,17 @@ class MembershipInline(admin.TabularInline):  # type: ignore[type-arg]
     extra = 0
 
 
+class InvitationInline(admin.TabularInline):  # type: ignore[type-arg]
+    """Invitations not accepted yet: staff see them, and withdraw one by deleting it."""
+
+    model = Invitation
+    extra = 0
+    readonly_fields = ["user", "role", "actor", "created"]
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # an admin of the project invites, from its settings page
+
+
 class DeleteProjectForm(forms.Form):
     name = forms.CharField(label="Type the project's name to confirm", max_length=100)
 
@@ -81,7 +93,7 @@ class ProjectAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "redaction_keys",
         "deleting",
     ]
-    inlines = [MembershipInline]
+    inlines = [MembershipInline, InvitationInline]
     actions = ["delete_in_background"]
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:

@@ -11,12 +11,15 @@ class DurabilityConfig(AppConfig):
     def ready(self) -> None:
         from axes.signals import user_locked_out
         from django.contrib.auth.signals import user_logged_in
+        from django.core import checks
 
         from durability.accounts.lockouts import on_user_locked_out
         from durability.accounts.roles import groups_sync
         from durability.accounts.timezones import on_user_logged_in
         from durability.audit import sqlite_triggers_ensure
+        from durability.site import deploy_checks
 
+        checks.register(deploy_checks, checks.Tags.security, deploy=True)
         post_migrate.connect(groups_sync, sender=self, dispatch_uid="durability_groups_sync")
         post_migrate.connect(
             sqlite_triggers_ensure, sender=self, dispatch_uid="durability_sqlite_triggers"

@@ -131,6 +131,32 @@ class Membership(models.Model):
         return f"{self.user} in {self.project} ({self.role})"
 
 
+class Invitation(models.Model):
+    """An existing user asked to join a project: they become a member when they accept it,
+    through the link emailed to them (durability.accounts.members); until then the project
+    holds nothing of theirs and its admins learn nothing about them."""
+
+    project = models.ForeignKey(
+        Project,
+        models.CASCADE,
+        db_index=False,  # invitation_uniq leads with it
+    )
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, models.CASCADE, related_name="invitations")
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.VIEWER)
+    # Who invited ("user:ada"), for the email and the audit entry of its acceptance.
+    actor = models.CharField(max_length=150)
+    created = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["project", "user"], name="invitation_uniq"),
+            models.CheckConstraint(condition=Q(role__in=Role.values), name="invitation_role_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} invited to {self.project} ({self.role})"
+
+
 class Preference(models.Model):
     """A user's own settings, the same in every project of theirs."""
 
@@ -1295,6 +1321,8 @@ class NoticeKind(models.TextChoices):
     MENTIONED = "mentioned", "mentioned you"
     OVERDUE = "overdue", "overdue"
     INVITED = "invited", "invited you"
+    # An existing user asked to join a project: the email carries the link to accept.
+    JOIN = "join", "invited you to join"
 
 
 class Notice(models.Model):
@@ -1342,7 +1370,7 @@ class Notice(models.Model):
                 fields=["project", "case"], condition=Q(kind="overdue"), name="notice_overdue_once"
             ),
             models.CheckConstraint(
-                condition=Q(kind="invited")
+                condition=Q(kind__in=["invited", "join"])
                 | Q(kind="assigned_many", bulk__isnull=False)
                 | Q(case__isnull=False),
                 name="notice_case_named",

@@ -22,6 +22,7 @@ from django.db import transaction
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.crypto import salted_hmac
 from django.utils.encoding import force_bytes
 from django.utils.http import urlsafe_base64_encode
 
@@ -30,6 +31,7 @@ from durability.models import (
     BulkAction,
     Case,
     Comment,
+    Invitation,
     Notice,
     NoticeKind,
     Preference,
@@ -53,6 +55,24 @@ def set_password_path(user: User) -> str:
     stops working once a password is set, or after PASSWORD_RESET_TIMEOUT."""
     uid = urlsafe_base64_encode(force_bytes(user.pk))
     return reverse("set-password", args=[uid, default_token_generator.make_token(user)])
+
+
+def invitation_token(invitation: Invitation) -> str:
+    """The secret of an invitation's link, keyed by SECRET_KEY: only its email carries it."""
+    made = f"{invitation.pk}:{invitation.user_id}:{invitation.project_id}:{invitation.created}"
+    return salted_hmac("tallybook.invitation", made, algorithm="sha256").hexdigest()[:32]
+
+
+def invitation_path(invitation: Invitation) -> str:
+    """The link that lets the invited user accept, once logged in as themselves."""
+    return reverse("invitation", args=[invitation.pk, invitation_token(invitation)])
+
+
+def mail_server_configured() -> bool:
+    """Whether emails leave the server: not the console's or the dummy backend (the demo's,
+    a development start), which only print or drop them."""
+    backend = str(settings.MAILERS["default"]["BACKEND"])
+    return backend.rsplit(".", 2)[-2] not in ("console", "dummy")
 
 
 def notice_add(
@@ -86,6 +106,11 @@ def message(notice: Notice) -> EmailMessage:
     zone = zone_named(Preference.zone_name_of(notice.user)) or UTC
     base = site_url()
     case = notice.case
+    invitation = (
+        Invitation.objects.filter(project_id=notice.project_id, user_id=notice.user_id).first()
+        if notice.kind == NoticeKind.JOIN
+        else None
+    )
     context = {
         "notice": notice,
         "project": notice.project,
@@ -99,9 +124,12 @@ def message(notice: Notice) -> EmailMessage:
         "preferences_url": base + reverse("settings-notifications"),
         "set_password_url": (
             base + set_password_path(notice.user)
-            if notice.kind == NoticeKind.INVITED and not notice.user.has_usable_password()
+            if notice.kind in (NoticeKind.INVITED, NoticeKind.JOIN)
+            and not notice.user.has_usable_password()
             else ""
         ),
+        "invitation": invitation,
+        "accept_url": base + invitation_path(invitation) if invitation else "",
         "login_url": base + reverse("login"),
         "queue_url": base + reverse("queue") + "?assignee=me",
         "cases": _bulk_cases(notice, base),

@@ -13,18 +13,21 @@ import json
 import logging
 import math
 import re
-import re._parser as sre_parse  # type: ignore[import-not-found]  # no stub; reads a pattern without running it
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, get_args
 
+import re2
 from django.utils.crypto import salted_hmac
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 if TYPE_CHECKING:
     from durability.models import Project
+
+# A compiled project pattern (google-re2's class is generic only in its stubs).
+type Pattern = re2._Regexp[str]
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +90,11 @@ _WORD = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")
 # A token starts after anything but a letter or digit: "re_ghp_…" and "key_sk-…" hold one,
 # "task-…" does not (\b would miss the first two, "_" being a word character).
 _START = r"(?<![A-Za-z0-9])"
+# The built-in patterns stay on Python's re (they need lookbehinds) because each runs in
+# linear time: a literal prefix, then one repeat of one character class, with no repeat
+# nested in or alternated with another, so a failed match backtracks over one run at most
+# (_START and \b look at one character). _BEARER is the same; _ASSIGNMENT_VALUE is only
+# matched at a keyword's end (one optional quote, two runs of spaces, one run of value).
 # (marker, pattern): a text is searched for a pattern only when it holds the marker;
 # running every regex over every text would dominate ingest time.
 _TOKENS: list[tuple[str, re.Pattern[str]]] = [
@@ -122,7 +130,7 @@ _ASSIGNMENT_VALUE = re.compile(
 class Extras:
     """A project's own secrets: patterns (compiled) and key names (lowercased)."""
 
-    patterns: tuple[re.Pattern[str], ...] = ()
+    patterns: tuple[Pattern, ...] = ()
     keys: frozenset[str] = field(default_factory=frozenset)
 
 
@@ -133,40 +141,101 @@ class BadPattern(ValueError):
     """A project's pattern that cannot be used, with the reason."""
 
 
-def _unbounded_repeats(parsed: Any) -> Iterable[Any]:
-    """The unbounded repeats (`*`, `+`, `{n,}`) in a parsed pattern, with their bodies."""
-    for op, arg in parsed:
-        if op in (sre_parse.MAX_REPEAT, sre_parse.MIN_REPEAT):
-            low, high, body = arg
-            if high == sre_parse.MAXREPEAT:
-                yield body
-            yield from _unbounded_repeats(body)
-        elif op == sre_parse.SUBPATTERN:
-            yield from _unbounded_repeats(arg[-1])
-        elif op == sre_parse.BRANCH:
-            for branch in arg[1]:
-                yield from _unbounded_repeats(branch)
+# Project patterns run on RE2, whose time is linear in the text whatever the pattern, with
+# this much memory for its automata (past it, RE2 falls back to its slower NFA, still
+# linear). Python's re backtracks: (a|a)+b takes exponential time on "aaa…", holding the GIL.
+PATTERN_MAX_MEM = 8 << 20
+# The text one project pattern scans at once: a longer text is scanned in windows of this
+# many characters that overlap by PATTERN_OVERLAP, so that one call's time is bounded and a
+# secret across a window's edge is still found in the next window.
+PATTERN_WINDOW = 256 * 1024
+PATTERN_OVERLAP = 4 * 1024
+# RE2's errors name the construct it cannot run; these say what it is.
+_UNSUPPORTED = (
+    ("(?=", "a lookahead (?=…)"),
+    ("(?!", "a negative lookahead (?!…)"),
+    ("(?<=", "a lookbehind (?<=…)"),
+    ("(?<!", "a negative lookbehind (?<!…)"),
+    ("(?>", "an atomic group (?>…)"),
+)
+_BACKREFERENCE = re.compile(r"invalid escape sequence: \\[1-9]")
 
 
-def pattern_check(pattern: str) -> re.Pattern[str]:
-    """The compiled pattern, or BadPattern: too long, not a regex, empty-matching, or
-    prone to catastrophic backtracking (an unbounded repeat inside another)."""
+def _options() -> re2.Options:
+    options = re2.Options()
+    options.max_mem = PATTERN_MAX_MEM
+    options.log_errors = False  # a refusal is the admin's answer, not the server's log
+    return options
+
+
+def pattern_check(pattern: str) -> Pattern:
+    """The pattern compiled by RE2, or BadPattern: too long, empty-matching, or not a
+    regular expression RE2 can run (lookarounds and backreferences, which only a
+    backtracking engine has), with the construct named."""
     if not pattern:
         raise BadPattern("empty")
     if len(pattern) > MAX_PATTERN_LENGTH:
         raise BadPattern(f"over {MAX_PATTERN_LENGTH} characters")
     try:
-        compiled = re.compile(pattern)
-    except re.error as exc:
-        raise BadPattern(f"not a regular expression: {exc}") from exc
+        compiled = re2.compile(pattern, _options())
+    except re2.error as exc:
+        raise BadPattern(_refusal(exc)) from exc
     if compiled.search("") is not None:
         raise BadPattern("matches the empty text, so it would redact everything")
-    # Python's re has no timeout: nested unbounded repeats like (a+)+ can take exponential
-    # time on a hostile text, on every ingest of the project.
-    for body in _unbounded_repeats(sre_parse.parse(pattern)):
-        if any(True for _ in _unbounded_repeats(body)):
-            raise BadPattern("an unbounded repeat inside another (like (a+)+) can hang ingest")
     return compiled
+
+
+def _refusal(exc: re2.error) -> str:
+    detail = exc.args[0] if exc.args else ""
+    if isinstance(detail, bytes):
+        detail = detail.decode(errors="replace")
+    named = "a backreference" if _BACKREFERENCE.search(detail) else ""
+    for construct, what in _UNSUPPORTED:
+        if detail.endswith(construct):
+            named = what
+    if named:
+        return f"{named} is not supported (patterns run on RE2, in linear time): {detail}"
+    return f"not a regular expression RE2 can run: {detail}"
+
+
+def _spans(pattern: Pattern, text: str) -> Iterator[tuple[int, int]]:
+    """Where a project pattern matches, window by window (PATTERN_WINDOW)."""
+    if len(text) <= PATTERN_WINDOW:
+        for match in pattern.finditer(text):
+            yield match.span()
+        return
+    start = 0
+    while start < len(text):
+        window = text[start : start + PATTERN_WINDOW]
+        for match in pattern.finditer(window):
+            begin, end = match.span()
+            yield start + begin, start + end
+        if start + PATTERN_WINDOW >= len(text):
+            return
+        start += PATTERN_WINDOW - PATTERN_OVERLAP
+
+
+def _found(pattern: Pattern, text: str) -> bool:
+    return next(_spans(pattern, text), None) is not None
+
+
+def _replace(pattern: Pattern, text: str, mark: Callable[[str], str]) -> str:
+    """Each match of a project pattern replaced by its mark (matches that overlap, from two
+    windows, as one)."""
+    merged: list[list[int]] = []
+    for begin, end in sorted(_spans(pattern, text)):
+        if merged and begin <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([begin, end])
+    if not merged:
+        return text
+    parts, last = [], 0
+    for begin, end in merged:
+        parts += [text[last:begin], mark(text[begin:end])]
+        last = end
+    parts.append(text[last:])
+    return "".join(parts)
 
 
 @lru_cache(maxsize=256)
@@ -269,8 +338,8 @@ def _scrub(text: str, extras: Extras, mark: Callable[[str], str]) -> str:
             text = pattern.sub(lambda m: mark(m.group()), text)
     if "bearer" in text.lower():
         text = _BEARER.sub(lambda m: m.group(1) + mark(m.group(2)), text)
-    for pattern in extras.patterns:
-        text = pattern.sub(lambda m: mark(m.group()), text)
+    for own in extras.patterns:
+        text = _replace(own, text, mark)
     return _assignments(text, mark)
 
 
@@ -412,7 +481,7 @@ def suspect(text: str, extras: Extras = NONE) -> bool:
             return True
     if extras.keys and any(key in lowered for key in extras.keys):
         return True
-    return any(pattern.search(text) for pattern in extras.patterns)
+    return any(_found(pattern, text) for pattern in extras.patterns)
 
 
 def json_text(

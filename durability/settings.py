@@ -82,6 +82,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     # Outermost: it turns the HTML errors of every layer below into JSON for the API's paths.
     "durability.api.middleware.JsonErrors",
+    # Before anything reads the scheme: a proxy's header only from a trusted proxy.
+    "durability.site.ProxyHeaders",
     "django.middleware.security.SecurityMiddleware",
     "django.middleware.common.CommonMiddleware",
     "durability.site.RequestOrigin",
@@ -189,6 +191,13 @@ TALLYBOOK_RECONCILERS = {
     "http": "durability.reconcilers.http_probe.HttpReconciler",
     "git": "durability.reconcilers.git_probe.GitReconciler",
 }
+# Project admins configure reconcilers, and agents' data fills their templates: neither may
+# make the server read its own secrets or reach inside its network (docs/security.md).
+# An http reconciler's auth_env names TALLYBOOK_SECRET_… variables, or one listed here.
+TALLYBOOK_RECONCILER_SECRET_ENV = env_list("TALLYBOOK_RECONCILER_SECRET_ENV", [])
+# Networks (CIDR) a reconciler may reach although they are loopback, private, link-local or
+# otherwise not public; none by default. The demo's fake provider needs 127.0.0.0/8.
+TALLYBOOK_RECONCILER_ALLOWED_NETWORKS = env_list("TALLYBOOK_RECONCILER_ALLOWED_NETWORKS", [])
 # Reconciler probes that answer `unknown` are retried after these many seconds, in turn.
 TALLYBOOK_PROBE_RETRY_DELAYS = [
     int(seconds) for seconds in env_list("TALLYBOOK_PROBE_RETRY_DELAYS", ["30", "120", "600"])
@@ -303,7 +312,7 @@ AXES_LOCKOUT_TEMPLATE = "durability/accounts/locked_out.html"
 AXES_CLIENT_IP_CALLABLE = "durability.accounts.lockouts.client_address"
 AXES_USERNAME_CALLABLE = "durability.accounts.lockouts.attempt_username"
 # Behind a proxy, the header in which it appends the address it saw (e.g. X-Forwarded-For);
-# unset, the address of the connection.
+# unset, the address of the connection. Read only as far as TRUSTED_PROXIES say.
 LOGIN_CLIENT_ADDRESS_HEADER = env_str("LOGIN_CLIENT_ADDRESS_HEADER")
 # Failed attempts are kept (with the cool-off) but no per-login access log grows forever.
 AXES_DISABLE_ACCESS_LOG = True
@@ -335,6 +344,14 @@ _proxy_ssl_header = env_str("SECURE_PROXY_SSL_HEADER", "" if DEBUG else "X-Forwa
 SECURE_PROXY_SSL_HEADER = (
     ("HTTP_" + _proxy_ssl_header.upper().replace("-", "_"), "https") if _proxy_ssl_header else None
 )
+# The proxies in front of Tallybook (docs/security.md): the addresses or networks (CIDR)
+# a proxy connects from, or, when those are not known in advance, how many proxies every
+# request passes (the app then must not be reachable but through them). The scheme
+# (SECURE_PROXY_SSL_HEADER) is believed only from a connection of TRUSTED_PROXIES, and the
+# client's address (LOGIN_CLIENT_ADDRESS_HEADER) is the last one those proxies did not add.
+# With neither set, both headers are believed from anyone, and `check --deploy` warns.
+TRUSTED_PROXIES = env_list("TRUSTED_PROXIES", [])
+TRUSTED_PROXY_HOPS = env_int("TRUSTED_PROXY_HOPS", 0)
 SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
 SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
 CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)

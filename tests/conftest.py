@@ -137,6 +137,13 @@ def _fast_password_hashing(settings: Any) -> None:
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
+@pytest.fixture(autouse=True)
+def _reconcilers_reach_local_servers(settings: Any) -> None:
+    """The tests' fake providers and git servers listen on 127.0.0.1, which reconcilers may
+    not reach unless allowed (as bin/demo allows it): tests of that rule set it back."""
+    settings.TALLYBOOK_RECONCILER_ALLOWED_NETWORKS = ["127.0.0.0/8"]
+
+
 @pytest.fixture
 def project(db: None) -> Project:
     return Project.objects.create(name="alpha")

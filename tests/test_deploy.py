@@ -25,6 +25,10 @@ SECURE = [
     "SECURE_HSTS_INCLUDE_SUBDOMAINS",
     "SECURE_HSTS_PRELOAD",
     "EMAIL_HOST",
+    "SITE_URL",
+    "TRUSTED_PROXIES",
+    "TRUSTED_PROXY_HOPS",
+    "LOGIN_CLIENT_ADDRESS_HEADER",
 ]
 # A request to the login page through Django's test client, in the process those settings
 # configure; prints what the browser would be told.
@@ -44,9 +48,15 @@ print(json.dumps({{
 
 def _production(**env: str) -> dict[str, str]:
     """This environment as a production start has it: none of the tests' plain-HTTP
-    overrides, DEBUG unset, a real secret key, a mail server; then `env`."""
+    overrides, DEBUG unset, a real secret key, a mail server, the site's address and its
+    proxy (the test client connects from 127.0.0.1); then `env`."""
     clean = {k: v for k, v in os.environ.items() if k not in SECURE}
-    production = {"SECRET_KEY": secrets.token_urlsafe(50), "EMAIL_HOST": "smtp.example.com"}
+    production = {
+        "SECRET_KEY": secrets.token_urlsafe(50),
+        "EMAIL_HOST": "smtp.example.com",
+        "SITE_URL": "https://tallybook.example.com",
+        "TRUSTED_PROXIES": "127.0.0.1",
+    }
     return {**clean, **production, **env}
 
 
@@ -89,6 +99,32 @@ def test_check_deploy_refuses_the_development_secret_key():
     done = _manage(env, "check", "--deploy", "--fail-level", "WARNING")
     assert done.returncode != 0
     assert "security.W009" in done.stdout + done.stderr
+
+
+def test_check_deploy_warns_of_a_proxy_header_believed_from_anyone():
+    env = _production(LOGIN_CLIENT_ADDRESS_HEADER="X-Forwarded-For")
+    del env["TRUSTED_PROXIES"]
+    done = _manage(env, "check", "--deploy", "--fail-level", "WARNING")
+    assert done.returncode != 0
+    said = done.stdout + done.stderr
+    assert "tallybook.W001" in said and "TRUSTED_PROXIES" in said
+    assert "SECURE_PROXY_SSL_HEADER and LOGIN_CLIENT_ADDRESS_HEADER" in said
+    assert _manage(_production(TRUSTED_PROXY_HOPS="1", TRUSTED_PROXIES=""), "check", "--deploy",
+                   "--fail-level", "WARNING").returncode == 0  # fmt: skip
+
+
+def test_check_deploy_asks_for_the_site_url():
+    env = _production()
+    del env["SITE_URL"]
+    done = _manage(env, "check", "--deploy", "--fail-level", "WARNING")
+    assert done.returncode != 0
+    assert "tallybook.W002" in done.stdout + done.stderr
+
+
+def test_a_client_that_reaches_django_directly_cannot_say_it_used_https():
+    env = _production(TRUSTED_PROXIES="10.0.0.0/24")
+    answer = _ask(env, **{"X-Forwarded-Proto": "https"})
+    assert answer["status"] == 301 and answer["location"] == "https://testserver/login/"
 
 
 def test_plain_http_is_redirected_to_https():

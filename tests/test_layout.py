@@ -53,6 +53,7 @@ CORE = tuple(
         "jobs",
         "tallies",
         "notices",
+        "exports",
     )
 )
 LEDGER = ("durability.ledger",)

@@ -1,7 +1,8 @@
 """Links between effects and trajectories, whatever order intents, receipts and spans come in.
 
 An effect links to its tool span by (trace_id, span_id) — the span it was recorded in,
-or the nearest tool span above it — or by tool_call_id; and to the model span that asked
+or the nearest tool span above it (the outer of two of the same tool: a framework's tool span
+around an MCP client's) — or by tool_call_id; and to the model span that asked
 for the tool: the one whose output holds a tool_call part with that id, else the nearest
 model span before the tool call in the same trace.
 
@@ -122,7 +123,14 @@ def _anchor(link: EffectLink) -> Span | None:
         if span is None or span.kind == SpanKind.TOOL or not span.parent_span_id:
             break
         span = spans.filter(span_id=span.parent_span_id).first()
-    return span if span is not None and span.kind == SpanKind.TOOL else found
+    if span is None or span.kind != SpanKind.TOOL:
+        return found
+    # One call seen at two layers: a framework's tool span around an MCP client's tools/call
+    # span of the same tool. The outer one carries the model's tool call id.
+    outer = spans.filter(span_id=span.parent_span_id).first() if span.parent_span_id else None
+    if outer is not None and outer.kind == SpanKind.TOOL and outer.tool_name == span.tool_name:
+        return outer
+    return span
 
 
 def _days(link: EffectLink, trace_id: str) -> QuerySet[RunTrace, Any]:

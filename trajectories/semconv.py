@@ -21,6 +21,13 @@ OPENINFERENCE_KINDS = {
     "AGENT": SpanKind.AGENT,
 }
 TRACELOOP_KINDS = {"tool": SpanKind.TOOL, "agent": SpanKind.AGENT, "workflow": SpanKind.AGENT}
+# The MCP conventions: a client's or server's span of a `tools/call` request is a tool call,
+# named "{mcp.method.name} {gen_ai.tool.name}" (the mcp package's client: "MCP send tools/call
+# refund"); the session and the JSON-RPC request id name the call when no tool call id does.
+MCP_METHOD = "mcp.method.name"
+MCP_TOOL_CALL = "tools/call"
+MCP_SESSION = "mcp.session.id"
+MCP_REQUEST = "jsonrpc.request.id"
 # Our own attributes, on the span or its resource: put a span into a named run.
 RUN_ID = "tallybook.run.id"
 WORKFLOW = "tallybook.workflow"
@@ -217,6 +224,8 @@ def _kind(fields: dict[str, Any], rest: dict[str, Any]) -> SpanKind:
     traceloop = _text(fields.get("traceloop_kind")).lower()
     if traceloop in TRACELOOP_KINDS:
         return TRACELOOP_KINDS[traceloop]
+    if _text(rest.get(MCP_METHOD)) == MCP_TOOL_CALL:
+        return SpanKind.TOOL
     if "request_model" in fields or "llm.request.type" in rest:
         return SpanKind.MODEL
     if "tool_call_id" in fields:
@@ -255,6 +264,13 @@ def span_from_otel(
     tool_name = fields.get("tool_name")
     if tool_name is None and kind == SpanKind.TOOL:
         tool_name = rest.pop("traceloop.entity.name", None)
+    tool_call_id = fields.get("tool_call_id")
+    if _text(rest.get(MCP_METHOD)) == MCP_TOOL_CALL:
+        tool_name = tool_name or name.partition(f"{MCP_TOOL_CALL} ")[2] or None
+        session, request_id = rest.get(MCP_SESSION), rest.get(MCP_REQUEST)
+        if tool_call_id is None and session and request_id is not None:
+            # What tallybook-mcp gives the effects it records in that session.
+            tool_call_id = f"mcp:{session}:{request_id}"
     agent = rest.get("gen_ai.agent.name")
     if agent is None and kind == SpanKind.AGENT:
         agent = _first(rest, "agent.name", "traceloop.entity.name")
@@ -294,7 +310,7 @@ def span_from_otel(
         response_model=_text(fields.get("response_model")),
         input_tokens=_count(fields.get("input_tokens"), keys.get("input_tokens")),
         output_tokens=_count(fields.get("output_tokens"), keys.get("output_tokens")),
-        tool_call_id=_text(fields.get("tool_call_id")),
+        tool_call_id=_text(tool_call_id),
         tool_name=_text(tool_name),
         attributes=rest,
         resource=resource,

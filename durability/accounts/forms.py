@@ -14,11 +14,12 @@ class MemberAddForm(forms.Form):
         max_length=150,
         strip=True,
         validators=[UnicodeUsernameValidator()],
-        help_text="an existing user, or a new one to invite",
+        help_text="an existing user to invite, or a new one",
     )
     email = forms.EmailField(
         required=False,
-        help_text="for a new user: where their one-time link to choose a password goes",
+        help_text="for a new user: where their one-time link to choose a password goes; "
+        "for someone who has not chosen one yet, their own address",
     )
     role = forms.ChoiceField(choices=Role.choices, initial=Role.VIEWER)
 

@@ -8,7 +8,6 @@ the people who can unlock them there. A locked username that is no member of any
 
 from __future__ import annotations
 
-import ipaddress
 from datetime import timedelta
 from typing import Any
 
@@ -21,7 +20,7 @@ from django.db.models import Sum
 from django.http import HttpRequest
 from django.utils import timezone
 
-from durability import audit
+from durability import audit, site
 from durability.inbound import storable_text
 from durability.models import GONE_UNDER_A_WRITE, AuditAction, Membership, Project, project_gone
 
@@ -48,17 +47,9 @@ class LoginFailures(AxesDatabaseHandler):  # type: ignore[misc]  # axes is untyp
 
 
 def client_address(request: HttpRequest) -> str | None:
-    """The address failures are counted for: the connection's, or behind a proxy, the last
-    one it appended to LOGIN_CLIENT_ADDRESS_HEADER (earlier ones are the client's to forge).
-    None when that is no IP address (a Unix socket, a misconfigured proxy)."""
-    candidate = str(request.META.get("REMOTE_ADDR", ""))
-    header = settings.LOGIN_CLIENT_ADDRESS_HEADER
-    if header and (forwarded := request.headers.get(header, "").split(",")[-1].strip()):
-        candidate = forwarded
-    try:
-        return str(ipaddress.ip_address(candidate))
-    except ValueError:
-        return None
+    """The address failures are counted for: the client's, as far as the trusted proxies
+    tell (durability.site.client_address)."""
+    return site.client_address(request)
 
 
 def attempt_username(request: HttpRequest, credentials: dict[str, Any] | None) -> str | None:

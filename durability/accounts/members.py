@@ -8,15 +8,19 @@ Each writes an audit entry (the project's chain) in the same transaction.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.utils import timezone
+from django.utils.crypto import constant_time_compare
 
 from durability import audit, notices, redaction
 from durability.models import (
     ApiKey,
     AuditAction,
     AuthorityPolicy,
+    Invitation,
     Membership,
     NoticeKind,
     Preference,
@@ -62,43 +66,125 @@ def _keep_an_admin(project: Project, membership: Membership, field: str) -> None
 
 @dataclass(frozen=True)
 class Added:
-    """A new member; `set_password_path` is the one-time link of a user created for it."""
+    """What the inviting admin may be told of a `member_add`.
 
-    membership: Membership
+    `membership` is the new member when a user was created for this project (it holds no
+    one else); `set_password_path` that user's one-time link, given only when no mail server
+    would deliver it and the user is no other project's. Otherwise nothing: whether the
+    name or address belongs to anyone, and to which projects, is not the admin's to learn.
+    """
+
+    membership: Membership | None = None
     set_password_path: str = ""
 
 
 def member_add(
     *, project: Project, actor: str, username: str, role: Role, email: str = ""
 ) -> Added:
-    """Make a user a member of the project with `role`.
+    """Add a user to the project with `role`, or invite them to it.
 
-    An existing user joins as they are. With `email`, a username nobody has is an
-    invitation: a user is created without a usable password, and emailed (after the
-    commit) a one-time link to choose one; the link is returned too, for the admin to pass
-    on should the email not arrive.
+    A username and an email that nobody has make a new user, without a usable password,
+    who is a member at once and is emailed (after the commit) a one-time link to choose one.
+    Anyone else is sent an invitation they accept from the email (`invitation_accept`): a
+    user found by the username, or by the email when nobody has that username. A user who
+    has not chosen a password yet is invited only through their own email address, and
+    their earlier set-password links stop working (whoever held one cannot take the account
+    over once another project wants it). No such user, an inactive one, an invitation not
+    sent: the same answer as one sent.
     """
     with audit.trail(project.pk, actor) as trail:
         _lock(project)
         user = User.objects.filter(username=username).first()
         if user is None and email:
-            if User.objects.filter(email__iexact=email).exists():
-                raise Refused("email", f"A user already has {email}: add them by their username.")
-            user = User.objects.create_user(username, email=email)  # no usable password
-            membership = Membership.objects.create(project=project, user=user, role=role)
-            trail.add(AuditAction.MEMBER_INVITED, username=username, role=role.value)
-            notices.notice_add(project=project, user=user, kind=NoticeKind.INVITED, actor=actor)
-            return Added(membership, notices.set_password_path(user))
-        if user is None or not user.is_active:
-            raise Refused(
-                "username",
-                f"No active user is called {username}. Give an email address to invite them.",
-            )
-        if Membership.objects.filter(project=project, user=user).exists():
+            user = User.objects.filter(email__iexact=email).order_by("pk").first()
+            if user is None:
+                return _member_new(project, actor, trail, username, role, email)
+        if user is not None and Membership.objects.filter(project=project, user=user).exists():
             raise Refused("username", f"{username} is already a member of {project}.")
-        membership = Membership.objects.create(project=project, user=user, role=role)
-        trail.add(AuditAction.MEMBER_ADDED, username=username, role=role.value)
-    return Added(membership)
+        # The project's audit log says what its admin asked, as they typed it, whatever
+        # came of it: its readers learn no more than the admin.
+        trail.add(AuditAction.MEMBER_INVITED, username=username, role=role.value)
+        if user is not None and _invitable(user, email):
+            _invite(project, actor, user, role)
+    return Added()
+
+
+def _invitable(user: User, email: str) -> bool:
+    """Whether `user` may be sent an invitation: active, with an address to send it to, and
+    when they have chosen no password yet, named by that address."""
+    if not user.is_active or not user.email:
+        return False
+    return user.has_usable_password() or email.lower() == user.email.lower()
+
+
+def _invite(project: Project, actor: str, user: User, role: Role) -> None:
+    if not user.has_usable_password():
+        # New reset tokens: a set-password link shown to another project's admin dies here.
+        user.set_unusable_password()
+        user.save(update_fields=["password"])
+    Invitation.objects.update_or_create(
+        project=project,
+        user=user,
+        defaults={"role": role, "actor": actor, "created": timezone.now()},
+    )
+    notices.notice_add(project=project, user=user, kind=NoticeKind.JOIN, actor=actor)
+
+
+def _member_new(
+    project: Project, actor: str, trail: audit.Trail, username: str, role: Role, email: str
+) -> Added:
+    user = User.objects.create_user(username, email=email)  # no usable password
+    membership = Membership.objects.create(project=project, user=user, role=role)
+    trail.add(AuditAction.MEMBER_INVITED, username=username, role=role.value)
+    notices.notice_add(project=project, user=user, kind=NoticeKind.INVITED, actor=actor)
+    shown = not notices.mail_server_configured() and _only_in(user, project)
+    return Added(membership, notices.set_password_path(user) if shown else "")
+
+
+def _only_in(user: User, project: Project) -> bool:
+    """Whether no other project holds or invited the user."""
+    elsewhere = Membership.objects.filter(user=user).exclude(project=project).exists()
+    return not elsewhere and not Invitation.objects.filter(user=user).exists()
+
+
+class InvitationGone(Exception):
+    """The invitation was accepted, withdrawn or expired, or is not this user's."""
+
+
+def invitation_find(*, invitation_id: int, token: str, user: User) -> Invitation:
+    """The user's pending invitation named by an emailed link; raises InvitationGone."""
+    invitation = (
+        Invitation.objects.select_related("project")
+        .filter(pk=invitation_id, user=user, project__deleting=None)
+        .first()
+    )
+    if invitation is None or not constant_time_compare(token, notices.invitation_token(invitation)):
+        raise InvitationGone("This invitation no longer works.")
+    if invitation.created < timezone.now() - timedelta(seconds=settings.PASSWORD_RESET_TIMEOUT):
+        raise InvitationGone("This invitation has expired: ask for another.")
+    return invitation
+
+
+def invitation_accept(*, invitation_id: int, token: str, user: User) -> Membership:
+    """Make the invited user a member with the invitation's role; raises InvitationGone."""
+    invitation = invitation_find(invitation_id=invitation_id, token=token, user=user)
+    project = invitation.project
+    with audit.trail(project.pk, f"user:{user.get_username()}") as trail:
+        _lock(project)
+        taken = Invitation.objects.filter(pk=invitation.pk).delete()[0]
+        if not taken:  # accepted in another tab meanwhile
+            raise InvitationGone("This invitation no longer works.")
+        membership, created = Membership.objects.get_or_create(
+            project=project, user=user, defaults={"role": invitation.role}
+        )
+        if created:
+            trail.add(
+                AuditAction.MEMBER_ADDED,
+                username=user.get_username(),
+                role=invitation.role,
+                invited_by=invitation.actor,
+            )
+    return membership
 
 
 NOTIFY_FIELDS = ("notify_assigned", "notify_mentioned", "notify_overdue")

@@ -1,5 +1,5 @@
 """Switching projects, the project settings page (members, API keys, the policy), each
-member's notifications, and the one-time link of an invitation."""
+member's notifications, the one-time link of an invitation, and accepting one."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ urlpatterns = [
         name="settings-notifications-set",
     ),
     path("welcome/<uidb64>/<token>/", views.SetPassword.as_view(), name="set-password"),
+    path("invitations/<int:invitation_id>/<token>/", views.invitation, name="invitation"),
     path("settings/<int:project_id>/members/", views.member_add, name="settings-member-add"),
     path(
         "settings/<int:project_id>/members/<int:membership_id>/role/",

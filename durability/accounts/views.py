@@ -24,7 +24,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse, reverse_lazy
 from django.utils.cache import add_never_cache_headers
 from django.utils.http import url_has_allowed_host_and_scheme
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from durability import inbound
 from durability.accounts import lockouts, members
@@ -143,12 +143,49 @@ def member_add(request: AuthedRequest, project_id: int) -> HttpResponseBase:
         except members.Refused as exc:
             form.add_error(exc.field, str(exc))
         else:
+            username = data["username"]
             if added.set_password_path:
                 link = site_url() + added.set_password_path
-                return _page(request, access, invited=(data["username"], link))
-            messages.success(request, f"{data['username']} joined as {data['role']}.")
+                return _page(request, access, invited=(username, link))
+            if added.membership is not None:
+                messages.success(
+                    request, f"{username} is invited: an email with a link to choose a "
+                    "password is on its way."
+                )  # fmt: skip
+            else:
+                messages.success(request, NEUTRAL.format(username=username, role=data["role"]))
             return redirect("settings")
     return _page(request, access, status=400, add_form=form)
+
+
+# One answer whether the user exists, is another project's, has no address, or was invited:
+# an admin learns nothing about people outside their project.
+NEUTRAL = (
+    "If {username} can be invited, an invitation to join as {role} is on its way to them: "
+    "they become a member when they accept it. To invite someone new, give their email "
+    "address."
+)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def invitation(request: AuthedRequest, invitation_id: int, token: str) -> HttpResponseBase:
+    """An emailed invitation: the invited user, logged in as themselves, accepts it here."""
+    try:
+        if request.method == "POST":
+            membership = members.invitation_accept(
+                invitation_id=invitation_id, token=token, user=request.user
+            )
+            request.session[SESSION_PROJECT] = membership.project_id
+            messages.success(request, f"You joined {membership.project} as {membership.role}.")
+            return redirect("queue")
+        found = members.invitation_find(invitation_id=invitation_id, token=token, user=request.user)
+    except members.InvitationGone as exc:
+        context = {"gone": str(exc)}
+        return render(request, "durability/accounts/invitation.html", context, status=404)
+    response = render(request, "durability/accounts/invitation.html", {"invitation": found})
+    add_never_cache_headers(response)
+    return response
 
 
 @login_required

@@ -9,7 +9,6 @@ sources are for admins. Services do the changes and write the audit entries.
 
 from __future__ import annotations
 
-import csv
 from datetime import UTC
 from typing import Any
 
@@ -21,7 +20,7 @@ from django.http import HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from durability import inbound
+from durability import exports, inbound
 from durability.accounts.access import AuthedRequest, actor_of, object_access, project_access
 from durability.accounts.roles import Access, Perm
 from durability.authority import approvals, grants, report
@@ -262,13 +261,6 @@ def authority_report(request: AuthedRequest) -> HttpResponse:
     return render(request, "durability/authority/report.html", context)
 
 
-class _Echo:
-    """A file-like object whose write hands back what it was given, for streaming CSV."""
-
-    def write(self, value: str) -> str:
-        return value
-
-
 @login_required
 @require_GET
 def authority_report_csv(request: AuthedRequest) -> StreamingHttpResponse:
@@ -283,9 +275,8 @@ def authority_report_csv(request: AuthedRequest) -> StreamingHttpResponse:
     page = request.GET.get("page") == "1"
     if page:
         effects = effects[: report.PAGE_SIZE]
-    writer = csv.writer(_Echo())
     response = StreamingHttpResponse(
-        (writer.writerow(line) for line in report.lines(effects)),
+        exports.csv_lines(report.lines(effects)),
         content_type="text/csv; charset=utf-8",
     )
     response["Content-Disposition"] = f'attachment; filename="{_csv_name(query, before, page)}"'

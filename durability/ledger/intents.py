@@ -3,6 +3,17 @@
 A new key is checked against its grant and recorded through the table's rows from None
 (intent, require_approval, refuse); a known key is answered by the decision rule
 (`decisions.decision_for`), and a `proceed` for it is a new attempt.
+
+Every round trip an intent makes to PostgreSQL (two; `tests/api/test_round_trips.py`), and
+the two that this module does not spell out:
+1. The BEGIN, the API key's check and the reads under the key's lock, in one pipeline:
+   `audit.trail` opens the transaction with `rows.begun_lazily()`, which holds the BEGIN
+   back so that it rides in the first batch; and the API's front door
+   (`api.decorators.authorize(keys_ahead=True)`) set `rows.ahead(...)`, the keys version
+   that validates a cached API key, which the first batch (`machine.KeyLock`'s `rows.Batch`)
+   carries as its first column. A stale answer rolls the block back before anything was written.
+2. The staged writes, the audit entries and the COMMIT, in one pipeline (`Trail.append(commit=True)`
+   as the trail closes).
 """
 
 from __future__ import annotations

@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import subprocess
 import tempfile
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Literal
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import AfterValidator, Field, StringConstraints, model_validator
 
 from durability import inbound
+from durability.reconcilers import destinations
 from durability.reconcilers.base import (
     Answer,
     Found,
@@ -33,13 +37,85 @@ if TYPE_CHECKING:
 Template = Annotated[
     str, StringConstraints(min_length=1, max_length=1000), AfterValidator(template_check)
 ]
+
 SHA = re.compile(r"^[0-9a-f]{4,64}$")
 # Remote repositories are named by URL (scheme://…) or scp-like syntax (user@host:path).
 REMOTE = re.compile(r"^[a-z][a-z0-9+.-]*://|^[^/:]+@[^/:]+:")
+SCP = re.compile(
+    r"^(?P<user>[^/:@]+)@(?P<host>\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):(?P<path>.*)$", re.S
+)
+# The ports of the network transports; file:// reaches no network.
+PORTS = {"http": 80, "https": 443, "ssh": 22, "git": 9418}
+
+
+def _repository(template: str) -> str:
+    """A repository template whose destination the agent's data cannot choose: literal
+    up to a remote's host (https://host/…, git@host:…), or a local path (a / before any
+    field, and no : before that /, which git would read as a host)."""
+    prefix, fields = destinations.literal_prefix(template)
+    if not fields:
+        return template
+    if REMOTE.match(prefix):
+        return destinations.authority_check(template) if "://" in prefix else template
+    head = prefix.split("/", 1)[0]
+    if "/" in prefix and ":" not in head:
+        return template
+    raise ValueError(
+        "the repository's host (or a local path's first directory) must be written out: "
+        "https://git.example.com/{request[repo]}.git, git@host:org/{request[repo]}.git, "
+        "/srv/repos/{request[repo]}.git"
+    )
+
+
+@dataclass(frozen=True)
+class Remote:
+    """How git reaches a remote: its URL with the host's checked address in it (or, for
+    http(s), the name pinned to that address in curl), and the environment that says so."""
+
+    url: str
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def remote(repository: str) -> Remote:
+    """The remote at its one checked address; raises destinations.Refused."""
+    if scp := SCP.match(repository):
+        host = scp["host"].strip("[]")
+        address = destinations.resolve(host, PORTS["ssh"])
+        return Remote(f"{scp['user']}@{_bracketed(address)}:{scp['path']}", _ssh_alias(host))
+    parts = urlsplit(repository)
+    if parts.scheme == "file":
+        return Remote(repository)
+    if parts.scheme not in PORTS or not parts.hostname:
+        raise destinations.Refused(f"{parts.scheme}:// names no host git may reach")
+    host, port = parts.hostname, parts.port or PORTS[parts.scheme]
+    address = destinations.resolve(host, port)
+    if parts.scheme in ("http", "https"):
+        # curl connects to the checked address for the name (TLS still checks the name),
+        # and follows no redirect to another host.
+        pinned = f"{host}:{port}:{_bracketed(address)}"
+        config = {"http.curloptResolve": pinned, "http.followRedirects": "false"}
+        env = {"GIT_CONFIG_COUNT": str(len(config))}
+        for n, (key, value) in enumerate(config.items()):
+            env |= {f"GIT_CONFIG_KEY_{n}": key, f"GIT_CONFIG_VALUE_{n}": value}
+        return Remote(repository, env)
+    user = f"{parts.username}@" if parts.username else ""
+    netloc = f"{user}{_bracketed(address)}" + (f":{parts.port}" if parts.port else "")
+    url = urlunsplit(parts._replace(netloc=netloc))
+    return Remote(url, _ssh_alias(host) if parts.scheme == "ssh" else {})
+
+
+def _bracketed(address: str) -> str:
+    return f"[{address}]" if ":" in address else address
+
+
+def _ssh_alias(host: str) -> dict[str, str]:
+    # ssh connects to the address; its host key is still looked up under the name.
+    command = os.environ.get("GIT_SSH_COMMAND", "ssh -o BatchMode=yes")
+    return {"GIT_SSH_COMMAND": f"{command} -o HostKeyAlias={shlex.quote(host)}"}
 
 
 class GitConfig(ProbeConfig):
-    repository: Template = Field(
+    repository: Annotated[Template, AfterValidator(_repository)] = Field(
         description="Local path or remote URL, e.g. /srv/repos/site.git or "
         "https://git.example.com/{request[repo]}.git"
     )
@@ -62,14 +138,18 @@ class GitFailed(Exception):
     pass
 
 
-def git(*args: str, timeout: float, cwd: str | None = None) -> subprocess.CompletedProcess[str]:
-    """Run git; raises GitFailed when it cannot run or outlives `timeout`."""
+def git(
+    *args: str, timeout: float, cwd: str | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run git (`env` added to the environment); raises GitFailed when it cannot run or
+    outlives `timeout`."""
     env = {
         **os.environ,
         "GIT_TERMINAL_PROMPT": "0",
         "GIT_ALLOW_PROTOCOL": "file:git:ssh:http:https",
         "GIT_SSH_COMMAND": os.environ.get("GIT_SSH_COMMAND", "ssh -o BatchMode=yes"),
         "LC_ALL": "C",
+        **(env or {}),
     }
     try:
         # A session of its own, so that a timeout kills git's helpers (ssh, remote-https) too.
@@ -92,6 +172,13 @@ def git(*args: str, timeout: float, cwd: str | None = None) -> subprocess.Comple
         proc.communicate()
         raise GitFailed(f"git {args[0]} took longer than {timeout:g}s") from None
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _reached(repository: str) -> Remote:
+    try:
+        return remote(repository)
+    except destinations.Refused as exc:
+        raise GitFailed(f"refused: {exc}") from None
 
 
 def _last_line(text: str) -> str:
@@ -162,11 +249,12 @@ class GitReconciler(Reconciler[GitConfig]):
         # does not exist as far as anyone cloning the repository can tell.
         with tempfile.TemporaryDirectory(prefix="tallybook-git-") as scratch:
             timeout = self.config.timeout_s
+            reached = _reached(repository)
             git("init", "--quiet", "--bare", scratch, timeout=timeout)
             fetched = git(
-                "fetch", "--quiet", "--filter=tree:0", "--no-write-fetch-head", "--", repository,
+                "fetch", "--quiet", "--filter=tree:0", "--no-write-fetch-head", "--", reached.url,
                 "+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*",
-                cwd=scratch, timeout=timeout,
+                cwd=scratch, timeout=timeout, env=reached.env,
             )  # fmt: skip
             if fetched.returncode != 0:
                 raise GitFailed(f"fetch failed: {_last_line(fetched.stderr)}")
@@ -195,9 +283,11 @@ class GitReconciler(Reconciler[GitConfig]):
         return self._found(repository, found.stdout.strip(), ref, repository)
 
     def _remote_ref(self, repository: str, ref: str) -> Answer:
+        reached = _reached(repository)
         listed = git(
-            "ls-remote", "--", repository, ref, f"{ref}^{{}}", timeout=self.config.timeout_s
-        )
+            "ls-remote", "--", reached.url, ref, f"{ref}^{{}}",
+            timeout=self.config.timeout_s, env=reached.env,
+        )  # fmt: skip
         if listed.returncode != 0:
             raise GitFailed(f"ls-remote failed: {_last_line(listed.stderr)}")
         refs = {}

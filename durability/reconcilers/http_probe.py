@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
+import ssl
 import urllib.error
+import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any
 
+from django.conf import settings
 from pydantic import AfterValidator, Field, StringConstraints, model_validator
 
 from durability import inbound
+from durability.reconcilers import destinations
 from durability.reconcilers.base import (
     Answer,
     Found,
@@ -35,7 +41,23 @@ MAX_BODY = 1024 * 1024
 def _url(template: str) -> str:
     if not template.startswith(("http://", "https://")):
         raise ValueError("the URL must start with http:// or https://")
-    return template_check(template)
+    return destinations.authority_check(template_check(template))
+
+
+# The environment variables a configuration may read: the server's own (SECRET_KEY,
+# DATABASE_URL, ...) are not a project admin's to send to a URL of their choosing.
+SECRET_ENV_PREFIX = "TALLYBOOK_SECRET_"
+
+
+def _auth_env(name: str | None) -> str | None:
+    allowed = settings.TALLYBOOK_RECONCILER_SECRET_ENV
+    if name is None or name.startswith(SECRET_ENV_PREFIX) or name in allowed:
+        return name
+    listed = f" or one of {', '.join(allowed)}" if allowed else ""
+    raise ValueError(
+        f"{name} is not a reconciler's secret: name a variable starting {SECRET_ENV_PREFIX}"
+        f"{listed} (TALLYBOOK_RECONCILER_SECRET_ENV lists others)"
+    )
 
 
 class HttpConfig(ProbeConfig):
@@ -45,10 +67,11 @@ class HttpConfig(ProbeConfig):
     )
     headers: dict[str, str] = Field(default_factory=dict, description="Extra request headers.")
     auth_header: str = "Authorization"
-    auth_env: str | None = Field(
+    auth_env: Annotated[str | None, AfterValidator(_auth_env)] = Field(
         default=None,
         description="Name of the environment variable holding the auth header's whole value "
-        "(e.g. 'Bearer sk_…'); the secret itself is never stored.",
+        f"(e.g. 'Bearer sk_…'): {SECRET_ENV_PREFIX}… or one listed in "
+        "TALLYBOOK_RECONCILER_SECRET_ENV; the secret itself is never stored.",
     )
     external_id_path: Path = Field(
         description="Where the external id is in the JSON reply, dotted: data.0.id"
@@ -89,7 +112,60 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
         return None
 
 
-_opener = urllib.request.build_opener(_NoRedirects)
+class _Pinned(http.client.HTTPConnection):
+    """A connection to the address that was checked (`pinned`), whatever its host resolves
+    to now; the host stays the request's Host header."""
+
+    pinned = ""
+
+    def connect(self) -> None:
+        host, self.host = self.host, self.pinned or self.host
+        try:
+            super().connect()
+        finally:
+            self.host = host
+
+
+class _PinnedTls(http.client.HTTPSConnection, _Pinned):
+    """HTTPS to the checked address: HTTPSConnection.connect() wraps the socket _Pinned
+    opened for the host's name (its SNI, and the name its certificate must hold)."""
+
+
+class _PinnedHandler(urllib.request.HTTPHandler, urllib.request.HTTPSHandler):
+    """Replaces urllib's HTTP and HTTPS handlers: each connection goes to `pinned`."""
+
+    def __init__(self, pinned: str) -> None:
+        urllib.request.HTTPHandler.__init__(self)
+        urllib.request.HTTPSHandler.__init__(self)
+        self.pinned = pinned
+        self.tls = ssl.create_default_context()
+
+    def _connection[T: _Pinned](self, cls: type[T]) -> Callable[..., T]:
+        def connection(host: str, **kwargs: Any) -> T:
+            made = cls(host, **kwargs)
+            made.pinned = self.pinned
+            return made
+
+        return connection
+
+    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(self._connection(_Pinned), req)
+
+    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(self._connection(_PinnedTls), req, context=self.tls)
+
+
+def _opener(url: str) -> urllib.request.OpenerDirector:
+    """An opener that reaches the URL's host at its one checked address, through no proxy
+    and following no redirect; raises destinations.Refused."""
+    parts = urllib.parse.urlsplit(url)
+    if not parts.hostname:
+        raise destinations.Refused("the URL has no host")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    pinned = destinations.resolve(parts.hostname, port)
+    return urllib.request.build_opener(
+        urllib.request.ProxyHandler({}), _NoRedirects, _PinnedHandler(pinned)
+    )
 
 
 class HttpReconciler(Reconciler[HttpConfig]):
@@ -110,7 +186,11 @@ class HttpReconciler(Reconciler[HttpConfig]):
             headers[c.auth_header] = secret
         request = urllib.request.Request(url, headers=headers, method="GET")
         try:
-            with _opener.open(request, timeout=c.timeout_s) as response:
+            opener = _opener(url)
+        except (destinations.Refused, ValueError) as exc:
+            return Unknown(f"GET {url} refused: {exc}")
+        try:
+            with opener.open(request, timeout=c.timeout_s) as response:
                 status, body = response.status, response.read(MAX_BODY + 1)
         except urllib.error.HTTPError as exc:
             status, body = exc.code, b""

@@ -165,6 +165,43 @@ def test_behind_a_proxy_the_address_is_the_one_it_appended(alice, settings):
     assert entry.data["address"] == "203.0.113.5"
 
 
+def test_a_client_that_reaches_django_directly_cannot_choose_its_address(alice, settings):
+    # The attack: twelve guesses from twelve forged addresses were never locked out.
+    settings.LOGIN_CLIENT_ADDRESS_HEADER = "X-Forwarded-For"
+    settings.TRUSTED_PROXIES = ["10.0.0.0/24"]
+    client = Client()
+    for n in range(LIMIT + 2):
+        forged = {"HTTP_X_FORWARDED_FOR": f"198.51.100.{n}"}
+        _log_in(client, "alice", WRONG, address="203.0.113.9", **forged)
+    entry = AuditEntry.objects.get(action="login_locked_out")
+    assert entry.data["address"] == "203.0.113.9"
+    assert not _logged_in(_log_in(client, "alice", "password", address="203.0.113.9"))
+
+
+def test_through_trusted_proxies_the_address_is_the_last_they_did_not_add(alice, settings):
+    settings.LOGIN_CLIENT_ADDRESS_HEADER = "X-Forwarded-For"
+    settings.TRUSTED_PROXIES = ["10.0.0.0/24"]
+    # The client forged 1.2.3.4; the edge proxy appended the client's address, the inner
+    # proxy the edge's, and the connection is the inner proxy's.
+    forged = {"HTTP_X_FORWARDED_FOR": "1.2.3.4, 203.0.113.5, 10.0.0.7"}
+    client = Client()
+    for _ in range(LIMIT):
+        _log_in(client, "alice", WRONG, address="10.0.0.8", **forged)
+    entry = AuditEntry.objects.get(action="login_locked_out")
+    assert entry.data["address"] == "203.0.113.5"
+
+
+def test_a_count_of_proxies_reads_that_many_addresses_from_the_end(alice, settings):
+    settings.LOGIN_CLIENT_ADDRESS_HEADER = "X-Forwarded-For"
+    settings.TRUSTED_PROXY_HOPS = 2
+    forged = {"HTTP_X_FORWARDED_FOR": "1.2.3.4, 203.0.113.5, 10.0.0.7"}
+    client = Client()
+    for _ in range(LIMIT):
+        _log_in(client, "alice", WRONG, address="10.0.0.8", **forged)
+    entry = AuditEntry.objects.get(action="login_locked_out")
+    assert entry.data["address"] == "203.0.113.5"
+
+
 @pytest.mark.parametrize(
     ("fields", "meta"),
     [

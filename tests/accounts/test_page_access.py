@@ -165,6 +165,8 @@ PAGES = [
 NOT_IN_MATRIX = {
     # Its project comes from the form, not the URL: tests/desk/test_permissions.py.
     "/projects/switch/": "the project is the form's",
+    # An invitation is its invited user's, whatever their role: tests/accounts/test_invitations.py.
+    "/invitations/1/1/": "the invited user's, by the emailed link",
 }
 
 

@@ -78,7 +78,10 @@ def test_use_times_and_audit_heads_keep_the_cache(api, project, mallory):
     version = KeysVersion.current()
     ApiKey.objects.update(last_used_at=None)
     api.get("effects", key="nope")  # writes last_used_at again
-    member_add(project=project, actor="user:admin", username="mallory", role=Role.VIEWER)
+    member_add(
+        project=project, actor="user:admin", username="nina", email="nina@example.com",
+        role=Role.VIEWER,
+    )  # fmt: skip
     assert Project.objects.get().audit_seq == 1
     assert KeysVersion.current() == version
 

@@ -161,6 +161,20 @@ def test_the_csv_holds_exactly_the_rows_and_columns_on_screen(project, alice, we
     assert "big (grant" in {r[1]: r[authority] for r in rows[1:]}["asked:1"]
 
 
+def test_no_cell_of_the_csv_opens_as_a_formula_in_a_spreadsheet(project, alice):
+    # An agent chooses its keys and targets: a spreadsheet would run these as formulas.
+    hostile = ["=cmd|' /C calc'!A0", "+1+1", "-2+3", "@SUM(A1)", "\t=1", "\r=1"]
+    for n, text in enumerate(hostile):
+        ledger.intent(project, text, target=f"{text}:{n}", authority=None)
+    response = logged_in(alice).get("/authority/audit.csv")
+    rows = list(csv.reader(io.StringIO(response.getvalue().decode())))
+    keys = {r[1] for r in rows[1:]}
+    assert keys == {"'" + text for text in hostile}
+    assert {r[3] for r in rows[1:]} == {f"'{text}:{n}" for n, text in enumerate(hostile)}
+    for row in rows:
+        assert not any(value.startswith(("=", "+", "-", "@", "\t", "\r")) for value in row)
+
+
 def test_the_page_costs_the_same_queries_for_ten_effects_or_a_hundred(project, alice):
     g = grant(project, kinds=["*"])
     client = logged_in(alice)

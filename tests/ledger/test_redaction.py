@@ -5,11 +5,26 @@ from __future__ import annotations
 
 import json
 
+from django.contrib.auth.models import User
+
 from durability.audit import first_broken_entry
 from durability.ledger.intents import fingerprint_of
 from durability.ledger.machine import Event
-from durability.models import Approval, Attempt, AuditEntry, Case, Effect, Project, Receipt
+from durability.models import (
+    ApiKey,
+    Approval,
+    Attempt,
+    AuditEntry,
+    Case,
+    Effect,
+    Membership,
+    Project,
+    Receipt,
+    Role,
+)
 from durability.redaction import REDACTED
+from tests.conftest import Api
+from tests.desk.support import logged_in
 from tests.ledger import support as ledger
 
 OPENAI = "sk-proj-" + "A1b2C3d4" * 4
@@ -147,3 +162,27 @@ def test_a_stored_pattern_that_fails_the_check_is_left_out_and_recording_goes_on
     r = api.intent("pay:1", request={"customer": "cust-123456"})
     assert r.status_code == 201
     assert Effect.objects.get(key="pay:1").request == {"customer": REDACTED}
+
+
+def test_a_projects_backtracking_pattern_stalls_neither_its_ingest_nor_another_project(
+    api, project, client
+):
+    # b_admin saves (a|a)+b, which takes Python's re exponential time on "aaa…": RE2 runs
+    # it in linear time, so B's intent holding 10,000 "a"s is answered, and A's request too.
+    b = Project.objects.create(name="beta")
+    b_admin = User.objects.create_user("b_admin")
+    Membership.objects.create(project=b, user=b_admin, role=Role.ADMIN)
+    saved = logged_in(b_admin).post(
+        f"/settings/{b.pk}/redaction/", {"patterns": "(a|a)+b", "keys": ""}
+    )
+    assert saved.status_code == 302
+    assert Project.objects.get(pk=b.pk).redaction_patterns == ["(a|a)+b"]
+    _, raw = ApiKey.issue(b)
+    b_api = Api(client, raw)
+    flood = "a" * 10_000
+    answered = b_api.intent("pay:1", request={"note": flood, "then": flood + "b"})
+    assert answered.status_code == 201
+    assert Effect.objects.get(project=b).request == {"note": flood, "then": REDACTED}
+    assert api.intent("pay:2").status_code == 201
+    mine = Effect.objects.get(project=project, key="pay:2")
+    assert api.get(f"effects/{mine.pk}").status_code == 200

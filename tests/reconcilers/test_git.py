@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
-import threading
 from datetime import datetime
 
 import pytest
@@ -122,26 +120,6 @@ def test_a_directory_that_is_not_a_repository_answers_unknown(tmp_path):
 def test_an_unreachable_remote_answers_unknown(tmp_path):
     answer = probe(effect(), repository=(tmp_path / "missing").as_uri(), tag="v1")
     assert answer.answer == "unknown" and "ls-remote failed" in answer.detail
-
-
-@pytest.fixture
-def silent_git_server():
-    """A TCP server that accepts connections and never says a word."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    accepted = []
-
-    def accept():
-        try:
-            while True:
-                accepted.append(listener.accept()[0])
-        except OSError:
-            pass
-
-    threading.Thread(target=accept, daemon=True).start()
-    yield f"git://127.0.0.1:{listener.getsockname()[1]}/repo.git"
-    listener.close()
-    for conn in accepted:
-        conn.close()
 
 
 def test_a_remote_that_does_not_answer_answers_unknown_after_the_timeout(silent_git_server):

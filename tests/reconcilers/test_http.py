@@ -118,9 +118,14 @@ def test_a_request_field_the_effect_lacks_answers_unknown(api, project, server):
 def test_the_auth_header_comes_from_the_named_environment_variable(
     api, project, server, monkeypatch
 ):
-    monkeypatch.setenv("TB_TEST_STRIPE_AUTH", "Bearer sk_test_secret")
+    monkeypatch.setenv("TALLYBOOK_SECRET_TEST_STRIPE_AUTH", "Bearer sk_test_secret")
     effect = timed_out(api)
-    reconciler(project, server, auth_env="TB_TEST_STRIPE_AUTH", headers={"Stripe-Version": "1"})
+    reconciler(
+        project,
+        server,
+        auth_env="TALLYBOOK_SECRET_TEST_STRIPE_AUTH",
+        headers={"Stripe-Version": "1"},
+    )
     server.reply("/refunds/refund%3A1", Reply(200, REFUND))
     probe = ask(effect)
     assert server.seen[-1].headers["Authorization"] == "Bearer sk_test_secret"
@@ -131,10 +136,44 @@ def test_the_auth_header_comes_from_the_named_environment_variable(
 
 def test_an_unset_auth_variable_answers_unknown_without_asking(api, project, server):
     effect = timed_out(api)
-    reconciler(project, server, auth_env="TB_TEST_UNSET_VARIABLE")
+    reconciler(project, server, auth_env="TALLYBOOK_SECRET_TEST_UNSET")
     probe = ask(effect)
-    assert probe.answer == "unknown" and "TB_TEST_UNSET_VARIABLE" in probe.detail
+    assert probe.answer == "unknown" and "TALLYBOOK_SECRET_TEST_UNSET" in probe.detail
     assert server.seen == []
+
+
+@pytest.mark.parametrize("name", ["SECRET_KEY", "DATABASE_URL", "EMAIL_HOST_PASSWORD"])
+def test_the_servers_own_environment_is_no_auth_variable(api, project, server, name):
+    # A project admin naming the server's secret would have it sent to their URL.
+    with pytest.raises(ValidationError) as refused:
+        reconciler(project, server, auth_env=name)
+    assert f"{name} is not a reconciler's secret" in str(refused.value)
+    assert "TALLYBOOK_SECRET_" in str(refused.value)
+    assert not ReconcilerConfig.objects.exists()
+
+
+def test_an_operator_lists_the_other_variables_reconcilers_may_read(
+    api, project, server, monkeypatch, settings
+):
+    settings.TALLYBOOK_RECONCILER_SECRET_ENV = ["PAYMENTS_API_AUTH"]
+    monkeypatch.setenv("PAYMENTS_API_AUTH", "Bearer sk_test_listed")
+    effect = timed_out(api)
+    reconciler(project, server, auth_env="PAYMENTS_API_AUTH")
+    server.reply("/refunds/refund%3A1", Reply(200, REFUND))
+    assert ask(effect).answer == "found"
+    assert server.seen[-1].headers["Authorization"] == "Bearer sk_test_listed"
+
+
+def test_a_configuration_stored_before_the_rule_reads_no_secret(api, project, server, monkeypatch):
+    monkeypatch.setenv("TB_TEST_SERVER_SECRET", "the server's own")
+    effect = timed_out(api)
+    row = reconciler(project, server)
+    ReconcilerConfig.objects.filter(pk=row.pk).update(
+        config={**row.config, "auth_env": "TB_TEST_SERVER_SECRET"}
+    )
+    server.reply("/refunds/refund%3A1", Reply(200, REFUND))
+    effect_probe(effect_id=effect.pk, requested_by="system:scan")
+    assert all("Authorization" not in seen.headers for seen in server.seen)
 
 
 def test_not_found_without_a_grace_period_settles_nothing(api, project, server):

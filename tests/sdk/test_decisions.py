@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import inspect
+import json
 import typing
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -37,64 +39,16 @@ from durability.models import Effect
 from tests.authority.support import grant
 from tests.sdk.support import FAST
 
-KEY = "refund:42"
+# The table both SDKs' suites run (sdk-ts/packages/sdk/test/decisions.test.ts reads it too):
+# its "steps" and "claims_about" say what the entries mean.
+TABLE = json.loads((Path(__file__).parent / "decisions.json").read_text())
+KEY = TABLE["key"]
 RAISES = {"wait": EffectInDoubt, "denied": EffectDenied, "conflict": EffectConflict}
 
 # (what the agent or the operator does, the decision the block is given, the state after)
-# Agent: "receipt" / "fail" (definitive) / "crash" (an exception: unknown outcome) / "leave"
-# (neither) / "skip" (a completed block does nothing) / "late" (tb.receipt outside a block),
-# with "other" sending another request under the key. Operator: "not_happened" /
-# "happened" / "abandon".
 CASES: dict[str, tuple[dict[str, Any], list[tuple[str, str | None, str]]]] = {
-    "a new effect proceeds, and once done is completed": (
-        {},
-        [("receipt", "proceed", "succeeded"), ("skip", "completed", "succeeded")],
-    ),
-    "a definitive failure lets the next attempt proceed": (
-        {},
-        [("fail", "proceed", "failed"), ("receipt", "proceed", "succeeded")],
-    ),
-    "an unknown outcome waits for a person, who may say it did not happen": (
-        {},
-        [
-            ("crash", "proceed", "timed_out"),
-            ("skip", "wait", "timed_out"),
-            ("not_happened", None, "not_happened"),
-            ("receipt", "proceed", "succeeded"),
-        ],
-    ),
-    "an unknown outcome that a person says happened is completed": (
-        {},
-        [
-            ("crash", "proceed", "timed_out"),
-            ("happened", None, "succeeded"),
-            ("skip", "completed", "succeeded"),
-        ],
-    ),
-    "an unknown outcome of an idempotent effect is retried": (
-        {"replay": "idempotent"},
-        [("crash", "proceed", "timed_out"), ("receipt", "proceed", "succeeded")],
-    ),
-    "a block left unsettled is an unknown outcome": (
-        {},
-        [("leave", "proceed", "timed_out"), ("skip", "wait", "timed_out")],
-    ),
-    "a late receipt is a success": (
-        {},
-        [("crash", "proceed", "timed_out"), ("late", None, "succeeded")],
-    ),
-    "an abandoned effect is denied": (
-        {},
-        [
-            ("crash", "proceed", "timed_out"),
-            ("abandon", None, "abandoned"),
-            ("skip", "denied", "abandoned"),
-        ],
-    ),
-    "a key reused for another request is a conflict": (
-        {},
-        [("receipt", "proceed", "succeeded"), ("other", "conflict", "succeeded")],
-    ),
+    name: (case["options"], [tuple(step) for step in case["steps"]])
+    for name, case in TABLE["cases"].items()
 }
 
 
@@ -193,29 +147,17 @@ def test_the_fake_and_the_server_decide_alike(backend, case):
 # is a conflict even for the same request: what was checked and approved is the first claim.
 # (the change to the first intent's options, what the answer says differs; None: nothing)
 CLAIMS: dict[str, tuple[dict[str, Any], str | None]] = {
-    "the same claim": ({}, None),
-    "the same amount written otherwise": ({"amount": {"value": "50.00", "currency": "EUR"}}, None),
-    "another amount": ({"amount": {"value": "900", "currency": "EUR"}}, "amount"),
-    "no amount": ({"amount": None}, "amount"),
-    "another target": ({"target": "paypal"}, "target"),
-    "another kind": ({"kind": "transfer"}, "kind"),
-    "another grant": ({"grant": 1}, "authority"),
-    "no grant": ({"grant": None}, "authority"),
+    name: (claim["change"], claim["differs"]) for name, claim in TABLE["claims"].items()
 }
-REQUEST = {"order": 42}
+REQUEST = TABLE["request"]
 
 
 def _claim(backend: Backend, change: dict[str, Any]) -> dict[str, Any]:
     """The first intent's options (kind, target, authority, amount) with `change`; a grant
     is the index of one of the backend's."""
-    change = dict(change)
-    which = change.pop("grant", 0)
-    return {
-        "kind": "payment",
-        "target": "fakepay",
-        "authority": None if which is None else {"grant": backend.grants[which]},
-        "amount": {"value": "50", "currency": "EUR"},
-    } | change
+    claim = {**TABLE["first_claim"], **change}
+    which = claim.pop("grant")
+    return claim | {"authority": None if which is None else {"grant": backend.grants[which]}}
 
 
 @pytest.mark.parametrize("outcome", ["receipt", "fail"])

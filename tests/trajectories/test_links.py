@@ -13,7 +13,7 @@ from durability.jobs import enqueue
 from durability.models import Effect
 from tests.trajectories.support import TRACE, chat, post_traces, queue, request, span, tool, work
 from trajectories import ingest, jobs, links, otlp
-from trajectories.models import EffectLink
+from trajectories.models import EffectLink, Span
 
 __all__ = ["queue"]
 
@@ -271,3 +271,34 @@ def test_a_tool_call_id_holding_a_secret_links_by_its_digest(send):
     )
     assert send.trajectory(effect) == (TRACE, TOOL, MODEL)
     assert Effect.objects.get(pk=effect).tool_call_id.startswith("call_[REDACTED:")
+
+
+def mcp_call(span_id, *, parent="", attributes=None):
+    """The mcp package's client span of a tools/call request (MCP conventions, no GenAI ones)."""
+    return span(
+        span_id,
+        "MCP send tools/call refund",
+        parent=parent,
+        at_ms=110,
+        attributes={
+            "mcp.method.name": "tools/call",
+            "jsonrpc.request.id": "7",
+            **(attributes or {}),
+        },
+    )
+
+
+def test_an_effect_recorded_in_an_mcp_call_links_to_the_framework_tool_span_around_it(send):
+    send.spans(*genai(), mcp_call(HTTP, parent=TOOL))
+    effect = send.intent(trace_id=TRACE, span_id=HTTP)
+    assert send.trajectory(effect) == (TRACE, TOOL, MODEL)
+    assert EffectLink.objects.get(pk=effect).tool_span.tool_name == "refund"
+
+
+def test_an_mcp_call_alone_is_a_tool_span_named_by_its_session_and_request_id(send, project):
+    send.spans(mcp_call(HTTP, attributes={"mcp.session.id": "s-81"}))
+    stored = Span.objects.get(span_id=HTTP)
+    assert (stored.kind, stored.tool_name, stored.tool_call_id) == ("tool", "refund", "mcp:s-81:7")
+    # What tallybook-mcp records for that call over streamable HTTP: no trace context needed.
+    effect = send.intent(tool_call_id="mcp:s-81:7")
+    assert send.trajectory(effect)[1] == HTTP

@@ -196,6 +196,11 @@ class Block:
         """The effect's page for an operator."""
         return self.effect["url"] if self.effect else None
 
+    def hand_off(self) -> None:
+        """Its outcome is another process's to report (a hook's PostToolUse, with
+        `tb.receipt(key, ...)`): leaving the block reports nothing."""
+        self._settled = "handed off"
+
     def _begin(self) -> Json:
         """Start the effect's span and build its intent."""
         self._span.start()

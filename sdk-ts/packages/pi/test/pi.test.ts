@@ -1,0 +1,142 @@
+/**
+ * `@tallybook/pi` in the real Pi (each session its own Node 22 process, `pi-agent.ts`), against
+ * the live server that pytest gives (tests/sdk/test_typescript.py): the extension is loaded
+ * from a file as a user's is, and the model (pi-ai's faux provider) asks for a bash command
+ * that pays an invoice by appending to ledger.txt.
+ */
+
+import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
+import { createHash } from "node:crypto";
+import { existsSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import * as path from "node:path";
+import { describe, test } from "node:test";
+import { fileURLToPath } from "node:url";
+import { Tallybook } from "@tallybook/sdk";
+
+const LIVE = process.env.TALLYBOOK_TEST_LIVE === "1";
+const HERE = path.dirname(fileURLToPath(import.meta.url));
+const AGENT = path.join(HERE, "pi-agent.js");
+const EXTENSION = path.join(HERE, "..", "src", "index.js");
+const PAY = "echo paid >> ledger.txt && echo receipt-42";
+
+interface Session {
+  status: number | null;
+  signal: NodeJS.Signals | null;
+  sessionId?: string;
+  told: string[];
+  stderr: string;
+}
+
+/** A project with the extension file a user writes (configuration plus two lines). */
+function project(): { dir: string; sessions: string; extension: string } {
+  const dir = mkdtempSync(path.join(tmpdir(), "tallybook-pi-"));
+  const extension = path.join(dir, "tallybook.ts");
+  writeFileSync(
+    extension,
+    `import { tallybook } from ${JSON.stringify(EXTENSION)};\n` +
+      "export default tallybook({\n" +
+      '  effects: [{ tool: "bash", match: /ledger/, kind: "payment", target: "ledger",\n' +
+      '              receipt: ({ text }) => ({ system: "ledger", externalId: text.trim() }) }],\n' +
+      "});\n",
+  );
+  return { dir, sessions: path.join(dir, "sessions"), extension };
+}
+
+function session(p: ReturnType<typeof project>, command: string, resume: boolean): Session {
+  const done = spawnSync(
+    process.execPath,
+    [AGENT, JSON.stringify({ project: p.dir, sessions: p.sessions, extension: p.extension, command, resume })],
+    {
+      cwd: p.dir,
+      encoding: "utf8",
+      timeout: 60_000,
+      // Offline: no catalog refresh, version check or install telemetry.
+      env: { ...process.env, PI_OFFLINE: "1", PI_SKIP_VERSION_CHECK: "1", PI_TELEMETRY: "0" },
+    },
+  );
+  const last = done.stdout.trim().split("\n").at(-1);
+  const out = last?.startsWith("{") ? JSON.parse(last) : { told: [] };
+  return { status: done.status, signal: done.signal, stderr: done.stderr, ...out };
+}
+
+function ledger(p: ReturnType<typeof project>): string[] {
+  const file = path.join(p.dir, "ledger.txt");
+  return existsSync(file) ? readFileSync(file, "utf8").trim().split("\n") : [];
+}
+
+/** The effect's key: the tool, the run (Pi's session) and the input's fingerprint. */
+function keyOf(sessionId: string, command: string): string {
+  return `bash:${sessionId}:${createHash("sha256").update(JSON.stringify({ command })).digest("hex").slice(0, 16)}`;
+}
+
+async function operator(key: string, what: string): Promise<void> {
+  const answer = await fetch(process.env.TALLYBOOK_TEST_OPERATOR as string, {
+    method: "POST",
+    body: JSON.stringify({ key, what }),
+  });
+  assert.equal(answer.status, 200, await answer.text());
+}
+
+describe("the Pi extension in the real Pi", { skip: !LIVE && "needs the live server (pytest)" }, () => {
+  const tb = new Tallybook();
+
+  test("the call is an effect with its receipt; asked again in the session it is told completed", async () => {
+    const p = project();
+    const first = session(p, PAY, false);
+    assert.equal(first.status, 0, first.stderr);
+    assert.deepEqual(
+      first.told.map((text) => text.trim()),
+      ["receipt-42"],
+    );
+    const key = keyOf(first.sessionId as string, PAY);
+    const status = await tb.status(key);
+    assert.equal(status.state, "succeeded");
+    assert.equal(status.receipts[0]?.externalId, "receipt-42");
+    assert.equal(status.effect.kind, "payment");
+
+    const again = session(p, PAY, true);
+    assert.equal(again.sessionId, first.sessionId);
+    assert.equal(again.told.length, 1);
+    assert.match(
+      again.told[0] as string,
+      /^Already done \(Tallybook\): .* \(receipt ledger:receipt-42\)\. Do not repeat/,
+    );
+    assert.deepEqual(ledger(p), ["paid"]);
+  });
+
+  test("Pi killed between the command and its receipt leaves an uncertain case; the next session does not repeat it", async () => {
+    const p = project();
+    // The command pays, then kills Pi (its parent) before Pi sees the result.
+    const crash = "echo paid >> ledger.txt && kill -9 $PPID";
+    const killed = session(p, crash, false);
+    assert.equal(killed.signal, "SIGKILL", killed.stderr);
+    assert.deepEqual(ledger(p), ["paid"]);
+
+    const resumed = session(p, crash, true);
+    assert.equal(resumed.status, 0, resumed.stderr);
+    assert.equal(resumed.told.length, 1);
+    const told = resumed.told[0] as string;
+    assert.match(told, /^Not performed \(Tallybook\): .*: wait\. /);
+    assert.match(told, /Case #\d+ \(uncertain\): http:\/\/\S+\/cases\/\d+\//);
+    assert.deepEqual(ledger(p), ["paid"]);
+    const status = await tb.status(keyOf(resumed.sessionId as string, crash));
+    assert.equal(status.state, "timed_out");
+    assert.deepEqual(
+      status.cases.map((c) => c.reason),
+      ["uncertain"],
+    );
+  });
+
+  test("a denied call's reason reaches the model", async () => {
+    const p = project();
+    const first = session(p, PAY, false);
+    assert.equal(first.status, 0, first.stderr);
+    await operator(keyOf(first.sessionId as string, PAY), "abandon");
+    const denied = session(p, PAY, true);
+    assert.equal(denied.told.length, 1);
+    assert.match(denied.told[0] as string, /^Not performed \(Tallybook\): .*: denied\. \S/);
+    assert.deepEqual(ledger(p), ["paid"]);
+  });
+});

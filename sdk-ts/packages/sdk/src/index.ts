@@ -1,0 +1,29 @@
+export {
+  type Amount,
+  DEFAULT_URL,
+  Effect,
+  type EffectOptions,
+  type ReceiptFields,
+  type ReplayPolicy,
+  type RunOptions,
+  run,
+  Tallybook,
+  type TallybookOptions,
+  type ToolDeclaration,
+  type ToolOptions,
+  VERSION,
+} from "./client.js";
+export {
+  EffectConflict,
+  EffectDenied,
+  EffectInDoubt,
+  EffectInterrupted,
+  EffectUnsettled,
+  IntentNotRecorded,
+  ReceiptConflict,
+  RequestRejected,
+  ServerUnavailable,
+  TallybookError,
+} from "./errors.js";
+export type { Case, EffectStatus, Json, Receipt } from "./records.js";
+export { currentRun } from "./scope.js";

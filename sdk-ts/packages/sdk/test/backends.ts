@@ -1,0 +1,81 @@
+/**
+ * Where the suites run: the fake always; the live server too when pytest started one and gave
+ * its URL and an API key (tests/sdk/test_typescript.py), with an operator's hands there (an
+ * endpoint of the pytest process that settles an effect as a person at the desk would).
+ */
+
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import * as path from "node:path";
+import { Tallybook } from "../src/index.js";
+import { FakeTallybook } from "../src/testing.js";
+
+export type Verdict = "not_happened" | "happened" | "abandon";
+
+export interface Backend {
+  name: string;
+  tb: Tallybook;
+  operator(key: string, what: Verdict): Promise<void>;
+  state(key: string): Promise<string>;
+  /** Two grants' ids (the fake grants any). */
+  grants: [number, number];
+  close(): Promise<void>;
+}
+
+/** Quick retries, so that a test of a server that is away takes a second, not a minute. */
+export const FAST = { retries: 2, backoffMs: 50, maxBackoffMs: 500, timeoutMs: 5000 };
+
+const made: string[] = [];
+process.on("exit", () => {
+  for (const dir of made) rmSync(dir, { recursive: true, force: true });
+});
+
+/** A spool folder of the test's own, removed when the suite ends. */
+export function spoolRoot(): string {
+  const dir = mkdtempSync(path.join(tmpdir(), "tallybook-ts-test-"));
+  made.push(dir);
+  return dir;
+}
+
+export function fake(): Backend {
+  const tb = new FakeTallybook();
+  return {
+    name: "fake",
+    tb,
+    async operator(key, what) {
+      if (what === "abandon") tb.fake.abandon(key);
+      else tb.fake.settle(key, what === "happened");
+    },
+    async state(key) {
+      return tb.fake.state(key);
+    },
+    grants: [1, 2],
+    close: () => tb.close(),
+  };
+}
+
+export const LIVE = process.env.TALLYBOOK_TEST_LIVE === "1";
+
+export function live(): Backend {
+  const operatorUrl = process.env.TALLYBOOK_TEST_OPERATOR as string;
+  const grants = (process.env.TALLYBOOK_TEST_GRANTS ?? "0,0").split(",").map(Number) as [number, number];
+  const tb = new Tallybook({ spool: spoolRoot(), ...FAST });
+  return {
+    name: "server",
+    tb,
+    async operator(key, what) {
+      const answer = await fetch(operatorUrl, { method: "POST", body: JSON.stringify({ key, what }) });
+      if (answer.status !== 200) throw new Error(`the operator could not ${what} ${key}: ${await answer.text()}`);
+    },
+    async state(key) {
+      return (await tb.status(key)).state;
+    },
+    grants,
+    close: () => tb.close(),
+  };
+}
+
+/** The backends to run a table against: the fake, and the live server when there is one. */
+export function backends(): Array<() => Backend> {
+  return LIVE ? [fake, live] : [fake];
+}
