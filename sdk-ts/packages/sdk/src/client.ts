@@ -131,7 +131,10 @@ export interface TallybookOptions {
   retries?: number;
   backoffMs?: number;
   maxBackoffMs?: number;
-  /** The most an intent may take, every try and pause included, before IntentNotRecorded. */
+  /**
+   * The most an intent may take, every try and pause included, before IntentNotRecorded:
+   * $TALLYBOOK_INTENT_BUDGET (seconds), else 2000 ms.
+   */
   intentBudgetMs?: number;
   failOpen?: boolean;
   /** This process's identity (host:pid:random by default). */
@@ -267,6 +270,21 @@ function isDefinitive(options: ToolOptions, error: unknown): boolean {
   return rule.some((cls) => error instanceof cls);
 }
 
+/**
+ * The most an intent may take: the option, else $TALLYBOOK_INTENT_BUDGET (seconds, as the
+ * Python SDK's hooks and MCP tools read it), else 2 s.
+ */
+export function intentBudgetMs(given: TallybookOptions): number {
+  if (given.intentBudgetMs !== undefined) return given.intentBudgetMs;
+  const seconds = process.env.TALLYBOOK_INTENT_BUDGET;
+  if (!seconds) return 2000;
+  const parsed = Number(seconds);
+  if (!Number.isFinite(parsed) || parsed <= 0) {
+    throw new TallybookError(`TALLYBOOK_INTENT_BUDGET=${seconds}: seconds, a positive number`);
+  }
+  return parsed * 1000;
+}
+
 function newWorker(): string {
   return `${hostname()}:${process.pid}:${randomBytes(4).toString("hex")}`;
 }
@@ -334,7 +352,7 @@ export class Tallybook {
       channel,
       spool: new Spool(spoolDir(path.resolve(root), channel.url, apiKey)),
       failOpen: given.failOpen ?? false,
-      intentBudgetMs: given.intentBudgetMs ?? 2000,
+      intentBudgetMs: intentBudgetMs(given),
     };
   }
 

@@ -21,7 +21,7 @@ import { createHash } from "node:crypto";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import * as path from "node:path";
-import { type Config, Tallybook, type TallybookOptions } from "./client.js";
+import { type Config, intentBudgetMs, Tallybook, type TallybookOptions } from "./client.js";
 import { ServerUnavailable } from "./errors.js";
 import { canonical, type Json } from "./records.js";
 import { Spool } from "./spool.js";
@@ -542,7 +542,7 @@ export class FakeTallybook extends Tallybook {
       channel: this.fake,
       spool,
       failOpen: this.options.failOpen ?? false,
-      intentBudgetMs: this.options.intentBudgetMs ?? 2000,
+      intentBudgetMs: intentBudgetMs(this.options),
     };
   }
 

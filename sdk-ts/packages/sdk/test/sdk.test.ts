@@ -3,6 +3,7 @@
 import assert from "node:assert/strict";
 import { readdirSync } from "node:fs";
 import { test } from "node:test";
+import { intentBudgetMs } from "../src/client.js";
 import {
   EffectDenied,
   EffectInDoubt,
@@ -249,4 +250,22 @@ test("approvals: waitForApprovalMs runs the block once a person approves", async
   });
   assert.equal(decision, "proceed");
   await tb.close();
+});
+
+test("the intent budget is the option, else $TALLYBOOK_INTENT_BUDGET in seconds, else 2 s", () => {
+  const before = process.env.TALLYBOOK_INTENT_BUDGET;
+  try {
+    delete process.env.TALLYBOOK_INTENT_BUDGET;
+    assert.equal(intentBudgetMs({}), 2000);
+    process.env.TALLYBOOK_INTENT_BUDGET = "30";
+    assert.equal(intentBudgetMs({}), 30_000);
+    assert.equal(intentBudgetMs({ intentBudgetMs: 500 }), 500);
+    process.env.TALLYBOOK_INTENT_BUDGET = "0.5";
+    assert.equal(intentBudgetMs({}), 500);
+    process.env.TALLYBOOK_INTENT_BUDGET = "soon";
+    assert.throws(() => intentBudgetMs({}), /TALLYBOOK_INTENT_BUDGET=soon/);
+  } finally {
+    if (before === undefined) delete process.env.TALLYBOOK_INTENT_BUDGET;
+    else process.env.TALLYBOOK_INTENT_BUDGET = before;
+  }
 });
