@@ -92,7 +92,8 @@ def compiled(suite: str) -> Path:
 def test_the_typescript_suite_passes_against_the_live_server(
     suite, live_server, project, api_key, operator, tmp_path
 ):
-    assert NODE.exists() and compiled(suite).exists(), "bin/test installs and builds sdk-ts/ (npm ci && npm run build)"
+    built = "bin/test installs and builds sdk-ts/ (npm ci && npm run build)"
+    assert NODE.exists() and compiled(suite).exists(), built
     grants = [grant(project, name="payments").pk, grant(project, name="others").pk]
     done = subprocess.run(
         [str(NODE), "--test", "--test-reporter=dot", str(compiled(suite))],

@@ -20,12 +20,13 @@
  * function of it, which makes the effect one across sessions.
  */
 
-import { createHash } from "node:crypto";
 import type { ExtensionAPI, ExtensionContext, ExtensionFactory } from "@earendil-works/pi-coding-agent";
 import {
   type Effect,
   EffectInterrupted,
+  fingerprint,
   type Json,
+  KEY_FINGERPRINT,
   type ReceiptFields,
   Tallybook,
   type ToolOptions,
@@ -70,18 +71,6 @@ function subject(input: Json): string {
   return typeof input.command === "string" ? input.command : JSON.stringify(input);
 }
 
-function fingerprint(input: unknown): string {
-  const canonical = (value: unknown): string => {
-    if (Array.isArray(value)) return `[${value.map(canonical).join(",")}]`;
-    if (value && typeof value === "object") {
-      const entries = Object.entries(value as Json).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
-      return `{${entries.map(([k, v]) => `${JSON.stringify(k)}:${canonical(v)}`).join(",")}}`;
-    }
-    return JSON.stringify(value);
-  };
-  return createHash("sha256").update(canonical(input)).digest("hex").slice(0, 16);
-}
-
 function keyOf(declared: PiEffect, input: Json, run: string): string {
   const { key } = declared;
   if (typeof key === "function") return key(input);
@@ -92,7 +81,7 @@ function keyOf(declared: PiEffect, input: Json, run: string): string {
       return typeof value === "object" ? JSON.stringify(value) : String(value);
     });
   }
-  return `${declared.tool}:${run}:${fingerprint(input)}`;
+  return `${declared.tool}:${run}:${fingerprint(input).slice(0, KEY_FINGERPRINT)}`;
 }
 
 /** What the model reads instead of the call: the interruption report, in the SDK's words. */

@@ -68,7 +68,7 @@ function ledger(p: ReturnType<typeof project>): string[] {
 
 /** The effect's key: the tool, the run (Pi's session) and the input's fingerprint. */
 function keyOf(sessionId: string, command: string): string {
-  return `bash:${sessionId}:${createHash("sha256").update(JSON.stringify({ command })).digest("hex").slice(0, 16)}`;
+  return `bash:${sessionId}:${createHash("sha256").update(JSON.stringify({ command })).digest("hex").slice(0, 32)}`;
 }
 
 async function operator(key: string, what: string): Promise<void> {

@@ -23,10 +23,9 @@
  * (`EffectInDoubt` and the others are `EffectInterrupted`).
  */
 
-import { createHash } from "node:crypto";
 import { evidence, type ReceiptFields, replayed, run, Tallybook, type ToolOptions, toolKey } from "./client.js";
 import { TallybookError } from "./errors.js";
-import { canonical, type Json } from "./records.js";
+import { fingerprint, type Json, KEY_FINGERPRINT } from "./records.js";
 import * as scope from "./scope.js";
 
 export { run };
@@ -65,8 +64,7 @@ function defaultKey(name: string, input: unknown): string {
         'tool a key of its own arguments (key: "refund:{order}"). It was not performed.',
     );
   }
-  const fingerprint = createHash("sha256").update(canonical(input)).digest("hex").slice(0, 16);
-  return `${name}:${run}:${fingerprint}`;
+  return `${name}:${run}:${fingerprint(input).slice(0, KEY_FINGERPRINT)}`;
 }
 
 /** The tool, with its `execute` made an effect (the tool is not changed: a copy is returned). */

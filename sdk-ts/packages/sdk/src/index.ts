@@ -26,4 +26,5 @@ export {
   TallybookError,
 } from "./errors.js";
 export type { Case, EffectStatus, Json, Receipt } from "./records.js";
+export { canonical, fingerprint, KEY_FINGERPRINT } from "./records.js";
 export { currentRun } from "./scope.js";

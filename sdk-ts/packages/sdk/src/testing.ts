@@ -17,13 +17,12 @@
  * server, so the two agree.
  */
 
-import { createHash } from "node:crypto";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import * as path from "node:path";
 import { type Config, intentBudgetMs, Tallybook, type TallybookOptions } from "./client.js";
 import { ServerUnavailable } from "./errors.js";
-import { canonical, type Json } from "./records.js";
+import { canonical, fingerprint, type Json } from "./records.js";
 import { Spool } from "./spool.js";
 import { type Channel, type Response, Retry } from "./transport.js";
 
@@ -520,7 +519,7 @@ function claimOf(intent: Json): Json {
 }
 
 function fingerprintOf(value: unknown): string {
-  return createHash("sha256").update(canonical(value)).digest("hex");
+  return fingerprint(value);
 }
 
 /** A `Tallybook` whose server is a `FakeServer` (`tb.fake`), with a spool of its own. */

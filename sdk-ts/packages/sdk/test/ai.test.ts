@@ -229,5 +229,5 @@ for (const make of backends()) {
 
 /** The default key: the tool, the run and the arguments' fingerprint. */
 function keyFor(run: string, input: unknown): string {
-  return `refund:${run}:${createHash("sha256").update(JSON.stringify(input)).digest("hex").slice(0, 16)}`;
+  return `refund:${run}:${createHash("sha256").update(JSON.stringify(input)).digest("hex").slice(0, 32)}`;
 }

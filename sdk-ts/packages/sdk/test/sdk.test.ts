@@ -1,13 +1,15 @@
 /** The client's rules, on the fake: fail closed, the spool, tools, runs and recovery. */
 
 import assert from "node:assert/strict";
-import { readdirSync } from "node:fs";
+import { readdirSync, readFileSync } from "node:fs";
 import { test } from "node:test";
 import { intentBudgetMs } from "../src/client.js";
 import {
+  canonical,
   EffectDenied,
   EffectInDoubt,
   EffectUnsettled,
+  fingerprint,
   IntentNotRecorded,
   type Json,
   ReceiptConflict,
@@ -267,5 +269,15 @@ test("the intent budget is the option, else $TALLYBOOK_INTENT_BUDGET in seconds,
   } finally {
     if (before === undefined) delete process.env.TALLYBOOK_INTENT_BUDGET;
     else process.env.TALLYBOOK_INTENT_BUDGET = before;
+  }
+});
+
+test("the arguments' fingerprint is Python's (tests/sdk/fingerprints.json, computed by Python)", () => {
+  const vectors = JSON.parse(
+    readFileSync(new URL("../../../../../tests/sdk/fingerprints.json", import.meta.url), "utf8"),
+  ) as Array<{ args: unknown; fingerprint: string }>;
+  assert.ok(vectors.length > 5);
+  for (const { args, fingerprint: expected } of vectors) {
+    assert.equal(fingerprint(args), expected, `${canonical(args)}`);
   }
 });
