@@ -22,6 +22,7 @@
 
 import type { ExtensionAPI, ExtensionContext, ExtensionFactory } from "@earendil-works/pi-coding-agent";
 import {
+  checkEffect,
   type Effect,
   EffectInterrupted,
   fingerprint,
@@ -29,6 +30,7 @@ import {
   KEY_FINGERPRINT,
   type ReceiptFields,
   Tallybook,
+  TOOL_OPTIONS,
   type ToolOptions,
 } from "@tallybook/sdk";
 
@@ -71,6 +73,12 @@ function subject(input: Json): string {
   return typeof input.command === "string" ? input.command : JSON.stringify(input);
 }
 
+/** The input fields of Pi's built-in tools, which a key template may name. */
+const BUILT_IN: Record<string, string[]> = {
+  bash: ["command", "timeout"],
+  write: ["path", "content"],
+};
+
 function keyOf(declared: PiEffect, input: Json, run: string): string {
   const { key } = declared;
   if (typeof key === "function") return key(input);
@@ -102,6 +110,25 @@ function alreadyDone(fx: Effect): string {
 
 /** The extension: `export default tallybook({ effects: [...] })` in a Pi extension file. */
 export function tallybook(options: TallybookPiOptions): ExtensionFactory {
+  if (!Array.isArray(options?.effects)) throw new TypeError("tallybook({ effects }): effects must be a list");
+  options.effects.forEach((declared, i) => {
+    const where = `effects[${i}]${typeof declared?.tool === "string" ? ` (${declared.tool})` : ""}`;
+    if (typeof declared?.tool !== "string" || !declared.tool)
+      throw new TypeError(`${where}: tool must be the tool's name`);
+    const { match } = declared;
+    if (match !== undefined && !(match instanceof RegExp) && typeof match !== "function") {
+      throw new TypeError(`${where}: match must be a RegExp over the input or a test of it`);
+    }
+    if (declared.definitiveOnError !== undefined && typeof declared.definitiveOnError !== "boolean") {
+      throw new TypeError(`${where}: definitiveOnError must be true or false`);
+    }
+    // Pi's built-in tools say their input; others' are not known until they are called.
+    checkEffect(declared, where, {
+      known: [...TOOL_OPTIONS, "tool", "match", "key", "receipt", "definitiveOnError"],
+      params: BUILT_IN[declared.tool] ?? null,
+      receipt: "function",
+    });
+  });
   let shared: Tallybook | undefined = options.tb;
   const client = () => {
     shared ??= new Tallybook();
