@@ -26,6 +26,7 @@ from durability.ledger.machine import Event
 from durability.models import Effect
 from tests.authority.support import grant
 from tests.sdk.support import ROOT
+from trajectories.models import Run
 
 TS = ROOT / "sdk-ts"
 NODE = TS / "node_modules" / ".bin" / "node"  # Node 22, the registry's `node` package
@@ -52,13 +53,18 @@ def settle(key: str, what: str) -> None:
 
 
 class Operator(BaseHTTPRequestHandler):
-    """`POST {"key": …, "what": …}`: the suites' hands at the desk."""
+    """`POST {"key": …, "what": …}`: the suites' hands at the desk; `{"run": …}`: the run's
+    status, as the desk shows it."""
 
     def do_POST(self) -> None:
         asked = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         try:
-            settle(asked["key"], asked["what"])
-            status, answer = 200, b"{}"
+            if "run" in asked:
+                run = Run.objects.get(run_id=asked["run"])
+                status, answer = 200, json.dumps({"status": run.status}).encode()
+            else:
+                settle(asked["key"], asked["what"])
+                status, answer = 200, b"{}"
         except Exception as exc:  # said to the suite, which fails with it
             status, answer = 500, repr(exc).encode()
         finally:

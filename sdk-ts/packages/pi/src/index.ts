@@ -13,7 +13,8 @@
  * declaration takes the provider's id from it; an error result is reported as a failure whose
  * outcome nobody knows (or, declared `definitiveOnError`, as a definitive one).
  *
- * Pi's session id is the run and the tool call id is the call. The key is the tool's name, the
+ * Pi's session id is the run and the tool call id is the call; the run is said `running` at its
+ * first effect and `ok` when the session ends (`session_shutdown`), as the Python SDK's runs are. The key is the tool's name, the
  * run and a fingerprint of the input: the same call asked again in the session (after a crash,
  * Pi resumes the session and the model asks anew, with a new tool call id) is the same effect.
  * A declaration may give a key of its own, a template of the input ("deploy:{command}") or a
@@ -136,6 +137,8 @@ export function tallybook(options: TallybookPiOptions): ExtensionFactory {
   };
   return (pi: ExtensionAPI) => {
     const pending = new Map<string, Pending>();
+    // The runs this session's effects belong to: `running` at the first effect, `ok` at the end.
+    const runs = new Set<string>();
 
     pi.on("tool_call", async (event, ctx) => {
       const input = event.input as Json;
@@ -148,6 +151,10 @@ export function tallybook(options: TallybookPiOptions): ExtensionFactory {
       const run = options.run ? options.run(ctx) : ctx.sessionManager.getSessionId();
       const { tool, match, key, receipt, definitiveOnError, ...effect } = declared;
       const tb = client();
+      if (!runs.has(run)) {
+        runs.add(run);
+        tb.runEvent(run, "running", { workflow: "pi", agent: "pi" });
+      }
       let decided!: (fx: Effect | EffectInterrupted) => void;
       const decision = new Promise<Effect | EffectInterrupted>((resolve) => {
         decided = resolve;
@@ -206,7 +213,10 @@ export function tallybook(options: TallybookPiOptions): ExtensionFactory {
       await call.done;
     });
 
+    // The session ends (Pi quits, or starts another session): its runs end, as Python's do.
     pi.on("session_shutdown", async () => {
+      for (const run of runs) shared?.runEvent(run, "ok", { workflow: "pi", agent: "pi" });
+      runs.clear();
       await shared?.close();
     });
   };

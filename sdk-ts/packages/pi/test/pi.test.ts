@@ -72,6 +72,16 @@ function keyOf(sessionId: string, command: string): string {
   return `bash:${sessionId}:${createHash("sha256").update(JSON.stringify({ command })).digest("hex").slice(0, 32)}`;
 }
 
+/** The run's status on the server (Pi's session is the run), asked of pytest's hands. */
+async function runStatus(runId: string): Promise<string> {
+  const answer = await fetch(process.env.TALLYBOOK_TEST_OPERATOR as string, {
+    method: "POST",
+    body: JSON.stringify({ run: runId }),
+  });
+  assert.equal(answer.status, 200);
+  return ((await answer.json()) as { status: string }).status;
+}
+
 async function operator(key: string, what: string): Promise<void> {
   const answer = await fetch(process.env.TALLYBOOK_TEST_OPERATOR as string, {
     method: "POST",
@@ -92,6 +102,7 @@ describe("the Pi extension in the real Pi", { skip: !LIVE && "needs the live ser
       ["receipt-42"],
     );
     const key = keyOf(first.sessionId as string, PAY);
+    assert.equal(await runStatus(first.sessionId as string), "ok"); // the session ended its run
     const status = await tb.status(key);
     assert.equal(status.state, "succeeded");
     assert.equal(status.receipts[0]?.externalId, "receipt-42");

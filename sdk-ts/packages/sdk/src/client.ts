@@ -664,6 +664,32 @@ export class Tallybook {
     return response.body;
   }
 
+  /**
+   * Say how a run goes, as Python's `run_event`: `running` when it starts, `ok` or `error`
+   * when it ends. Spooled and sent in the background like a receipt, so the run does not
+   * read `running` for ever and the agent never waits for it.
+   */
+  runEvent(
+    runId: string,
+    status: "running" | "ok" | "error",
+    fields: { workflow?: string; agent?: string; error?: unknown } = {},
+  ): void {
+    const now = new Date().toISOString();
+    const [traceId] = currentIds();
+    const event = withoutNull({
+      type: "run",
+      id: `run:${runId}:${status}:${randomBytes(8).toString("hex")}`,
+      run_id: runId,
+      agent: fields.agent,
+      workflow: fields.workflow ?? fields.agent,
+      status,
+      trace_ids: traceId ? [traceId] : null,
+      attributes: fields.error === undefined ? null : { error: String(fields.error).slice(0, MAX_ERROR) },
+      [status === "running" ? "started" : "ended"]: now,
+    });
+    this.record("events", { events: [event] });
+  }
+
   /** Spool an event (fsynced) for the background sender; returns at once. */
   record(endpoint: string, body: Json): void {
     this.configured().spool.put(endpoint, body);

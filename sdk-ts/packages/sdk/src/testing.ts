@@ -55,6 +55,7 @@ export const TAKES: Record<string, [string[], string[]]> = {
   ],
   "/api/v1/failures": [["key", "error"], ["definitive"]],
   "/api/v1/timeouts": [["key", "reason"], []],
+  "/api/v1/events": [["events"], []],
 };
 
 const now = (): string => new Date().toISOString();
@@ -145,12 +146,23 @@ export class FakeServer implements Channel {
       "/api/v1/receipts": (b) => this.receiptIn(b),
       "/api/v1/failures": (b) => this.report(b.key, b.definitive ? "failed" : "timed_out"),
       "/api/v1/timeouts": (b) => this.report(b.key, "timed_out"),
+      "/api/v1/events": (b) => this.eventsIn(b),
     };
     const handler = handlers[path];
     if (method !== "POST" || handler === undefined) {
       return { status: 404, body: { error: `the fake has no ${method} ${path}` } };
     }
     return refused(path, given) ?? handler(given);
+  }
+
+  /** The runs' latest status by run id, from the run events received. */
+  readonly runs = new Map<string, string>();
+
+  private eventsIn(body: Json): Response {
+    for (const event of body.events ?? []) {
+      if (event.type === "run" && event.status) this.runs.set(event.run_id, event.status);
+    }
+    return { status: 202, body: { accepted: (body.events ?? []).length } };
   }
 
   private intent(intent: Json): Response {

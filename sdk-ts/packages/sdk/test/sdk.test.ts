@@ -281,3 +281,14 @@ test("the arguments' fingerprint is Python's (tests/sdk/fingerprints.json, compu
     assert.equal(fingerprint(args), expected, `${canonical(args)}`);
   }
 });
+
+test("a run event says the run goes, then that it ended, sent in the background", async () => {
+  const tb = new FakeTallybook();
+  tb.runEvent("ticket-7", "running", { workflow: "pi", agent: "pi" });
+  assert.ok(await tb.flush());
+  assert.equal(tb.fake.runs.get("ticket-7"), "running");
+  tb.runEvent("ticket-7", "ok", { workflow: "pi" });
+  assert.ok(await tb.flush());
+  assert.equal(tb.fake.runs.get("ticket-7"), "ok");
+  await tb.close();
+});
