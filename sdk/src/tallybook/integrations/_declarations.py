@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import string
@@ -34,10 +35,6 @@ from typing import Any
 from tallybook.client import Base, EffectOptions, ReplayPolicy
 
 REPLAY_POLICIES = ("never", "safe", "idempotent", "reconcile")
-# A call still pending after this long is timed out by the server and gets an uncertain
-# case: nothing stays pending without a deadline. The longest a coding agent's shell
-# command runs by default is ten minutes.
-DEFAULT_TIMEOUT_S = 900
 # The receipt's system when a declaration reads no provider id: the receipt then names
 # the effect, and the desk reads it as "no provider id".
 TOOL_CALL = "tool-call"
@@ -74,7 +71,8 @@ class Declaration:
     input: Mapping[str, re.Pattern[str]] = field(default_factory=dict)
     key: str | None = None
     replay: ReplayPolicy = "never"
-    timeout_s: int = DEFAULT_TIMEOUT_S
+    # The attempt's deadline; None leaves it to the project's (`effect_timeout_s`).
+    timeout_s: int | None = None
     authority: dict[str, Any] | None = None
     amount: dict[str, str] | None = None
     receipt_pattern: re.Pattern[str] | None = None
@@ -139,9 +137,10 @@ class Call:
             "kind": d.kind,
             "target": d.target,
             "replay": d.replay,
-            "timeout_s": d.timeout_s,
             "request": self.request,
         }
+        if d.timeout_s is not None:
+            options["timeout_s"] = d.timeout_s
         if tool_call_id:
             options["tool_call_id"] = tool_call_id
         if d.authority is not None:
@@ -192,13 +191,15 @@ class Declarations:
     path: Path | None = None
 
     def call(self, tool: str, arguments: Any, run_id: str | None) -> Call | None:
-        """The call as a declared effect, or None when no declaration covers it."""
+        """The call as a declared effect in run `run_id` (the caller's choice: a run the
+        command line or environment names, else `run`, else the agent's), or None when no
+        declaration covers it."""
         if not isinstance(arguments, Mapping):
             arguments = {"input": arguments}
         for declaration in self.effects:
             groups = declaration.matches(tool, arguments)
             if groups is not None:
-                return Call(declaration, tool, arguments, groups, self.run or run_id)
+                return Call(declaration, tool, arguments, groups, run_id)
         return None
 
     @property
@@ -210,7 +211,17 @@ def client_options() -> dict[str, Any]:
     """What the console scripts' clients take from the environment besides the URL, key and
     spool: `TALLYBOOK_INTENT_BUDGET`, the seconds an intent may take (2 by default)."""
     budget = os.environ.get("TALLYBOOK_INTENT_BUDGET")
-    return {"intent_budget": float(budget)} if budget else {}
+    if not budget:
+        return {}
+    try:
+        seconds = float(budget)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise DeclarationError(
+            f"TALLYBOOK_INTENT_BUDGET={budget!r} must be a positive number of seconds"
+        )
+    return {"intent_budget": seconds}
 
 
 def run_event(tb: Base, run_id: str, *, status: str, workflow: str, **fields: Any) -> None:
@@ -282,8 +293,10 @@ def _declaration(entry: Any, where: str) -> Declaration:
     replay = entry.get("replay", "never")
     if replay not in REPLAY_POLICIES:
         raise DeclarationError(f"{where}.replay must be one of {', '.join(REPLAY_POLICIES)}")
-    timeout = entry.get("timeout_s", DEFAULT_TIMEOUT_S)
-    if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout <= 0:
+    timeout = entry.get("timeout_s")
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int) or timeout <= 0
+    ):
         raise DeclarationError(f"{where}.timeout_s must be a positive number of seconds")
     authority = entry.get("authority")
     if authority is not None and not isinstance(authority, dict):
