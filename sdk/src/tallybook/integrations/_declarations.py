@@ -20,24 +20,25 @@ the same input, so the key survives it. Everything is checked when the file is r
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
 import re
-import string
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from tallybook.client import Base, EffectOptions, ReplayPolicy
+from tallybook.client import REPLAY_POLICIES, Base, EffectOptions, ReplayPolicy
+from tallybook.integrations._tool_calls import (
+    TOOL_CALL,
+    canonical_json,
+    default_key,
+    field_at,
+    template_names,
+)
 
-REPLAY_POLICIES = ("never", "safe", "idempotent", "reconcile")
-# The receipt's system when a declaration reads no provider id: the receipt then names
-# the effect, and the desk reads it as "no provider id".
-TOOL_CALL = "tool-call"
 FIELDS = frozenset(
     {
         "tool",
@@ -90,7 +91,7 @@ class Declaration:
             value = arguments.get(name)
             if value is None:
                 return None
-            found = pattern.search(value if isinstance(value, str) else canonical(value))
+            found = pattern.search(value if isinstance(value, str) else canonical_json(value))
             if found is None:
                 return None
             groups.update({k: v for k, v in found.groupdict().items() if v is not None})
@@ -120,8 +121,7 @@ class Call:
     def key(self) -> str:
         template = self.declaration.key
         if template is None:
-            digest = argument_fingerprint(self.request)[:32]
-            return f"{self.tool}:{self.run_id}:{digest}" if self.run_id else f"{self.tool}:{digest}"
+            return default_key(self.tool, self.run_id, self.request)
         names = {**self.arguments, **self.groups, "tool": self.tool, "run_id": self.run_id}
         try:
             return template.format(**names)
@@ -156,16 +156,10 @@ class Call:
         result (or of its text read as JSON), else the declared pattern's match in its text."""
         d = self.declaration
         if d.receipt_field is not None:
-            value: Any = structured
-            if value is None:
-                try:
-                    value = json.loads(text)
-                except ValueError:
-                    value = None
-            for part in d.receipt_field.split("."):
-                value = value.get(part) if isinstance(value, Mapping) else None
-            if value not in (None, ""):
-                return str(value)
+            try:
+                return str(field_at(text if structured is None else structured, d.receipt_field))
+            except TypeError:
+                pass  # not there: the pattern, else no provider id
         if d.receipt_pattern is not None:
             found = d.receipt_pattern.search(text)
             if found is not None:
@@ -233,15 +227,6 @@ def run_event(tb: Base, run_id: str, *, status: str, workflow: str, **fields: An
     event["started" if status == "running" else "ended"] = now
     event["id"] = f"run:{run_id}:{status}:{now}"
     tb._record("events", {"events": [event]})
-
-
-def argument_fingerprint(value: Any) -> str:
-    """SHA-256 of the value's canonical JSON: the server's own request fingerprint."""
-    return hashlib.sha256(canonical(value).encode()).hexdigest()
-
-
-def canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
 def load(path: str | Path) -> Declarations:
@@ -356,8 +341,6 @@ def _regex(pattern: str, where: str) -> re.Pattern[str]:
 
 def _template(template: str, where: str) -> None:
     try:
-        fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
-    except ValueError as exc:
-        raise DeclarationError(f"{where} is not a template: {exc}") from None
-    if any(not f or f.isdigit() for f in fields):
-        raise DeclarationError(f"{where} must name its fields ('refund:{{order}}')")
+        template_names(template, where)
+    except TypeError as exc:
+        raise DeclarationError(str(exc)) from None
