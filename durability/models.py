@@ -8,7 +8,7 @@ import hmac
 import secrets
 import uuid
 import zoneinfo
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -45,6 +45,12 @@ class AuthorityPolicy(models.TextChoices):
     ENFORCE = "enforce", "enforce (deny)"
 
 
+# An hour: longer than any tool call should take, short enough that a crash is in the
+# desk the same day. A project sets its own (accounts.members.project_policy_set).
+DEFAULT_EFFECT_TIMEOUT_S = 3600
+MAX_EFFECT_TIMEOUT_S = 7 * 24 * 3600
+
+
 class Project(models.Model):
     name = models.CharField(max_length=100, unique=True)
     created = models.DateTimeField(default=timezone.now)
@@ -58,6 +64,9 @@ class Project(models.Model):
     authority_policy = models.CharField(
         max_length=16, choices=AuthorityPolicy.choices, default=AuthorityPolicy.AUDIT
     )
+    # The timeout of an effect whose intent declares none: no attempt stays pending without
+    # a deadline (the sweep times it out, durability.ledger.evidence.deadlines_sweep).
+    effect_timeout_s = models.PositiveIntegerField(default=DEFAULT_EFFECT_TIMEOUT_S)
     # The project's own secrets, redacted on top of the built-in ones (durability.redaction):
     # regular expressions, checked when saved, and field or attribute names.
     redaction_patterns = models.JSONField(default=list, blank=True)
@@ -373,8 +382,8 @@ KEYS_VERSION_SQLITE_TRIGGERS = [
     f"""CREATE TRIGGER IF NOT EXISTS durability_apikey_keys_version_delete
     AFTER DELETE ON durability_apikey {_BUMP}""",
     f"""CREATE TRIGGER IF NOT EXISTS durability_project_keys_version_update
-    AFTER UPDATE OF name, created, authority_policy, redaction_patterns, redaction_keys
-    ON durability_project {_BUMP}""",
+    AFTER UPDATE OF name, created, authority_policy, effect_timeout_s, redaction_patterns,
+    redaction_keys ON durability_project {_BUMP}""",
     f"""CREATE TRIGGER IF NOT EXISTS durability_project_keys_version_delete
     AFTER DELETE ON durability_project {_BUMP}""",
 ]
@@ -511,6 +520,13 @@ class Effect(models.Model):
             ),
             # The effects page filtered by state.
             models.Index(fields=["project", "state", "-id"], name="effect_project_state_idx"),
+            # A new intent of a run: the run's pending effects, for an earlier attempt of the
+            # same tool call under another key (durability.ledger.intents).
+            models.Index(
+                fields=["project", "run_id"],
+                name="effect_run_pending_idx",
+                condition=Q(state="pending", attempt_count__gt=0),
+            ),
             # The authority audit: one project's effects created in a time range.
             models.Index(fields=["project", "created"], name="effect_project_created_idx"),
             # Grant limits: effects under a grant in the last day or count period, summed
@@ -587,6 +603,11 @@ class Attempt(models.Model):
         return f"{self.effect} #{self.number}"
 
 
+# The system of a receipt that names the model's tool call because its tool declared no
+# provider id (the SDK's integrations): it is shown as "no provider id", never as an id.
+TOOL_CALL_SYSTEM = "tool-call"
+
+
 class Strength(models.TextChoices):
     AGENT_REPORTED = "agent_reported"
     PROVIDER_CONFIRMED = "provider_confirmed"
@@ -660,6 +681,8 @@ class Receipt(models.Model):
         ]
 
     def __str__(self) -> str:
+        if self.system == TOOL_CALL_SYSTEM:
+            return f"no provider id (tool call {self.external_id})"
         return f"{self.system}:{self.external_id}"
 
 
@@ -689,6 +712,10 @@ class EffectHour(models.Model):
     agent_reported = models.PositiveIntegerField()
     provider_confirmed = models.PositiveIntegerField()
     operator_attested = models.PositiveIntegerField()
+    # Of those, the effects with a case of these reasons: the overview's "problems only"
+    # shows them beside the failed states.
+    late_success = models.PositiveIntegerField(default=0)
+    duplicate_effect = models.PositiveIntegerField(default=0)
 
     class Meta:
         constraints = [
@@ -826,6 +853,14 @@ class Case(models.Model):
             ),
             # The overview's last day: cases of a reason opened since, open or closed.
             models.Index(fields=["project", "reason", "opened"], name="case_reason_opened_idx"),
+            # The backlog's hours not tallied yet (tallies.case_hours): cases opened since,
+            # and cases settled since.
+            models.Index(fields=["project", "opened"], name="case_project_opened_idx"),
+            models.Index(
+                fields=["project", "closed"],
+                name="case_project_closed_idx",
+                condition=Q(closed__isnull=False),
+            ),
             # An effect's cases, open or closed: the effect page, the ledger's open case of
             # a reason, retention's "no open case" test.
             models.Index(fields=["project", "effect", "opened"], name="case_of_effect_idx"),
@@ -853,6 +888,35 @@ class Case(models.Model):
     @property
     def is_open(self) -> bool:
         return self.closed is None
+
+
+class CaseHour(models.Model):
+    """The cases of one hour of a project, per reason: how many opened in it, how many were
+    settled (closed) in it and how long those took, counted in the buckets of
+    `tallies.SETTLE_BOUNDS`. The overview's backlog reads these, so that its cost is the
+    hours it shows, not the cases. Written only by `tallies.hours_tally`, an hour whole."""
+
+    project = models.ForeignKey(
+        Project,
+        models.CASCADE,
+        related_name="+",
+        db_index=False,  # case_hour_uniq leads with it
+    )
+    hour = models.DateTimeField()
+    reason = models.CharField(max_length=32, choices=Reason.choices)
+    opened = models.PositiveIntegerField()
+    settled = models.PositiveIntegerField()
+    # Of the settled: how many took at most each of tallies.SETTLE_BOUNDS, and more (last).
+    took = models.JSONField(default=list)
+
+    class Meta:
+        constraints = [
+            # One row per hour and reason; also the overview's index: a project's hours.
+            models.UniqueConstraint(fields=["project", "hour", "reason"], name="case_hour_uniq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.hour:%Y-%m-%d %H}h {self.reason} +{self.opened} -{self.settled}"
 
 
 ACKNOWLEDGED = "acknowledged"
@@ -1064,6 +1128,7 @@ class AuditAction(models.TextChoices):
     APIKEY_CREATED = "apikey_created", "Apikey created"
     APIKEY_REVOKED = "apikey_revoked", "Apikey revoked"
     AUTHORITY_POLICY_SET = "authority_policy_set", "Authority policy set"
+    EFFECT_TIMEOUT_SET = "effect_timeout_set", "Effect timeout set"
     REDACTION_SET = "redaction_set", "Redaction set"
     # Retention (durability.retention).
     RETENTION_SET = "retention_set", "Retention set"
@@ -1294,6 +1359,20 @@ class Probe(models.Model):
     def took_s(self) -> float:
         return (self.finished - self.started).total_seconds()
 
+    @property
+    def observed_at(self) -> datetime | None:
+        """When the system says the effect happened: the evidence's ISO 8601 text as an aware
+        moment; None when absent or unreadable, so that no stored value fails a page."""
+        evidence = self.evidence if isinstance(self.evidence, dict) else {}
+        value = evidence.get("observed_at")
+        if not isinstance(value, str):
+            return None
+        try:
+            moment = datetime.fromisoformat(value)
+        except ValueError:
+            return None
+        return moment if timezone.is_aware(moment) else moment.replace(tzinfo=UTC)
+
 
 class CaseAlert(models.Model):
     """A case that reached its reason's alert threshold; `sent` once the webhook took it."""
@@ -1492,6 +1571,9 @@ class ApprovalStatus(models.TextChoices):
     OPEN = "open"
     APPROVED = "approved"
     DENIED = "denied"
+    # The effect stopped awaiting it without a signature (decided through the state machine
+    # directly): nothing left to sign.
+    CLOSED = "closed"
 
 
 class Approval(models.Model):
@@ -1537,6 +1619,11 @@ class Approval(models.Model):
 
     def get_absolute_url(self) -> str:
         return reverse("approval", args=[self.pk])
+
+    @property
+    def closed_why(self) -> str:
+        """Why a closed approval takes no signature, in the words its pages and 409 use."""
+        return f"the effect was settled without it (it is now {self.effect.state})"
 
 
 class SignoffVerdict(models.TextChoices):
