@@ -47,11 +47,15 @@ _SQL: dict[str, bytes] = {}
 
 @dataclass
 class Statement:
-    """One statement of a pipeline, with `%s` placeholders; `rows` its answer once sent."""
+    """One statement of a pipeline, with `%s` placeholders; `rows` its answer once sent.
+    `prepare`: prepared once it ran `DB_PREPARE_AFTER` times; False for a statement whose
+    text varies with its input (a list of placeholders per row), or whose plan should be
+    made for its values each time."""
 
     sql: str
     params: Sequence[Any] = ()
     rows: list[tuple[Any, ...]] = field(default_factory=list)
+    prepare: bool = True
 
 
 @dataclass
@@ -132,7 +136,12 @@ def send(
             for statement, query, params, types, formats in adapted:
                 shape = (query, types)
                 name = prepared.names.get(shape)
-                if name is None and after is not None and len(prepared.names) < PREPARED_MAX:
+                if (
+                    name is None
+                    and statement.prepare
+                    and after is not None
+                    and len(prepared.names) < PREPARED_MAX
+                ):
                     prepared.runs[shape] += 1
                     if prepared.runs[shape] > after:
                         # Named at once, so that the same statement later in this pipeline

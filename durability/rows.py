@@ -14,6 +14,7 @@ have built, and a row written here is the one `save()` would have written.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -296,6 +297,42 @@ class Batch:
         self.queued = []
         if pending is not None and not pending.holds(first):
             raise Stale(pending.sql)
+
+
+def send(statements: Sequence[pipeline.Statement]) -> None:
+    """Send `statements` together, in the transaction begun (if any), and put each one's rows
+    in its `rows`: on PostgreSQL as one pipeline, one round trip (`durability.pipeline`,
+    after the BEGIN psycopg or `begun_lazily` would send); on SQLite one after the other.
+    Errors are raised as Django's; on PostgreSQL, the first one met, once every answer is
+    read (the statements after it did not run). The connection's execute wrappers
+    (`connection.execute_wrapper`) see each statement as it is queued, as they would see it
+    executed."""
+    db = _db()
+    if db.vendor == "postgresql":
+        db.ensure_connection()
+        _sent(db, [statement for statement in statements if _wrapped(db, statement)])
+        return
+    with db.cursor() as cursor:
+        for statement in statements:
+            cursor.execute(statement.sql, statement.params)
+            statement.rows = list(cursor.fetchall()) if cursor.description else []
+
+
+def _wrapped(db: Any, statement: pipeline.Statement) -> bool:
+    """Pass `statement` through the connection's execute wrappers, as Django's cursor does;
+    whether the last of them queued it (with the text and parameters it was given)."""
+    queued = False
+
+    def queue(sql: str, params: Any, many: bool, context: Any) -> None:
+        nonlocal queued
+        queued = True
+        statement.sql, statement.params = sql, params
+
+    executor: Callable[..., Any] = queue
+    for wrapper in reversed(db.execute_wrappers):
+        executor = functools.partial(wrapper, executor)
+    executor(statement.sql, statement.params, False, {"connection": db, "cursor": None})
+    return queued
 
 
 def _sent(db: Any, statements: list[pipeline.Statement], *, commit: bool = False) -> None:

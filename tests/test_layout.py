@@ -115,10 +115,10 @@ ROOMS = (
         ("durability.models", "durability.accounts")
         + ("durability.api.decorators", "durability.api.schemas", "durability.api.signals")
         + ("durability.ledger.signals", "durability.jobs", "durability.redaction")
-        + ("durability.inbound",)
+        + ("durability.inbound", "durability.rows", "durability.pipeline")
         + ("durability.admin.ReadOnly",),
         "models, accounts, api.decorators/schemas/signals, ledger.signals, jobs, redaction,"
-        " inbound,"
+        " inbound, rows, pipeline,"
         " admin.ReadOnly",
     ),
     Room(

@@ -13,21 +13,23 @@ from __future__ import annotations
 import json
 import threading
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection, transaction
-from django.db.models import CharField, Q
+from django.db.models import CharField
 from django.utils import timezone
 from pydantic import ValidationError
 
+from durability import rows
 from durability.api.decorators import DATABASE_AWAY, DATABASE_RETRY_AFTER, field_errors
 from durability.inbound import unstorable_at
 from durability.models import Project
+from durability.pipeline import Statement
 from durability.redaction import (
     ATTRIBUTE_CAP,
     IO_CAP,
@@ -41,8 +43,9 @@ from durability.redaction import (
     scrub_text,
     suspect,
 )
+from trajectories import links
+from trajectories.links import Touched
 from trajectories.models import (
-    EffectLink,
     RequestedToolCall,
     Run,
     RunTrace,
@@ -89,18 +92,6 @@ class Overloaded(Exception):
         self.status, self.retry_after = status, retry_after
 
 
-@dataclass
-class Touched:
-    """What a batch stored that effect links may be waiting for."""
-
-    trace_ids: set[str] = field(default_factory=set)
-    tool_call_ids: set[str] = field(default_factory=set)
-    run_keys: set[str] = field(default_factory=set)
-
-    def __bool__(self) -> bool:
-        return bool(self.trace_ids or self.tool_call_ids or self.run_keys)
-
-
 def _slot_key(project: Project, slot: int) -> int:
     return (project.pk * SLOTS_PER_PROJECT + slot) % 2147483647
 
@@ -111,11 +102,12 @@ class Slot:
 
     key: int | None = None
 
-    def give_back(self, cursor: Any) -> None:
-        """Run the unlock on `cursor` (in a pipeline, it goes with the statements before it);
-        `key` stays set until the caller knows it ran."""
-        if self.key is not None:
-            cursor.execute(SLOT_UNLOCK, [SLOT_LOCK_CLASS, self.key])
+    def give_back(self) -> list[Statement]:
+        """The unlock, to send with the statements before it (none once given back); `key`
+        stays set until the caller knows it ran."""
+        if self.key is None:
+            return []
+        return [_statement(SLOT_UNLOCK, [SLOT_LOCK_CLASS, self.key])]
 
 
 SLOT_UNLOCK = "SELECT pg_advisory_unlock(%s, %s)"
@@ -159,11 +151,9 @@ def slot(project: Project) -> Iterator[Slot]:
         yield held
     finally:
         if held.key is not None:
-            try:
-                with connection.cursor() as cursor:
-                    held.give_back(cursor)
-            except (OperationalError, InterfaceError):
-                pass  # the connection is gone, and its locks with it
+            # (A connection gone takes its locks with it.)
+            with suppress(OperationalError, InterfaceError):
+                rows.send(held.give_back())
 
 
 @contextmanager
@@ -199,9 +189,17 @@ BOUND_WAITS = (
 )
 
 
-def _bound_waits(cursor: Any) -> None:
-    if connection.vendor == "postgresql":
-        cursor.execute(BOUND_WAITS, [STATEMENT_TIMEOUT, LOCK_TIMEOUT])
+def _statement(sql: str, params: Sequence[Any]) -> Statement:
+    """An ingest statement, sent with others by `rows.send` (one pipeline on PostgreSQL).
+    Never prepared: most texts vary with the batch, and every plan is best made for the
+    batch's own values (its days, its partitions)."""
+    return Statement(sql, params, prepare=False)
+
+
+def _bound_waits() -> list[Statement]:
+    if connection.vendor != "postgresql":
+        return []
+    return [_statement(BOUND_WAITS, [STATEMENT_TIMEOUT, LOCK_TIMEOUT])]
 
 
 @contextmanager
@@ -213,19 +211,6 @@ def _ingest_transaction() -> Iterator[None]:
             yield
     except OperationalError as exc:
         raise Overloaded(DATABASE_AWAY, status=503, retry_after=DATABASE_RETRY_AFTER) from exc
-
-
-@contextmanager
-def _pipeline() -> Iterator[None]:
-    """PostgreSQL's pipeline mode: the statements run inside go in one round trip, at its end
-    (read their results after it). Elsewhere (SQLite) they simply run one by one."""
-    if connection.vendor != "postgresql":
-        yield
-        return
-    connection.ensure_connection()
-    # An error is raised when the pipeline is sent, here: made Django's, as the cursor's are.
-    with connection.wrap_database_errors, connection.connection.pipeline():
-        yield
 
 
 def _in(column: str, values: Iterable[Any]) -> tuple[str, list[Any]]:
@@ -446,32 +431,10 @@ _CALLS_ASKED = (
     "ON CONFLICT (project_id, trace_id, span_id, tool_call_id, day) DO NOTHING"
 )
 # SPAN_UPSERT_FOLLOWED, for a batch sending spans again: the effect links taking their run
-# from a span it writes (EffectLink.run_span) take the run the span is in now, so that a link
-# follows its span to another run in the batch's transaction, and in its round trip (a
-# data-modifying CTE). Such a link names one of the batch's traces or tool call ids (its own
-# span and tool span are in its trace, or its tool span runs its tool call id, or its model
-# span asked for it), found as links.LINKS_WAITING finds them: link_trace_idx, link_tool_call_idx.
-LINKS_FOLLOW = (
-    ", followed AS (UPDATE trajectories_effectlink link SET run_id = stored.run_id FROM stored "
-    "WHERE link.project_id = %s "
-    "AND (link.trace_id = ANY(%s::text[]) OR link.tool_call_id = ANY(%s::text[])) AND "
-    + " AND ".join(
-        f"CASE WHEN link.tool_span_id <> '' THEN link.tool_{c} "
-        f"WHEN link.span_id <> '' THEN link.{c} ELSE link.model_{c} END = stored.{c}"
-        for c in ("trace_id", "span_id")
-    )
-    + " AND link.run_id IS DISTINCT FROM stored.run_id) "
-)
+# from a span it writes follow it to its run, in the batch's transaction and in its round trip
+# (links.LINKS_FOLLOW, a data-modifying CTE reading `stored`).
 SPAN_UPSERT = _SPANS_STORED + _CALLS_ASKED
-SPAN_UPSERT_FOLLOWED = _SPANS_STORED + LINKS_FOLLOW + _CALLS_ASKED
-
-
-def _links_keys(spans: list[SpanData]) -> list[list[str]]:
-    """The batch's trace ids and tool call ids (those run and those asked for): where
-    LINKS_FOLLOW looks for the links the batch's spans gave their runs."""
-    calls = {s.tool_call_id for s in spans if s.tool_call_id}
-    calls.update(c for s in spans for c in s.requested_calls)
-    return [sorted({s.trace_id for s in spans}), sorted(calls)]
+SPAN_UPSERT_FOLLOWED = _SPANS_STORED + links.LINKS_FOLLOW + _CALLS_ASKED
 
 
 def _rows_json(rows: list[tuple[Any, ...]], spans: list[SpanData]) -> list[str]:
@@ -495,32 +458,30 @@ def _rows_json(rows: list[tuple[Any, ...]], spans: list[SpanData]) -> list[str]:
 
 
 def _spans_upsert(
-    cursor: Any,
     project: Project,
-    rows: list[tuple[Any, ...]],
+    values: list[tuple[Any, ...]],
     spans: list[SpanData],
     locked: list[str],
     resent: bool,
-) -> None:
-    """Insert spans, or update them in place (same id) when re-sent, with the calls asked for:
-    SPAN_UPSERT on PostgreSQL, the ORM's bulk_create elsewhere (SQLite, for the demo).
-    `locked`: the keys of the runs the batch locked, which a span re-sent must be in;
-    `resent`: some spans were stored before, and the effect links they gave their runs
-    follow them (SPAN_UPSERT_FOLLOWED)."""
-    if connection.vendor == "postgresql":
-        now = rows[0][-1]
-        pk = project.pk
-        day = today()
-        params = [*_rows_json(rows, spans), pk, pk, day, pk, now, pk, locked]
-        if resent:
-            cursor.execute(SPAN_UPSERT_FOLLOWED, [*params, pk, *_links_keys(spans), pk])
-        else:
-            cursor.execute(SPAN_UPSERT, [*params, pk])
-    else:
-        _spans_create(project, rows, spans)
+) -> Statement | None:
+    """The statement inserting spans (rows of `values`), or updating them in place (same id)
+    when re-sent, with the calls asked for: SPAN_UPSERT on PostgreSQL; None elsewhere (SQLite,
+    for the demo), where `_spans_create` writes them. `locked`: the keys of the runs the
+    batch locked, which a span re-sent must be in; `resent`: some spans were stored before,
+    and the effect links they gave their runs follow them (SPAN_UPSERT_FOLLOWED)."""
+    if connection.vendor != "postgresql":
+        return None
+    now = values[0][-1]
+    pk = project.pk
+    day = today()
+    params = [*_rows_json(values, spans), pk, pk, day, pk, now, pk, locked]
+    if resent:
+        followed = links.links_follow_params(pk, spans)
+        return _statement(SPAN_UPSERT_FOLLOWED, [*params, *followed, pk])
+    return _statement(SPAN_UPSERT, [*params, pk])
 
 
-def _spans_create(project: Project, rows: list[tuple[Any, ...]], spans: list[SpanData]) -> None:
+def _spans_create(project: Project, values: list[tuple[Any, ...]], spans: list[SpanData]) -> None:
     """Elsewhere (SQLite, for the demo): the ORM's bulk_create, in the runs the keys name."""
     keys = {s.run_key for s in spans}
     run_pks = dict(Run.objects.filter(project=project, run_id__in=keys).values_list("run_id", "pk"))
@@ -530,12 +491,12 @@ def _spans_create(project: Project, rows: list[tuple[Any, ...]], spans: list[Spa
         ).values_list("trace_id", "day")
     )
     created = []
-    for row, s in zip(rows, spans, strict=True):
-        values = dict(zip(SPAN_COLUMNS, row, strict=True))
+    for row, s in zip(values, spans, strict=True):
+        fields = dict(zip(SPAN_COLUMNS, row, strict=True))
         for name in JSON_COLUMNS:
-            values[name] = None if values[name] is None else json.loads(values[name])
+            fields[name] = None if fields[name] is None else json.loads(fields[name])
         day = days.get(s.trace_id) or today()
-        created.append(Span(run_id=run_pks[s.run_key], day=day, **values))
+        created.append(Span(run_id=run_pks[s.run_key], day=day, **fields))
     Span.objects.bulk_create(
         created,
         update_conflicts=True,
@@ -556,17 +517,10 @@ def _spans_create(project: Project, rows: list[tuple[Any, ...]], spans: list[Spa
         ],
         ignore_conflicts=True,
     )
-    # LINKS_FOLLOW, with the ORM (bulk_create updates a span sent again whatever its run).
-    traces, calls = _links_keys(spans)
-    stored = {(span.trace_id, span.span_id): span.run_id for span in created}
-    waiting = EffectLink.objects.filter(project=project).filter(
-        Q(trace_id__in=traces) | Q(tool_call_id__in=calls)
+    # links.LINKS_FOLLOW, with the ORM (bulk_create updates a span sent again whatever its run).
+    links.links_follow(
+        project.pk, {(span.trace_id, span.span_id): span.run_id for span in created}, spans
     )
-    for link in waiting:
-        run = stored.get(link.run_span)
-        if run is not None and run != link.run_id:
-            link.run_id = run
-            link.save(update_fields=["run"])
 
 
 # The runs a batch names, created when new, and the runs it takes spans from, locked in key
@@ -595,16 +549,15 @@ _CLAIM_ROW = "(%s, %s, %s, (SELECT id FROM trajectories_run WHERE project_id = %
 
 
 def _runs_write(
-    cursor: Any,
     project: Project,
     first_start: dict[str, datetime],
     inferred: set[str],
     now: datetime,
     losing: set[str],
-) -> None:
-    """Create the runs {key: first start} that are new (`inferred` those named after their
-    trace), and lock them all with the runs `losing` spans to them that still exist, in key
-    order: one statement."""
+) -> Statement:
+    """The statement creating the runs {key: first start} that are new (`inferred` those
+    named after their trace), and locking them all with the runs `losing` spans to them
+    that still exist, in key order."""
     params: list[Any] = []
     keys = sorted(first_start.keys() | losing)
     for key in keys:
@@ -612,24 +565,24 @@ def _runs_write(
         params += [project.pk, key, key in inferred, start, now, only_losing]
     # Elsewhere (SQLite, the demo) a transaction writes alone from its start: nothing to lock.
     lock = "FOR UPDATE" if connection.vendor == "postgresql" else ""
-    cursor.execute(RUNS_UPSERT.format(rows=", ".join([_RUN_ROW] * len(keys)), lock=lock), params)
+    return _statement(RUNS_UPSERT.format(rows=", ".join([_RUN_ROW] * len(keys)), lock=lock), params)
 
 
-def _traces_claim(cursor: Any, project: Project, claims: dict[str, str]) -> None:
-    """Give each trace {trace_id: run key} to that run, unless the trace has a run already."""
-    if not claims:
-        return
+def _traces_claim(project: Project, claims: dict[str, str]) -> Statement:
+    """The statement giving each trace {trace_id: run key} (at least one) to that run, unless
+    the trace has a run already."""
+    assert claims, "no trace to claim"
     params: list[Any] = []
     day = today()
     for trace_id, key in sorted(claims.items()):
         params += [project.pk, trace_id, day, project.pk, key]
-    cursor.execute(TRACES_CLAIM.format(rows=", ".join([_CLAIM_ROW] * len(claims))), params)
+    return _statement(TRACES_CLAIM.format(rows=", ".join([_CLAIM_ROW] * len(claims))), params)
 
 
-def _owners(cursor: Any, project: Project, traces: Iterable[str]) -> None:
-    """Run the look-up of the traces' runs on `cursor`: (trace_id, run key, inferred) rows."""
+def _owners(project: Project, traces: Iterable[str]) -> Statement:
+    """The look-up of the traces' runs: (trace_id, run key, inferred) rows."""
     where, params = _in("trace.trace_id", traces)
-    cursor.execute(
+    return _statement(
         "SELECT trace.trace_id, run.run_id, run.inferred FROM trajectories_runtrace trace "
         "JOIN trajectories_run run ON run.id = trace.run_id "
         f"WHERE trace.project_id = %s AND {where}",
@@ -637,11 +590,11 @@ def _owners(cursor: Any, project: Project, traces: Iterable[str]) -> None:
     )
 
 
-def _holders(cursor: Any, project: Project, spans: list[SpanData]) -> None:
-    """Run the look-up of the runs holding spans of the batch already on `cursor`: (run key,)
-    rows (NULL for the new spans). A span is looked for in the partition of its trace's day
-    only, where the upsert meets it: one index probe per span of a trace the project has,
-    none for a new trace."""
+def _holders(project: Project, spans: list[SpanData]) -> Statement:
+    """The look-up of the runs holding spans of the batch already: (run key,) rows (NULL
+    for the new spans). A span is looked for in the partition of its trace's day only, where
+    the upsert meets it: one index probe per span of a trace the project has, none for a
+    new trace."""
     if connection.vendor == "postgresql":
         sent = "unnest(%s::text[], %s::text[]) AS sent(trace_id, span_id)"
         params: list[Any] = [[s.trace_id for s in spans], [s.span_id for s in spans]]
@@ -655,7 +608,7 @@ def _holders(cursor: Any, project: Project, spans: list[SpanData]) -> None:
         params = [value for s in spans for value in (s.trace_id, s.span_id)]
     # A scalar subquery, which the planner cannot turn into a join over every partition: the
     # trace's day, known when it runs, leaves one partition to read. (NULL: a new span.)
-    cursor.execute(
+    return _statement(
         "SELECT DISTINCT (SELECT holder.run_id FROM trajectories_span span "
         "JOIN trajectories_run holder ON holder.id = span.run_id "
         "WHERE span.project_id = trace.project_id AND span.trace_id = trace.trace_id "
@@ -702,12 +655,11 @@ def _run_merge(project: Project, *, trace_id: str, source_key: str, target: Run)
         return
     Span.objects.filter(run=source, trace_id=trace_id).update(run=target)
     RunTrace.objects.filter(project=project, trace_id=trace_id).update(run=target)
-    EffectLink.objects.filter(run=source).update(run=target)
+    links.links_move(source=source, target=target)
     if not Span.objects.filter(run=source).exists():
         source.delete()
     else:
-        with connection.cursor() as cursor:
-            _runs_refresh(cursor, project, {source_key: []})
+        rows.send([_runs_refresh(project, {source_key: []})])
 
 
 # Aggregates of runs over their spans. A run inferred from spans takes its end and status
@@ -771,18 +723,18 @@ _DAYS = """AND span.day >= (SELECT LEAST(min(r.first_day), (SELECT min(t.day)
 
 
 def _runs_refresh(
-    cursor: Any, project: Project, hints: dict[str, list[SpanData]], extras: Extras = NONE
-) -> None:
-    """Recompute the aggregates of the runs {key: spans just stored in it (none: a run that
-    lost spans)} from their spans; fill blank names from those spans' hints.
+    project: Project, hints: dict[str, list[SpanData]], extras: Extras = NONE
+) -> Statement:
+    """The statement recomputing the aggregates of the runs {key: spans just stored in it
+    (none: a run that lost spans)}, at least one, from their spans; it fills blank names
+    from those spans' hints.
 
     One statement. Rescans each run's spans (one index range per run), so counts stay
     right however often a span is re-sent. Given spans, on PostgreSQL, it reads only the
     partitions of the days of those runs and of those spans' traces (_DAYS); without (a
     merge of runs, rare), every partition.
     """
-    if not hints:
-        return
+    assert hints, "no run to refresh"
     hint_values: list[Any] = []
     for key, spans in hints.items():
         # Roots and agent spans speak for the run before the spans below them.
@@ -801,7 +753,7 @@ def _runs_refresh(
     sql = RUNS_REFRESH.format(
         fills=_FILLS, runs=runs, days=days, hints=" UNION ALL ".join([_HINT_ROW] * len(hints))
     )
-    cursor.execute(sql, [timezone.now(), *day_values, project.pk, *keys, *hint_values])
+    return _statement(sql, [timezone.now(), *day_values, project.pk, *keys, *hint_values])
 
 
 def _hint(spans: list[SpanData], name: str) -> str:
@@ -818,11 +770,11 @@ def _spans_store(
     """Store spans in the transaction begun, and let go of the slot `held` with the last
     statements.
 
-    On PostgreSQL in two pipelined round trips, whatever the number of spans: the waits'
-    bounds with the look-ups of the traces' runs and of the runs holding spans sent again;
-    then the runs, the traces they claim, the spans, the runs' aggregates (with those of the
-    runs that lost spans to others) and the slot. Merging an inferred run into a named one,
-    rare, costs a few more.
+    On PostgreSQL in two pipelines (`rows.send`), two round trips, whatever the number of
+    spans: the waits' bounds with the look-ups of the traces' runs and of the runs holding
+    spans sent again; then the runs, the traces they claim, the spans, the runs' aggregates
+    (with those of the runs that lost spans to others) and the slot. Merging an inferred run
+    into a named one, rare, costs a few more.
     """
     if not spans:
         return
@@ -836,14 +788,11 @@ def _spans_store(
         if id(s.resource) not in resources:
             resources[id(s.resource)] = attributes_text(s.resource, ATTRIBUTE_CAP, extras=extras)
     project_pk = project.pk
-    rows = [_span_values(project_pk, s, now, resources[id(s.resource)], extras) for s in spans]
-    with connection.cursor() as first, connection.cursor() as found, connection.cursor() as held_by:
-        with _pipeline():
-            _bound_waits(first)
-            _owners(found, project, {s.trace_id for s in spans})
-            _holders(held_by, project, spans)
-        owners = {trace_id: (key, inferred) for trace_id, key, inferred in found.fetchall()}
-        holders = {key for (key,) in held_by.fetchall() if key is not None}
+    values = [_span_values(project_pk, s, now, resources[id(s.resource)], extras) for s in spans]
+    found, held_by = _owners(project, {s.trace_id for s in spans}), _holders(project, spans)
+    rows.send([*_bound_waits(), found, held_by])
+    owners = {trace_id: (key, inferred) for trace_id, key, inferred in found.rows}
+    holders = {key for (key,) in held_by.rows if key is not None}
     claims, merges = _run_keys(spans, owners)
     first_start: dict[str, datetime] = {}
     inferred: set[str] = set()
@@ -863,28 +812,26 @@ def _spans_store(
     losing = holders - first_start.keys()
     # Spans stored before, in some run: the links taking their run from them follow them.
     resent = bool(holders)
-    with connection.cursor() as cursor:
-        with _pipeline():
-            _runs_write(cursor, project, first_start, inferred, now, losing)
-            _traces_claim(cursor, project, claims)
-            if not merges:
-                _spans_write(cursor, project, rows, spans, hints, losing, resent, extras, held)
-        if merges:
-            # Rare: the merges read what the statements above wrote.
-            for trace_id, source_key, target_key in merges:
-                target = Run.objects.get(project=project, run_id=target_key)
-                _run_merge(project, trace_id=trace_id, source_key=source_key, target=target)
-                touched.run_keys.add(source_key)
-            with _pipeline():
-                _spans_write(cursor, project, rows, spans, hints, losing, resent, extras, held)
+    ahead = [_runs_write(project, first_start, inferred, now, losing)]
+    if claims:
+        ahead.append(_traces_claim(project, claims))
+    if merges:
+        # Rare: the merges read what the statements above wrote.
+        rows.send(ahead)
+        ahead = []
+        for trace_id, source_key, target_key in merges:
+            target = Run.objects.get(project=project, run_id=target_key)
+            _run_merge(project, trace_id=trace_id, source_key=source_key, target=target)
+            touched.run_keys.add(source_key)
+    _spans_write(ahead, project, values, spans, hints, losing, resent, extras, held)
     if held is not None:
         held.key = None  # the unlock has run: nothing left for `slot` to do
 
 
 def _spans_write(
-    cursor: Any,
+    ahead: list[Statement],
     project: Project,
-    rows: list[tuple[Any, ...]],
+    values: list[tuple[Any, ...]],
     spans: list[SpanData],
     hints: dict[str, list[SpanData]],
     losing: set[str],
@@ -892,11 +839,19 @@ def _spans_write(
     extras: Extras,
     held: Slot | None,
 ) -> None:
-    _spans_upsert(cursor, project, rows, spans, sorted(hints.keys() | losing), resent)
+    """Send the statements `ahead`, the spans' upsert, the runs' refresh and the slot's
+    unlock (if `held`): on PostgreSQL one pipeline."""
+    upsert = _spans_upsert(project, values, spans, sorted(hints.keys() | losing), resent)
+    if upsert is None:
+        # Elsewhere (SQLite, the demo) the ORM writes the spans, after the statements ahead.
+        rows.send(ahead)
+        _spans_create(project, values, spans)
+        ahead = []
+    else:
+        ahead = [*ahead, upsert]
     # A run that lost spans has no hints of its own: its names are kept.
-    _runs_refresh(cursor, project, {**{key: [] for key in losing}, **hints}, extras)
-    if held is not None:
-        held.give_back(cursor)
+    refresh = _runs_refresh(project, {**{key: [] for key in losing}, **hints}, extras)
+    rows.send([*ahead, refresh, *(held.give_back() if held is not None else [])])
 
 
 def spans_ingest(*, project: Project, spans: list[SpanData], slot: Slot | None = None) -> Touched:
@@ -1052,17 +1007,14 @@ def _run_events_store(project: Project, events: list[RunEventIn], touched: Touch
                 project=project, trace_id__in=event.trace_ids
             ).values_list("trace_id", "run__run_id", "run__inferred")
         }
-        with connection.cursor() as cursor:
-            _traces_claim(
-                cursor, project, {t: run.run_id for t in event.trace_ids if t not in owners}
-            )
+        if claims := {t: run.run_id for t in event.trace_ids if t not in owners}:
+            rows.send([_traces_claim(project, claims)])
         for trace_id, (owner, inferred) in owners.items():
             if inferred and owner != run.run_id:
                 _run_merge(project, trace_id=trace_id, source_key=owner, target=run)
                 touched.run_keys.add(owner)
         if owners:
-            with connection.cursor() as cursor:
-                _runs_refresh(cursor, project, {run.run_id: []})
+            rows.send([_runs_refresh(project, {run.run_id: []})])
         touched.run_keys.add(run.run_id)
         touched.trace_ids.update(event.trace_ids)
 
@@ -1085,8 +1037,7 @@ def events_ingest(*, project: Project, events: list[Any]) -> EventsOutcome:
             valid[checked.id] = (index, checked)
     touched = Touched()
     with _ingest_transaction():
-        with connection.cursor() as cursor:
-            _bound_waits(cursor)
+        rows.send(_bound_waits())
         new = _events_claim(project, list(valid))
         fresh = [event for event_id, (_, event) in valid.items() if event_id in new]
         _run_events_store(project, [e for e in fresh if isinstance(e, RunEventIn)], touched)

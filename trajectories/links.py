@@ -14,6 +14,7 @@ reads everything committed before it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -22,7 +23,6 @@ from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from durability.models import EFFECT_NAMES_TRAJECTORY, Effect
-from trajectories.ingest import Touched
 from trajectories.models import (
     EffectLink,
     RequestedToolCall,
@@ -32,12 +32,25 @@ from trajectories.models import (
     SpanKind,
     spans_named,
 )
+from trajectories.semconv import SpanData
 
 # How far up the span tree an effect recorded inside a tool call's child span looks.
 MAX_ANCESTORS = 32
 # The repair pass looks at effects created this recently, and links at most this many.
 REPAIR_WINDOW = timedelta(days=1)
 REPAIR_BATCH = 200
+
+
+@dataclass
+class Touched:
+    """What a batch stored that effect links may be waiting for."""
+
+    trace_ids: set[str] = field(default_factory=set)
+    tool_call_ids: set[str] = field(default_factory=set)
+    run_keys: set[str] = field(default_factory=set)
+
+    def __bool__(self) -> bool:
+        return bool(self.trace_ids or self.tool_call_ids or self.run_keys)
 
 
 def effect_link_record(*, effect_id: int) -> EffectLink | None:
@@ -175,38 +188,94 @@ LINKS_WAITING = (
 )
 
 
-def links_refresh(*, project_id: int, touched: Touched) -> int:
-    """Resolve again the links that spans or runs just stored may complete; returns how many.
-
-    Call after the spans' transaction has committed.
-    """
+def links_waiting(*, project_id: int, touched: Touched) -> list[int]:
+    """The effects whose links the spans or runs just stored may complete: one statement,
+    whatever their number. Call after the spans' transaction has committed."""
     if not touched:
-        return 0
+        return []
     keys = [list(touched.trace_ids), list(touched.tool_call_ids), list(touched.run_keys)]
     if connection.vendor == "postgresql":
         # A batch touches hundreds of ids: three array parameters, not one per id.
         with connection.cursor() as cursor:
             cursor.execute(LINKS_WAITING, [project_id, *keys])
-            waiting = [row[0] for row in cursor.fetchall()]
-    else:
-        waiting = list(
-            EffectLink.objects.filter(project_id=project_id)
-            .filter(Q(trace_id__in=keys[0]) | Q(tool_call_id__in=keys[1]) | Q(run_key__in=keys[2]))
-            .values_list("pk", flat=True)
-        )
-    for effect_id in waiting:
-        link_resolve(effect_id=effect_id)
-    return len(waiting)
+            return [row[0] for row in cursor.fetchall()]
+    return list(
+        EffectLink.objects.filter(project_id=project_id)
+        .filter(Q(trace_id__in=keys[0]) | Q(tool_call_id__in=keys[1]) | Q(run_key__in=keys[2]))
+        .values_list("pk", flat=True)
+    )
+
+
+def links_resolve(*, effect_ids: list[int]) -> int:
+    """Resolve the links of `effect_ids` again (each in its own short transaction, holding
+    only its own row's lock); returns how many still exist."""
+    return sum(link_resolve(effect_id=effect_id) is not None for effect_id in effect_ids)
+
+
+# What a span batch sending spans again adds to its upsert (ingest.SPAN_UPSERT_FOLLOWED, after
+# the CTE `stored` of the spans it wrote: trace_id, span_id, run_id): the effect links taking
+# their run from a span it writes (EffectLink.run_span: the tool span, else the span the
+# effect was recorded in, else the model span) take the run the span is in now, so that a
+# link follows its span to another run in the batch's transaction, and in its round trip (a
+# data-modifying CTE). Such a link names one of the batch's traces or tool call ids (its own
+# span and tool span are in its trace, or its tool span runs its tool call id, or its model
+# span asked for it), found as LINKS_WAITING finds them: link_trace_idx, link_tool_call_idx.
+# Parameters: `links_follow_params`.
+LINKS_FOLLOW = (
+    ", followed AS (UPDATE trajectories_effectlink link SET run_id = stored.run_id FROM stored "
+    "WHERE link.project_id = %s "
+    "AND (link.trace_id = ANY(%s::text[]) OR link.tool_call_id = ANY(%s::text[])) "
+    "AND CASE WHEN link.tool_span_id <> '' THEN link.tool_trace_id "
+    "WHEN link.span_id <> '' THEN link.trace_id ELSE link.model_trace_id END = stored.trace_id "
+    "AND CASE WHEN link.tool_span_id <> '' THEN link.tool_span_id "
+    "WHEN link.span_id <> '' THEN link.span_id ELSE link.model_span_id END = stored.span_id "
+    "AND link.run_id IS DISTINCT FROM stored.run_id) "
+)
+
+
+def _follow_keys(spans: list[SpanData]) -> tuple[list[str], list[str]]:
+    """The batch's trace ids and tool call ids (those run and those asked for): where the
+    links its spans gave their runs are looked for."""
+    calls = {s.tool_call_id for s in spans if s.tool_call_id}
+    calls.update(c for s in spans for c in s.requested_calls)
+    return sorted({s.trace_id for s in spans}), sorted(calls)
+
+
+def links_follow_params(project_id: int, spans: list[SpanData]) -> list[Any]:
+    """LINKS_FOLLOW's parameters, for a batch of `spans` of project `project_id`."""
+    return [project_id, *_follow_keys(spans)]
+
+
+def links_follow(
+    project_id: int, stored: dict[tuple[str, str], int | None], spans: list[SpanData]
+) -> None:
+    """LINKS_FOLLOW with the ORM (SQLite, the demo), after the batch's `spans` were written:
+    `stored` {(trace_id, span_id): run id} of the spans written."""
+    traces, calls = _follow_keys(spans)
+    waiting = EffectLink.objects.filter(project_id=project_id).filter(
+        Q(trace_id__in=traces) | Q(tool_call_id__in=calls)
+    )
+    for link in waiting:
+        run = stored.get(link.run_span)
+        if run is not None and run != link.run_id:
+            link.run_id = run
+            link.save(update_fields=["run"])
+
+
+def links_move(*, source: Run, target: Run) -> None:
+    """The links of run `source`, merged into `target`, go with it."""
+    EffectLink.objects.filter(run=source).update(run=target)
 
 
 def links_repair(*, limit: int = REPAIR_BATCH) -> list[int]:
     """Link the recent effects whose linking was lost; returns their ids, newest first.
 
     Redis carries the link jobs and a crash can come between a span batch's commit and
-    its links_refresh: an effect that names a run, trace or tool call then has no link
-    yet, or an unresolved one although what it waits for is stored. One query walks
-    effect_link_repair_idx over the last REPAIR_WINDOW; links still waiting for their
-    spans are not taken again, so they cannot crowd out the lost ones.
+    its links_refresh (trajectories.jobs), or the job it enqueued can be lost: an effect
+    that names a run, trace or tool call then has no link yet, or an unresolved one
+    although what it waits for is stored. One query walks effect_link_repair_idx over the
+    last REPAIR_WINDOW; links still waiting for their spans are not taken again, so they
+    cannot crowd out the lost ones.
     """
     since = timezone.now() - REPAIR_WINDOW
     link = EffectLink.objects.filter(pk=OuterRef("pk"))
