@@ -106,13 +106,6 @@ def test_an_intent_with_a_timeout_gets_a_deadline_on_the_effect_and_the_attempt(
     assert body["effect"]["deadline"] == effect.deadline.isoformat()
 
 
-def test_an_effect_without_a_timeout_has_no_deadline_and_is_never_swept(api):
-    api.intent("k1")
-    assert Effect.objects.get().deadline is None
-    assert evidence.deadlines_sweep(now=later(10 * 365 * 24 * 3600)) == []
-    assert Effect.objects.get().state == "pending"
-
-
 def test_the_sweep_times_out_only_pending_effects_past_their_deadline(project):
     effect_in(project, State.PENDING, key="due", timeout_s=30)
     effect_in(project, State.PENDING, key="not-yet", timeout_s=300)
