@@ -45,6 +45,12 @@ class AuthorityPolicy(models.TextChoices):
     ENFORCE = "enforce", "enforce (deny)"
 
 
+# An hour: longer than any tool call should take, short enough that a crash is in the
+# desk the same day. A project sets its own (accounts.members.project_policy_set).
+DEFAULT_EFFECT_TIMEOUT_S = 3600
+MAX_EFFECT_TIMEOUT_S = 7 * 24 * 3600
+
+
 class Project(models.Model):
     name = models.CharField(max_length=100, unique=True)
     created = models.DateTimeField(default=timezone.now)
@@ -58,6 +64,9 @@ class Project(models.Model):
     authority_policy = models.CharField(
         max_length=16, choices=AuthorityPolicy.choices, default=AuthorityPolicy.AUDIT
     )
+    # The timeout of an effect whose intent declares none: no attempt stays pending without
+    # a deadline (the sweep times it out, durability.ledger.evidence.deadlines_sweep).
+    effect_timeout_s = models.PositiveIntegerField(default=DEFAULT_EFFECT_TIMEOUT_S)
     # The project's own secrets, redacted on top of the built-in ones (durability.redaction):
     # regular expressions, checked when saved, and field or attribute names.
     redaction_patterns = models.JSONField(default=list, blank=True)
@@ -373,8 +382,8 @@ KEYS_VERSION_SQLITE_TRIGGERS = [
     f"""CREATE TRIGGER IF NOT EXISTS durability_apikey_keys_version_delete
     AFTER DELETE ON durability_apikey {_BUMP}""",
     f"""CREATE TRIGGER IF NOT EXISTS durability_project_keys_version_update
-    AFTER UPDATE OF name, created, authority_policy, redaction_patterns, redaction_keys
-    ON durability_project {_BUMP}""",
+    AFTER UPDATE OF name, created, authority_policy, effect_timeout_s, redaction_patterns,
+    redaction_keys ON durability_project {_BUMP}""",
     f"""CREATE TRIGGER IF NOT EXISTS durability_project_keys_version_delete
     AFTER DELETE ON durability_project {_BUMP}""",
 ]
@@ -511,6 +520,13 @@ class Effect(models.Model):
             ),
             # The effects page filtered by state.
             models.Index(fields=["project", "state", "-id"], name="effect_project_state_idx"),
+            # A new intent of a run: the run's pending effects, for an earlier attempt of the
+            # same tool call under another key (durability.ledger.intents).
+            models.Index(
+                fields=["project", "run_id"],
+                name="effect_run_pending_idx",
+                condition=Q(state="pending", attempt_count__gt=0),
+            ),
             # The authority audit: one project's effects created in a time range.
             models.Index(fields=["project", "created"], name="effect_project_created_idx"),
             # Grant limits: effects under a grant in the last day or count period, summed
@@ -587,6 +603,11 @@ class Attempt(models.Model):
         return f"{self.effect} #{self.number}"
 
 
+# The system of a receipt that names the model's tool call because its tool declared no
+# provider id (the SDK's integrations): it is shown as "no provider id", never as an id.
+TOOL_CALL_SYSTEM = "tool-call"
+
+
 class Strength(models.TextChoices):
     AGENT_REPORTED = "agent_reported"
     PROVIDER_CONFIRMED = "provider_confirmed"
@@ -660,6 +681,8 @@ class Receipt(models.Model):
         ]
 
     def __str__(self) -> str:
+        if self.system == TOOL_CALL_SYSTEM:
+            return f"no provider id (tool call {self.external_id})"
         return f"{self.system}:{self.external_id}"
 
 
@@ -1064,6 +1087,7 @@ class AuditAction(models.TextChoices):
     APIKEY_CREATED = "apikey_created", "Apikey created"
     APIKEY_REVOKED = "apikey_revoked", "Apikey revoked"
     AUTHORITY_POLICY_SET = "authority_policy_set", "Authority policy set"
+    EFFECT_TIMEOUT_SET = "effect_timeout_set", "Effect timeout set"
     REDACTION_SET = "redaction_set", "Redaction set"
     # Retention (durability.retention).
     RETENTION_SET = "retention_set", "Retention set"

@@ -242,6 +242,19 @@ IO_CHOICES = {
 _FLAT_PREFIXES = ("llm.output_messages.", "gen_ai.completion.")
 
 
+def _call_id_in(output: Any, kind: SpanKind) -> str | None:
+    """The tool call id a tool span names only in its output: OpenInference's LangChain
+    instrumentation (0.1.80) puts it in the ToolMessage it records as `output.value`
+    (`{"type": "tool", "data": {..., "tool_call_id": ...}}`), never in an attribute."""
+    if kind != SpanKind.TOOL or not isinstance(output, dict):
+        return None
+    data = output.get("data")
+    found = output.get("tool_call_id") or (
+        data.get("tool_call_id") if isinstance(data, dict) else None
+    )
+    return found if isinstance(found, str) else None
+
+
 def span_from_otel(
     *,
     trace_id: str,
@@ -310,7 +323,7 @@ def span_from_otel(
         response_model=_text(fields.get("response_model")),
         input_tokens=_count(fields.get("input_tokens"), keys.get("input_tokens")),
         output_tokens=_count(fields.get("output_tokens"), keys.get("output_tokens")),
-        tool_call_id=_text(tool_call_id),
+        tool_call_id=_text(tool_call_id or _call_id_in(output, kind)),
         tool_name=_text(tool_name),
         attributes=rest,
         resource=resource,

@@ -6,7 +6,7 @@ from django import forms
 from django.contrib.auth.validators import UnicodeUsernameValidator
 from django.db import models
 
-from durability.models import AuthorityPolicy, Membership, Role, zone_names
+from durability.models import MAX_EFFECT_TIMEOUT_S, AuthorityPolicy, Membership, Role, zone_names
 
 
 class MemberAddForm(forms.Form):
@@ -67,6 +67,14 @@ class ApiKeyForm(forms.Form):
 class PolicyForm(forms.Form):
     authority_policy = forms.ChoiceField(
         label="Intents that name no grant", choices=AuthorityPolicy.choices
+    )
+    effect_timeout_s = forms.IntegerField(
+        label="Deadline of an attempt whose intent declares no timeout (seconds)",
+        min_value=1,
+        max_value=MAX_EFFECT_TIMEOUT_S,
+        required=False,  # left empty: unchanged
+        help_text="past it without a receipt, the sweep times the attempt out and opens an "
+        "uncertain case",
     )
 
 

@@ -276,16 +276,27 @@ def apikey_revoke(*, project: Project, actor: str, key_id: int) -> bool:
     return True
 
 
-def project_policy_set(*, project: Project, actor: str, policy: AuthorityPolicy) -> bool:
-    """Set what intents naming no grant get; True when it changed."""
+def project_policy_set(
+    *, project: Project, actor: str, policy: AuthorityPolicy, timeout_s: int | None = None
+) -> bool:
+    """Set what intents naming no grant get, and the timeout of effects whose intent
+    declares none (unchanged when None); True when either changed."""
     with audit.trail(project.pk, actor) as trail:
-        was = Project.objects.select_for_update().values_list("authority_policy", flat=True)
-        before = was.get(pk=project.pk)
-        if before == policy:
+        was = Project.objects.select_for_update().values_list(
+            "authority_policy", "effect_timeout_s"
+        )
+        before, timeout_before = was.get(pk=project.pk)
+        timeout_s = timeout_s or timeout_before
+        if (before, timeout_before) == (policy, timeout_s):
             return False
-        Project.objects.filter(pk=project.pk).update(authority_policy=policy)
-        project.authority_policy = policy
-        trail.add(AuditAction.AUTHORITY_POLICY_SET, was=before, policy=policy.value)
+        Project.objects.filter(pk=project.pk).update(
+            authority_policy=policy, effect_timeout_s=timeout_s
+        )
+        project.authority_policy, project.effect_timeout_s = policy, timeout_s
+        if before != policy:
+            trail.add(AuditAction.AUTHORITY_POLICY_SET, was=before, policy=policy.value)
+        if timeout_before != timeout_s:
+            trail.add(AuditAction.EFFECT_TIMEOUT_SET, was=timeout_before, timeout_s=timeout_s)
     return True
 
 

@@ -86,7 +86,12 @@ def _page(
         "add_form": bound.get("add_form") or MemberAddForm(),
         "key_form": bound.get("key_form") or ApiKeyForm(),
         "policy_form": bound.get("policy_form")
-        or PolicyForm(initial={"authority_policy": project.authority_policy}),
+        or PolicyForm(
+            initial={
+                "authority_policy": project.authority_policy,
+                "effect_timeout_s": project.effect_timeout_s,
+            }
+        ),
         "retention_form": bound.get("retention_form") or _retention_form(project),
         "redaction_form": bound.get("redaction_form")
         or RedactionForm(
@@ -276,8 +281,15 @@ def policy(request: AuthedRequest, project_id: int) -> HttpResponseBase:
     if not form.is_valid():
         return _page(request, access, status=400, policy_form=form)
     new = AuthorityPolicy(form.cleaned_data["authority_policy"])
-    if members.project_policy_set(project=access.project, actor=actor_of(request), policy=new):
-        messages.success(request, f"Intents that name no grant now get: {new.label}.")
+    timeout_s = form.cleaned_data["effect_timeout_s"]
+    if members.project_policy_set(
+        project=access.project, actor=actor_of(request), policy=new, timeout_s=timeout_s
+    ):
+        messages.success(
+            request,
+            f"Intents that name no grant now get: {new.label}; an attempt declaring no "
+            f"timeout times out after {access.project.effect_timeout_s} s.",
+        )
     return redirect("settings")
 
 

@@ -80,7 +80,7 @@ def decide(effect: Effect, *, first_receipt: Receipt | None | Unread = UNREAD) -
             if isinstance(first_receipt, Unread)
             else first_receipt
         )
-        where = f"{receipt.system}:{receipt.external_id}" if receipt else "a receipt"
+        where = str(receipt) if receipt else "a receipt"
         outcome.reason = f"Already done: {where} is on record; do not repeat the effect."
     elif state in (S.FAILED, S.NOT_HAPPENED):
         why = "failed with no effect" if state == S.FAILED else "was settled as not happened"

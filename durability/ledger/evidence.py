@@ -327,7 +327,7 @@ def _receipt_apply(
             effect,
             Reason.LATE_SUCCESS,
             Severity.HIGH,
-            f"A receipt ({row.system}:{row.external_id}) arrived after the effect was "
+            f"A receipt ({row}) arrived after the effect was "
             f"recorded as {state.replace('_', ' ')}: it happened after all.",
             trail,
             receipt=row,
@@ -347,8 +347,8 @@ def _receipt_apply(
             effect,
             Reason.DUPLICATE_EFFECT,
             Severity.CRITICAL,
-            f"A second receipt ({row.system}:{row.external_id}) differs from the first "
-            f"({first.system}:{first.external_id}): the effect may have happened twice."
+            f"A second receipt ({row}) differs from the first "
+            f"({first}): the effect may have happened twice."
             if first
             else "A second receipt arrived: the effect may have happened twice.",
             trail,
@@ -360,8 +360,7 @@ def _receipt_apply(
         effect,
         Reason.UNAUTHORIZED_EFFECT,
         Severity.CRITICAL,
-        f"A receipt ({row.system}:{row.external_id}) arrived for an effect that is {state}: "
-        "it happened without authority.",
+        f"A receipt ({row}) arrived for an effect that is {state}: it happened without authority.",
         trail,
         receipt=row,
     )

@@ -286,7 +286,7 @@ def evidence_finding(effect: Effect, receipt: Receipt, policy: str) -> Finding |
     """
     if effect.state in (State.AWAITING_APPROVAL, State.DENIED):
         return None
-    what = f"{receipt.system}:{receipt.external_id}"
+    what = str(receipt)
     grant = effect.grant
     if grant is None:
         # Under `audit` the project lets ungranted effects happen and reviews them in the

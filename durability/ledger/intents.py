@@ -2,7 +2,15 @@
 
 A new key is checked against its grant and recorded through the table's rows from None
 (intent, require_approval, refuse); a known key is answered by the decision rule
-(`decisions.decision_for`), and a `proceed` for it is a new attempt.
+(`decisions.decision_for`), and a `proceed` for it is a new attempt. Every attempt has a
+deadline: the intent's `timeout_s`, else the project's `effect_timeout_s`.
+
+The same tool call asked again under another key (a key that names the model's call id,
+which a model's retry changes) is recognised too: an intent for a new key, from another
+worker of the same run, with the same kind, target and request fingerprint as an effect of
+that run still pending, interrupts that effect's attempt as a resumed run interrupts its own
+(`effect_interrupt`: timed out, an `uncertain` case). The new key still proceeds: it may
+be a deliberate second call, which is what its own key says.
 
 Every round trip an intent makes to PostgreSQL (two; `tests/api/test_round_trips.py`), and
 the two that this module does not spell out:
@@ -111,11 +119,50 @@ def _intent_store(*, project: Project, actor: str, intent: IntentIn) -> Outcome:
     claim = fingerprint_of(grant_check.claim_of(intent))
     intent = redact_input(intent, extras)
     with audit.trail(project.pk, actor) as trail:
-        read = _Read(project, intent)
+        read = _Read(project, intent, fingerprint)
         effect = read.lock.run(trail)
         if effect is None:
-            return _effect_new(project, intent, fingerprint, claim, trail, read)
-        return _answer(effect, intent, fingerprint, claim, trail, read)
+            outcome = _effect_new(project, intent, fingerprint, claim, trail, read)
+            earlier = read.same_call_pending()
+        else:
+            return _answer(effect, intent, fingerprint, claim, trail, read)
+    # Each earlier effect in its own transaction, under its own lock, after this one's.
+    interrupted = [
+        e for pk in earlier if (e := effect_interrupt(project=project, pk=pk, by=intent))
+    ]
+    if interrupted:
+        keys = ", ".join(repr(e.key) for e in interrupted)
+        outcome.reason += (
+            f" An earlier attempt of the same tool call in this run ({keys}) was still pending: "
+            "it is now in doubt, with an uncertain case."
+        )
+    return outcome
+
+
+def effect_interrupt(*, project: Project, pk: int, by: IntentIn) -> Effect | None:
+    """The effect's pending attempt was interrupted: the same run asked for the same tool
+    call from another worker, under another key. Times the attempt out with an `uncertain`
+    case; None when the effect no longer waits for that (a receipt, the sweep came first)."""
+    with audit.trail(project.pk, "system:ledger") as trail:
+        effect = (
+            Effect.objects.select_for_update()
+            .filter(project_id=project.pk, pk=pk, state=S.PENDING, run_id=by.run_id)
+            .first()
+        )
+        if effect is None or effect.attempt_count == 0:
+            return None
+        trail.hold(effect)
+        apply(effect, Event.INTERRUPTION, trail, attempt=effect.attempt_count, by_key=by.key)
+        uncertain_case_open(
+            effect,
+            f"Run {by.run_id!r} asked for the same tool call again under key {by.key!r} while "
+            f"attempt {effect.attempt_count} was pending: the effect may or may not have "
+            "happened.",
+            trail,
+            cause="interruption",
+            by_key=by.key,
+        )
+    return effect
 
 
 # Read with the key's effect: its latest attempt, and its first receipt.
@@ -128,9 +175,11 @@ _BESIDE = [
 class _Read:
     """What an intent may need, read with the key's lock in one round trip: the effect,
     a key for it if it is new, the grant the intent names, the receipts that came before
-    it, its latest attempt and first receipt, and whether its target has a reconciler."""
+    it, its latest attempt and first receipt, whether its target has a reconciler, and the
+    run's pending effects that look like the same tool call under another key."""
 
-    def __init__(self, project: Project, intent: IntentIn) -> None:
+    def __init__(self, project: Project, intent: IntentIn, fingerprint: str) -> None:
+        self.project = project
         self.lock = lock = KeyLock(project, intent.key, _BESIDE)
         self.drawn = lock.key_drawn_if_new()
         grant_id = (intent.authority or {}).get("grant")
@@ -156,6 +205,33 @@ class _Read:
             if intent.replay == Replay.RECONCILE.value
             else None
         )
+        # Only an identified run and worker can tell a resumed process from a repeated call.
+        self._same_call = (
+            lock.add(
+                "SELECT e.id FROM durability_effect e WHERE e.project_id = %s AND e.run_id = %s "
+                "AND e.state = 'pending' AND e.attempt_count > 0 AND e.key <> %s "
+                "AND e.kind = %s AND e.target = %s AND e.fingerprint = %s AND EXISTS ("
+                "SELECT 1 FROM durability_attempt a WHERE a.project_id = e.project_id "
+                "AND a.effect_id = e.id AND a.number = e.attempt_count AND a.worker <> '' "
+                "AND a.worker <> %s) ORDER BY e.id LIMIT 10",
+                [
+                    project.pk,
+                    intent.run_id,
+                    intent.key,
+                    intent.kind,
+                    intent.target,
+                    fingerprint,
+                    intent.worker,
+                ],
+            )
+            if intent.run_id and intent.worker
+            else None
+        )
+
+    def same_call_pending(self) -> list[int]:
+        """Pending effects of the intent's run with its kind, target and request, whose
+        attempt another worker made: the same tool call, asked for under another key."""
+        return [row[0] for row in self._same_call.rows] if self._same_call is not None else []
 
     def grant(self) -> Grant | None:
         row = self._grant.one() if self._grant is not None else None
@@ -196,7 +272,7 @@ def _effect_new(
         claim=claim,
         request=intent.request,
         replay=intent.replay,
-        timeout_s=intent.timeout_s,
+        timeout_s=intent.timeout_s or project.effect_timeout_s,
         authority=intent.authority,
         grant=check.grant,
         amount=Decimal(intent.amount.value) if intent.amount else None,
@@ -291,7 +367,7 @@ def _receipt_told(outcome: Outcome, receipt: Receipt, case: Case | None) -> None
     outcome.receipt = receipt
     outcome.case = case or outcome.case
     told = (
-        f"A receipt ({receipt.system}:{receipt.external_id}) arrived before this intent: "
+        f"A receipt ({receipt}) arrived before this intent: "
         "the effect already happened; do not repeat it."
     )
     if outcome.decision == Decision.COMPLETED:
@@ -321,6 +397,8 @@ def _answer(
     if effect.fingerprint != fingerprint or effect.claim != claim:
         return _conflict(effect, intent, fingerprint, trail)
     latest = read.latest_attempt()
+    # An effect recorded before projects had a default timeout gets it at its next attempt.
+    effect.timeout_s = effect.timeout_s or read.project.effect_timeout_s
     if effect.state == S.PENDING and effect.attempt_count > 0:
         assert latest is not None
         carried_on = _attempt_resumed(effect, latest, intent, trail)

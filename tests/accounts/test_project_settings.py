@@ -449,3 +449,22 @@ def test_the_keys_table_says_active_or_revoked_and_when(project, admin, api_key)
         r"\d{4}-\d\d-\d\d \d\d:\d\d</time></td>",
         table,
     )
+
+
+def test_an_admin_sets_the_deadline_of_attempts_that_declare_no_timeout(project, admin):
+    client = logged_in(admin)
+    assert "declares no timeout" in client.get("/settings/").content.decode()
+    r = client.post(
+        f"/settings/{project.pk}/policy/",
+        {"authority_policy": project.authority_policy, "effect_timeout_s": "600"},
+    )
+    assert r.status_code == 302
+    project.refresh_from_db()
+    assert project.effect_timeout_s == 600
+    entry = AuditEntry.objects.get(project=project, action="effect_timeout_set")
+    assert entry.data["timeout_s"] == 600
+    bad = client.post(
+        f"/settings/{project.pk}/policy/",
+        {"authority_policy": project.authority_policy, "effect_timeout_s": "0"},
+    )
+    assert bad.status_code == 400

@@ -51,6 +51,20 @@ def status_polls(live_server: Any) -> Iterator[Counter[str]]:
 
 
 @pytest.fixture
+def intents_posted(live_server: Any) -> Iterator[Counter[str]]:
+    """How many intents (`POST /api/v1/intents`) the live server has begun, as "intents"."""
+    posted: Counter[str] = Counter()
+
+    def count(sender: Any, environ: dict[str, Any], **kwargs: Any) -> None:
+        if (environ["REQUEST_METHOD"], environ["PATH_INFO"]) == ("POST", "/api/v1/intents"):
+            posted["intents"] += 1
+
+    request_started.connect(count)
+    yield posted
+    request_started.disconnect(count)
+
+
+@pytest.fixture
 def server(transactional_db: None) -> Iterator[ServerProcess]:
     """A real server process (not started yet) on the test database."""
     process = ServerProcess(database_url_of_tests())

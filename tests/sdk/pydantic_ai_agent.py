@@ -30,7 +30,8 @@ from pydantic_ai.messages import (
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-CALL = "call_refund_42"
+# The model's id for the call; a restarted agent's model gives the same call a new one.
+CALL = os.environ.get("REFUND_CALL_ID", "call_refund_42")
 CONVERSATION = "ticket-7"
 
 
@@ -77,13 +78,17 @@ def agent(
     return refunds
 
 
-def run(url: str, key: str, spool: Path, ledger: Path, *args: str) -> tuple[int, Any]:
-    """Run this file as an agent process; its exit code and the JSON line it printed."""
+def run(
+    url: str, key: str, spool: Path, ledger: Path, *args: str, call: str = CALL
+) -> tuple[int, Any]:
+    """Run this file as an agent process whose model names the call `call`; its exit code
+    and the JSON line it printed."""
     done = subprocess.run(
         [sys.executable, __file__, url, key, str(spool), str(ledger), *args],
         capture_output=True,
         text=True,
         timeout=120,
+        env={**os.environ, "REFUND_CALL_ID": call},
     )
     lines = done.stdout.strip().splitlines()
     return done.returncode, json.loads(lines[-1]) if lines else done.stderr

@@ -23,6 +23,7 @@ from pydantic_ai import Agent, DeferredToolRequests, DeferredToolResults
 from pydantic_ai.capabilities import Instrumentation
 from pydantic_ai.models.instrumented import InstrumentationSettings
 from tallybook import AsyncTallybook, EffectInDoubt
+from tallybook.integrations._tool_calls import default_key
 from tallybook.integrations.pydantic_ai import Effects, ToolEffect
 
 from durability.models import Approval, Case, Effect, Project, Receipt, State
@@ -31,12 +32,13 @@ from tests.desk.support import logged_in
 from tests.sdk import pydantic_ai_agent as refunds
 from tests.sdk.support import alongside, wait_until
 from tests.trajectories.support import queue, work
-from trajectories.models import Span
+from trajectories.models import Run, Span
 
 __all__ = ["queue"]  # the RQ queue fixture, used by name
 
 CONVERSATION = "ticket-7"
-KEY = f"refund:{CONVERSATION}:{refunds.CALL}"
+# The docs' first example declares no key: the run, the tool and the arguments' fingerprint.
+KEY = default_key("refund", CONVERSATION, {"order": 42})
 
 
 def delivered(atb):
@@ -109,8 +111,11 @@ def test_the_tool_call_is_recorded_and_linked_to_its_tool_and_model_spans(
     receipt = Receipt.objects.get(effect=effect)
     assert receipt.external_id == "re_42"
     assert receipt.data == {"result": {"refund_id": "re_42", "order": 42}}
-    # pydantic-ai's spans are filed under the run the effect names.
+    # pydantic-ai's spans are filed under the run the effect names, named for the agent and
+    # ended with its output.
     assert set(Span.objects.values_list("run__run_id", flat=True)) == {CONVERSATION}
+    run = Run.objects.get(run_id=CONVERSATION)
+    assert (run.agent, run.status, run.ended is not None) == ("refunds", "ok", True)
 
     again = agent.run_sync("Refund order 42", conversation_id=CONVERSATION)
 
@@ -126,7 +131,8 @@ def test_a_crash_between_the_effect_and_its_receipt_leaves_a_case_and_no_repeat(
     assert code == -9
     assert ledger.read_text() == "42\n"
 
-    code, out = refunds.run(live_server.url, api_key, spool_root, ledger)
+    # The restarted agent's model asks for the same refund under a new tool call id.
+    code, out = refunds.run(live_server.url, api_key, spool_root, ledger, call="call_refund_42b")
 
     assert (code, out["outcome"]) == (3, "in_doubt")
     assert ledger.read_text() == "42\n", "the refund was repeated"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -85,6 +86,27 @@ def test_it_maps_genai_spans_onto_a_run_inferred_from_the_trace(api, as_json):
 def test_it_answers_an_empty_json_object_when_every_span_is_stored(api):
     r = post_traces(api.client, api.key, request(span(ROOT)), as_json=True)
     assert r.json() == {}
+
+
+def test_it_reads_the_call_id_of_an_openinference_tool_span_from_its_output_message(api):
+    # openinference-instrumentation-langchain 0.1.80 names the call only in the ToolMessage.
+    message = {"type": "tool", "data": {"content": "re_7", "tool_call_id": "call_7"}}
+    tool = span(
+        "5555555555555555",
+        attributes={
+            "openinference.span.kind": "TOOL",
+            "tool.name": "refund",
+            "output.value": json.dumps(message),
+            "output.mime_type": "application/json",
+        },
+    )
+    chain = span("6666666666666666", attributes={"output.value": json.dumps(message)})
+
+    assert post_traces(api.client, api.key, request(tool, chain)).status_code == 200
+
+    spans = {s.span_id[0]: s for s in Span.objects.all()}
+    assert (spans["5"].kind, spans["5"].tool_call_id) == ("tool", "call_7")
+    assert spans["6"].tool_call_id == ""  # not a tool span: its output names no call of its own
 
 
 def test_it_accepts_the_older_genai_names_and_the_openinference_and_traceloop_aliases(api):

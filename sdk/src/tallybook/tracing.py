@@ -2,12 +2,15 @@
 
 Intents and receipts carry the trace and span ids of the span current where the
 effect block was entered (the tool call), so Tallybook links them to it. Around
-each effect block a span is started; it records nothing unless a tracer provider
-is configured.
+each effect block a span is started, as a child of the current span, or as a root
+when the client was given its own tracer provider; it records nothing unless a
+tracer provider is configured.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 try:
@@ -19,6 +22,23 @@ else:
     OTEL = True
 
 Ids = tuple[str | None, str | None]
+RUN_ID = "tallybook.run.id"  # the server's trajectories/semconv.py reads this
+
+
+@contextmanager
+def agent_span(tracer_provider: Any, agent: str, run_id: str | None) -> Iterator[None]:
+    """A current span around one invocation of an agent, filed under its run: the spans
+    another instrumentation starts inside (OpenInference's) join its trace, so the
+    conversation is one run. Records nothing unless a tracer provider is configured."""
+    if not OTEL:
+        yield
+        return
+    tracer = trace.get_tracer("tallybook", tracer_provider=tracer_provider)
+    attributes = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": agent}
+    if run_id is not None:
+        attributes[RUN_ID] = run_id
+    with tracer.start_as_current_span(f"invoke_agent {agent}", attributes=attributes):
+        yield
 
 
 def current_ids() -> Ids:
@@ -48,7 +68,9 @@ class EffectSpan:
 
     def start(self) -> None:
         ambient = current_ids()
-        if not OTEL:
+        # Without a span current, a span of the global provider would be a trace of its own
+        # (a one-span run beside the agent's): only a provider given to the client starts one.
+        if not OTEL or (ambient[0] is None and self._provider is None):
             return
         tracer = trace.get_tracer("tallybook", tracer_provider=self._provider)
         self._span = tracer.start_span(self._name, attributes=self._attributes)

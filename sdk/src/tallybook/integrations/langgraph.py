@@ -1,12 +1,14 @@
 """LangGraph: every tool call a `ToolNode` runs is an effect.
 
-    from tallybook.integrations.langgraph import DurableToolNode
+    from tallybook.integrations.langgraph import DurableToolNode, invoke
 
     builder.add_node("tools", DurableToolNode(tools, effects={"refund": ToolEffect(...)}))
-    result = graph.invoke(inputs, {"configurable": {"thread_id": ticket_id}})
-    while "__interrupt__" in result:            # approvals, and effects in doubt
-        result = graph.invoke(settle(result), {"configurable": {"thread_id": ticket_id}})
+    graph = builder.compile(checkpointer=saver)
+    result = invoke(graph, inputs, {"configurable": {"thread_id": ticket_id}})
 
+`invoke` (and `ainvoke`) refuses a graph without a checkpointer before it runs, runs the
+graph as the Tallybook run of its thread, named for the graph, resumes it (`settle`) while
+it stops for an approval or an effect in doubt, up to `wait` seconds, and ends the run.
 The node's tool call interceptor (`wrap_tool_call`) enters the effect block around each
 call: the run is the `tb.run(...)` open around the graph, else the graph's thread. A `wait`
 (an approval the grant requires, an effect left in doubt by a crash) calls `interrupt()`
@@ -18,16 +20,20 @@ asked for it are recorded as spans, so the effect links to both.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 from langchain_core.messages import AIMessage, ToolMessage
+from langgraph._internal._constants import CONFIG_KEY_CHECKPOINTER
 from langgraph.errors import GraphBubbleUp
 from langgraph.prebuilt import ToolNode
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command, interrupt
 
+from tallybook import tracing
 from tallybook.aio import AsyncEffect
 from tallybook.client import Base, Effect
 from tallybook.errors import EffectConflict, EffectDenied, EffectInDoubt
@@ -37,6 +43,7 @@ from tallybook.integrations._tool_calls import (
     Declarations,
     Spans,
     ToolEffect,
+    check_declarations,
     declared,
     default_client,
     now,
@@ -45,9 +52,14 @@ from tallybook.integrations._tool_calls import (
 )
 from tallybook.scope import current_run
 
-__all__ = ["DurableToolNode", "ToolEffect", "settle"]
+__all__ = ["DurableToolNode", "ToolEffect", "ainvoke", "invoke", "settle"]
 
 WORKFLOW = "langgraph"
+WAIT = 300.0  # seconds `invoke` waits for the desk's decision on a call the graph stopped for
+NO_CHECKPOINTER = (
+    "a graph with a DurableToolNode needs a checkpointer (builder.compile(checkpointer=...)): "
+    "a call stopped for an approval or an effect in doubt is resumed from it"
+)
 Result = ToolMessage | Command[Any]
 Execute = Callable[[ToolCallRequest], Result]
 AsyncExecute = Callable[[ToolCallRequest], Awaitable[Result]]
@@ -74,6 +86,10 @@ class DurableToolNode(ToolNode):
         self._tb, self._effects, self._default = tb, effects, default
         self._spans = Spans(tb, spans)
         super().__init__(tools, wrap_tool_call=self._wrap, awrap_tool_call=self._awrap, **options)
+        check_declarations(
+            effects,
+            {name: dict(tool.args) for name, tool in self.tools_by_name.items()},
+        )
 
     @property
     def tb(self) -> Base:
@@ -87,9 +103,17 @@ class DurableToolNode(ToolNode):
         if effect is None:
             return None
         config = getattr(request.runtime, "config", None) or {}
-        run_id = current_run() or config.get("configurable", {}).get("thread_id")
+        configurable = config.get("configurable", {})
+        if not configurable.get(CONFIG_KEY_CHECKPOINTER):
+            raise TypeError(NO_CHECKPOINTER)  # before the effect, not once it is approved
+        run_id = current_run() or configurable.get("thread_id")
         call = Call(
-            tool_call["name"], str(tool_call["id"]), dict(tool_call["args"]), run_id, effect
+            tool_call["name"],
+            str(tool_call["id"]),
+            dict(tool_call["args"]),
+            run_id,
+            effect,
+            WORKFLOW,
         )
         self._model_span(request, call)
         return call
@@ -129,7 +153,7 @@ class DurableToolNode(ToolNode):
         result: Result | None = None
         error: BaseException | None = None
         try:
-            with call.in_run(self.tb, WORKFLOW):
+            with call.in_run(self.tb):
                 while True:
                     try:
                         with Effect(self.tb, call.key, _options(call)) as fx:
@@ -162,7 +186,7 @@ class DurableToolNode(ToolNode):
         result: Result | None = None
         error: BaseException | None = None
         try:
-            with call.in_run(self.tb, WORKFLOW):
+            with call.in_run(self.tb):
                 while True:
                     try:
                         async with AsyncEffect(self.tb, call.key, _options(call)) as fx:
@@ -187,8 +211,80 @@ class DurableToolNode(ToolNode):
             self._tool_span(call, started, result, error)
 
 
+def invoke(
+    graph: Any,
+    input: Any,
+    config: dict[str, Any],
+    tb: Base | None = None,
+    *,
+    wait: float = WAIT,
+    agent: str | None = None,
+) -> dict[str, Any]:
+    """`graph.invoke` as a Tallybook run: the graph's state once it ends, or once a call it
+    stopped for is still undecided (`wait=0`: at once, for the caller's own interrupt
+    handling; `settle` resumes it later). Raises EffectInDoubt when `settle` gave up."""
+    run = _GraphRun(graph, config, tb, agent)
+    with run.opened():
+        result = graph.invoke(input, config)
+        while "__interrupt__" in result and wait > 0:
+            result = graph.invoke(settle(result, run.tb, timeout=wait), config)
+        return run.ended(result)
+
+
+async def ainvoke(
+    graph: Any,
+    input: Any,
+    config: dict[str, Any],
+    tb: Base | None = None,
+    *,
+    wait: float = WAIT,
+    agent: str | None = None,
+) -> dict[str, Any]:
+    """`invoke` for `graph.ainvoke`."""
+    run = _GraphRun(graph, config, tb, agent)
+    with run.opened():
+        result = await graph.ainvoke(input, config)
+        while "__interrupt__" in result and wait > 0:
+            resume = await asyncio.to_thread(settle, result, run.tb, timeout=wait)
+            result = await graph.ainvoke(resume, config)
+        return run.ended(result)
+
+
+class _GraphRun:
+    """The Tallybook run of one graph thread: named for the graph, ended with it."""
+
+    def __init__(self, graph: Any, config: dict[str, Any], tb: Base | None, agent: str | None):
+        if not getattr(graph, "checkpointer", None):
+            raise TypeError(NO_CHECKPOINTER)
+        self.tb = tb or default_client()
+        self.run_id = current_run() or config.get("configurable", {}).get("thread_id")
+        self.agent = agent or graph.get_name()
+        self.spans = Spans(self.tb)
+
+    @contextmanager
+    def opened(self) -> Iterator[None]:
+        with (
+            nullcontext() if current_run() else self.tb.run(self.agent, run_id=self.run_id),
+            tracing.agent_span(self.tb.tracer_provider, self.agent, self.run_id),
+        ):
+            # Names the current trace (the agent span's): another instrumentation's spans
+            # started inside join the run.
+            self.spans.run(self.run_id, agent=self.agent)
+            try:
+                yield
+            except BaseException as exc:
+                if not isinstance(exc, EffectInDoubt):
+                    self.spans.run(self.run_id, agent=self.agent, status="error", error=exc)
+                raise
+
+    def ended(self, result: Any) -> dict[str, Any]:
+        if "__interrupt__" not in result:  # stopped for the desk: the run goes on
+            self.spans.run(self.run_id, agent=self.agent, status="ok")
+        return dict(result)
+
+
 def settle(
-    result: dict[str, Any], tb: Base | None = None, *, timeout: float = 300.0
+    result: dict[str, Any], tb: Base | None = None, *, timeout: float = WAIT
 ) -> Command[Any]:
     """Wait until every call the graph stopped for is decided in Tallybook; the resume command.
 

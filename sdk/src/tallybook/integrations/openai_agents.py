@@ -8,14 +8,15 @@
         while result.interruptions:             # approvals, and effects in doubt
             result = await Runner.run(agent, await settle(agent, result))
 
-Each call's intent is recorded by the tool's `needs_approval` policy, before the framework
-decides whether the call may run: a `wait` (a grant that requires approval, an effect left
-in doubt by a crash) interrupts the run with the framework's approval item; `settle` waits
-until an operator has decided in the desk and approves or rejects the items accordingly.
-The tool then runs inside the effect block; an effect done before returns the result stored
-with its receipt, and a denied one tells the model it was not performed. The model request
-and the tool call are recorded as spans (agent hooks and the tool wrapper), so the effect
-links to both.
+Each call's intent is recorded once, by the tool's `needs_approval` policy, before the
+framework decides whether the call may run: a `wait` (a grant that requires approval, an
+effect left in doubt by a crash) interrupts the run with the framework's approval item;
+`settle` waits until an operator has decided in the desk and approves or rejects the items
+accordingly. The tool then runs inside the block that intent opened; an effect done before
+returns the result stored with its receipt, and a denied one tells the model it was not
+performed. The model request and the tool call are recorded as spans (agent hooks and the
+tool wrapper), so the effect links to both; the run is named for the agent, and ends when
+the agent's final output does.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from tallybook.integrations._tool_calls import (
     Spans,
     ToolEffect,
     arguments,
+    check_declarations,
     declared,
     default_client,
     now,
@@ -52,7 +54,6 @@ from tallybook.scope import current_run
 
 __all__ = ["ToolEffect", "durable", "settle"]
 
-WORKFLOW = "openai-agents"
 RunId = Callable[[RunContextWrapper[Any]], str | None]
 
 
@@ -64,6 +65,12 @@ class _Durable:
     effect: ToolEffect
     run_id: RunId | None
     spans: Spans
+    workflow: str  # the agent's name
+    # What `needs_approval` was answered for a call, by call id, for its invocation to use:
+    # the block its intent entered, or the refusal. One intent per tool call.
+    asked: dict[str, AsyncEffect | EffectDenied | EffectConflict] = dataclasses.field(
+        default_factory=dict
+    )
 
     @property
     def tb(self) -> Base:
@@ -71,7 +78,7 @@ class _Durable:
 
     def call(self, context: RunContextWrapper[Any], tool: str, raw: str, call_id: str) -> Call:
         run_id = current_run() or (self.run_id(context) if self.run_id else None)
-        return Call(tool, call_id, arguments(raw), run_id, self.effect)
+        return Call(tool, call_id, arguments(raw), run_id, self.effect, self.workflow)
 
 
 def durable(
@@ -90,14 +97,20 @@ def durable(
     made at the first call. `run_id`, a function of the run context, names the run when no
     `tb.run(...)` is open. `spans=False` records no spans of its own.
     """
+    function_tools = [t for t in agent.tools if isinstance(t, FunctionTool)]
+    check_declarations(
+        tools,
+        {t.name: (t.params_json_schema or {}).get("properties", {}) for t in function_tools},
+    )
     recorder = Spans(tb, spans)
     wrapped = []
     for tool in agent.tools:
         effect = declared(tools, tool.name, default) if isinstance(tool, FunctionTool) else None
         if isinstance(tool, FunctionTool) and effect is not None:
-            tool = _durable_tool(tool, _Durable(tb, effect, run_id, recorder))
+            tool = _durable_tool(tool, _Durable(tb, effect, run_id, recorder, agent.name))
         wrapped.append(tool)
-    return agent.clone(tools=wrapped, hooks=_ModelSpans(recorder, run_id, agent.hooks))
+    hooks = _ModelSpans(recorder, run_id, agent.hooks)
+    return agent.clone(tools=wrapped, hooks=hooks)
 
 
 async def settle(agent: Agent[Any], result: RunResult, *, timeout: float = 300.0) -> RunState[Any]:
@@ -119,7 +132,7 @@ async def settle(agent: Agent[Any], result: RunResult, *, timeout: float = 300.0
             context, item.tool_name or "", _field(raw, "arguments"), str(_field(raw, "call_id"))
         )
         try:
-            await _ask(durable_tool.tb, call)
+            durable_tool.asked[call.call_id] = await _ask(durable_tool.tb, call)
         except EffectInDoubt:
             status = await asyncio.to_thread(wait_for, durable_tool.tb, call.key, timeout)
             if status.decision not in ("proceed", "completed"):
@@ -132,15 +145,33 @@ async def settle(agent: Agent[Any], result: RunResult, *, timeout: float = 300.0
     return state
 
 
-async def _ask(tb: Base, call: Call) -> None:
-    """Record the call's intent, performing nothing; raises the interruption report.
-
-    The call's own block, entered next in this process, carries on with the same attempt.
-    """
+async def _ask(tb: Base, call: Call) -> AsyncEffect:
+    """Record the call's intent, performing nothing: the entered block, or the interruption
+    report raised. The block's span ends with the intent (the tool runs in another task)."""
     block = AsyncEffect(tb, call.key, call.options())
-    with call.in_run(tb, WORKFLOW):
+    with call.in_run(tb):
         await block.__aenter__()
     block._span.end(None)
+    return block
+
+
+class _Asked:
+    """`async with`: the block `needs_approval` entered for the call, else a new one."""
+
+    def __init__(self, durable_tool: _Durable, call: Call) -> None:
+        self._durable, self._call = durable_tool, call
+        self._block: AsyncEffect | None = None
+
+    async def __aenter__(self) -> AsyncEffect:
+        asked = self._durable.asked.pop(self._call.call_id, None)
+        if isinstance(asked, (EffectDenied, EffectConflict)):
+            raise asked
+        self._block = asked or await _ask(self._durable.tb, self._call)
+        return self._block
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        assert self._block is not None
+        await self._block.__aexit__(*exc_info)
 
 
 def _field(item: Any, name: str) -> Any:
@@ -161,11 +192,11 @@ def _durable_tool(tool: FunctionTool, durable_tool: _Durable) -> FunctionTool:
             return True
         call = durable_tool.call(context, tool.name, json.dumps(params), call_id)
         try:
-            await _ask(durable_tool.tb, call)
+            durable_tool.asked[call_id] = await _ask(durable_tool.tb, call)
         except EffectInDoubt:
-            return True
-        except (EffectDenied, EffectConflict):
-            pass  # the call runs into the same answer and tells the model
+            return True  # asked again when the run resumes with the call approved
+        except (EffectDenied, EffectConflict) as report:
+            durable_tool.asked[call_id] = report  # the call tells the model
         return False
 
     async def on_invoke_tool(context: ToolContext[Any], raw: str) -> Any:
@@ -174,8 +205,8 @@ def _durable_tool(tool: FunctionTool, durable_tool: _Durable) -> FunctionTool:
         started, result = now(), None
         error: BaseException | None = None
         try:
-            with call.in_run(tb, WORKFLOW):
-                async with AsyncEffect(tb, call.key, call.options()) as fx:
+            with call.in_run(tb):
+                async with _Asked(durable_tool, call) as fx:
                     if fx.completed:
                         result = stored_result(fx.receipt.stored)
                         return result
@@ -230,7 +261,7 @@ class _ModelSpans(AgentHooks[Any]):
         ]
         model = agent.model if isinstance(agent.model, str) else None
         self._spans.model(
-            run_id=current_run() or (self._run_id(context) if self._run_id else None),
+            run_id=self._run(context),
             start=start,
             calls=calls,
             model=model or getattr(agent.model, "model", None) or type(agent.model).__name__,
@@ -240,11 +271,16 @@ class _ModelSpans(AgentHooks[Any]):
         if self._inner:
             await self._inner.on_llm_end(context, agent, response)
 
+    def _run(self, context: Any) -> str | None:
+        return current_run() or (self._run_id(context) if self._run_id else None)
+
     async def on_start(self, context: Any, agent: Any) -> None:
+        self._spans.run(self._run(context), agent=agent.name)
         if self._inner:
             await self._inner.on_start(context, agent)
 
     async def on_end(self, context: Any, agent: Any, output: Any) -> None:
+        self._spans.run(self._run(context), agent=agent.name, status="ok")
         if self._inner:
             await self._inner.on_end(context, agent, output)
 

@@ -22,7 +22,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
-from pydantic_ai import ApprovalRequired, CallDeferred, ModelRetry, RunContext, ToolFailed
+from pydantic_ai import (
+    ApprovalRequired,
+    CallDeferred,
+    DeferredToolRequests,
+    ModelRetry,
+    RunContext,
+    ToolFailed,
+)
 from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.exceptions import ToolFailedError, ToolRetryError
 from pydantic_core import PydanticSerializationError, to_jsonable_python
@@ -30,6 +37,13 @@ from pydantic_core import PydanticSerializationError, to_jsonable_python
 from tallybook.aio import AsyncTallybook
 from tallybook.client import APPROVAL, ToolOptions
 from tallybook.errors import EffectDenied, EffectInDoubt, EffectInterrupted
+from tallybook.integrations._tool_calls import (
+    Spans,
+    check_effect,
+    default_key,
+    receipt_of,
+    template_names,
+)
 from tallybook.records import Receipt
 from tallybook.scope import current_run
 
@@ -46,7 +60,6 @@ if TYPE_CHECKING:
     from typing_extensions import NotRequired
 
 RUN_ID = "tallybook.run.id"  # the span attribute the server files spans under a run by
-DEFAULT_KEY = "{tool}:{run_id}:{tool_call_id}"
 # A tool that raised one of these did not perform its effect: pydantic-ai's retry, failure and
 # deferral signals (raw, and as the tool manager wraps them).
 NOT_PERFORMED = (
@@ -65,10 +78,11 @@ class ToolEffect(ToolOptions):
     """How one tool's calls are recorded: the effect's options, its key, where its receipt is."""
 
     # A template of "tool", "run_id", "tool_call_id" and the tool's arguments, or a function of
-    # the arguments; the capability's key by default.
+    # the arguments; the capability's key by default, else the run, the tool and a fingerprint
+    # of the arguments (the same when the model retries the call with a new id).
     key: NotRequired[KeyFrom]
-    # The result's field holding the provider's id, or a function of the result returning the
-    # Receipt; by default the receipt names the tool call (or is the result, if it is one).
+    # The result's field path holding the provider's id, or a function of the result returning
+    # the Receipt; by default the result if it is one, else a receipt with no provider id.
     receipt: NotRequired[ReceiptFrom]
 
 
@@ -87,12 +101,17 @@ class Effects(AbstractCapability[Any]):
         tb: AsyncTallybook | None = None,
         *,
         tools: Mapping[str, ToolEffect] | None = None,
-        key: KeyFrom = DEFAULT_KEY,
+        key: KeyFrom | None = None,
         workflow: str | None = None,
         version: str | None = None,
     ) -> None:
         self._tb = tb
         self._tools = dict(tools) if tools is not None else None
+        check_effect({"key": key})
+        for name, declared in (self._tools or {}).items():
+            if not isinstance(declared, Mapping):
+                raise TypeError(f"the declaration of {name!r} must be a dict of effect options")
+            check_effect(declared, name)
         self._key = key
         self._workflow, self._version = workflow, version
 
@@ -121,11 +140,21 @@ class Effects(AbstractCapability[Any]):
         # come from the workflow's, so they are the same when the engine re-executes it).
         run_id = ctx.conversation_id or ctx.run_id
         agent = ctx.agent.name if ctx.agent is not None else None
-        with self.tb.run(
-            self._workflow or agent or "pydantic-ai", version=self._version, run_id=run_id
-        ):
+        name = self._workflow or agent or "pydantic-ai"
+        spans = Spans(self.tb)
+        with self.tb.run(name, version=self._version, run_id=run_id):
             _stamp(run_id)
-            return await handler()
+            spans.run(run_id, agent=agent, workflow=name)
+            try:
+                result = await handler()
+            except (ApprovalRequired, CallDeferred, EffectInDoubt):
+                raise  # stopped for the desk: the run goes on
+            except BaseException as exc:
+                spans.run(run_id, agent=agent, workflow=name, status="error", error=exc)
+                raise
+            if not _deferred(result):
+                spans.run(run_id, agent=agent, workflow=name, status="ok")
+            return result
 
     async def wrap_model_request(
         self,
@@ -152,12 +181,16 @@ class Effects(AbstractCapability[Any]):
         if declared is None:
             return await handler(args)
         options: dict[str, Any] = dict(declared)
-        key_from: KeyFrom = options.pop("key", self._key)
+        key_from: KeyFrom | None = options.pop("key", self._key)
         receipt_from: ReceiptFrom | None = options.pop("receipt", None)
         options["definitive_on"] = (*options.get("definitive_on", ()), *NOT_PERFORMED)
         request = to_jsonable_python(args)
-        if isinstance(key_from, str):
+        if key_from is None:
+            key = default_key(call.tool_name, run_id, request, call.tool_call_id)
+        elif isinstance(key_from, str):
             ids = {"tool": call.tool_name, "run_id": run_id, "tool_call_id": call.tool_call_id}
+            if unknown := template_names(key_from) - {*ids, *request}:
+                raise TypeError(f"the key of {call.tool_name!r} names {', '.join(unknown)}")
             key = key_from.format(**{**ids, **request})
         else:
             key = key_from(request)
@@ -203,12 +236,7 @@ def _evidence(
     if receipt_from is None and isinstance(result, Receipt):
         made, kept = result, result.data
     else:
-        if receipt_from is None:
-            made = Receipt(system=system, external_id=call.tool_call_id)
-        elif isinstance(receipt_from, str):
-            made = Receipt(system=system, external_id=str(_field(result, receipt_from)))
-        else:
-            made = receipt_from(result)
+        made = receipt_of(result, receipt_from, system, call.tool_call_id)
         try:
             kept = {"result": to_jsonable_python(result)}
         except PydanticSerializationError:
@@ -231,8 +259,6 @@ def _replayed(stored: Receipt) -> Any:
     return stored
 
 
-def _field(result: Any, name: str) -> Any:
-    value = result.get(name) if isinstance(result, Mapping) else getattr(result, name, None)
-    if value is None or value == "":
-        raise TypeError(f"the tool's result has no {name!r} to take the receipt's external id from")
-    return value
+def _deferred(result: Any) -> bool:
+    """The run ended waiting for deferred calls (an approval in the desk): it goes on."""
+    return isinstance(getattr(result, "output", None), DeferredToolRequests)
