@@ -10,6 +10,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from durability import inbound, redaction
 from durability.api import signals
+from durability.api.commands import failure_of, intent_of, receipt_of, timeout_of
 from durability.api.decorators import ApiRequest, PayloadRequest, answer, authorize, error
 from durability.api.schemas import (
     AttemptOut,
@@ -52,7 +53,9 @@ def _receipt(receipt: Receipt | None) -> ReceiptOut | None:
 @require_POST
 @authorize(schema=IntentIn, keys_ahead=True)
 def intents(request: PayloadRequest[IntentIn]) -> JsonResponse:
-    outcome = intent_record(project=request.project, actor=request.actor, intent=request.payload)
+    outcome = intent_record(
+        project=request.project, actor=request.actor, intent=intent_of(request.payload)
+    )
     return answer(
         DecisionOut(
             decision=cast(DecisionName, outcome.decision),
@@ -69,7 +72,7 @@ def intents(request: PayloadRequest[IntentIn]) -> JsonResponse:
 @authorize(schema=ReceiptIn, keys_ahead=True)
 def receipts(request: PayloadRequest[ReceiptIn]) -> JsonResponse:
     outcome = evidence.receipt_record(
-        project=request.project, actor=request.actor, receipt=request.payload
+        project=request.project, actor=request.actor, receipt=receipt_of(request.payload)
     )
     return answer(
         ReceiptResultOut(
@@ -103,7 +106,7 @@ def _effect_change(record: Callable[[], evidence.EffectOutcome]) -> JsonResponse
 def failures(request: PayloadRequest[FailureIn]) -> JsonResponse:
     return _effect_change(
         lambda: evidence.failure_record(
-            project=request.project, actor=request.actor, failure=request.payload
+            project=request.project, actor=request.actor, failure=failure_of(request.payload)
         )
     )
 
@@ -113,7 +116,7 @@ def failures(request: PayloadRequest[FailureIn]) -> JsonResponse:
 def timeouts(request: PayloadRequest[TimeoutIn]) -> JsonResponse:
     return _effect_change(
         lambda: evidence.timeout_record(
-            project=request.project, actor=request.actor, timeout=request.payload
+            project=request.project, actor=request.actor, timeout=timeout_of(request.payload)
         )
     )
 

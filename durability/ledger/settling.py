@@ -7,8 +7,8 @@ Who may give a verdict, and when an approval is final, is decided outside the le
 from __future__ import annotations
 
 from durability import audit
-from durability.api.schemas import ReceiptIn
 from durability.ledger.cases import case_close, open_case_of
+from durability.ledger.commands import ReceiptEvidence
 from durability.ledger.evidence import EffectOutcome, receipt_row
 from durability.ledger.machine import Event, IllegalTransition, apply, can, locked_by_id
 from durability.models import Project, Reason, State, Strength
@@ -37,7 +37,7 @@ def effect_settle(
     actor: str,
     event: Event,
     note: str,
-    evidence: ReceiptIn | None = None,
+    evidence: ReceiptEvidence | None = None,
 ) -> EffectOutcome:
     """An operator's or a reconciler's verdict on an effect, closing the cases it settles.
 
