@@ -19,7 +19,7 @@ def deadlines_given(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('durability', '0032_redundant_project_indexes'),
+        ('durability', '0033_invitation'),
     ]
 
     operations = [
