@@ -8,14 +8,16 @@ machine with PostgreSQL 15+ binaries and redis-server. It starts, all on free po
 temporary folder it removes afterwards:
 
 - a private PostgreSQL cluster and a private Redis (no persistence, as production needs);
-- this checkout's production processes: gunicorn (2 workers), `manage.py worker` (2) and
+- this checkout's production processes: granian as the deploy unit starts it (2 workers),
+  `manage.py worker` (2) and
   `manage.py scheduler`, restarted when they die as systemd would (deploy/systemd/);
 - N agents (benchmarks/fault_agent.py, the SDK alone) refunding through a fake provider whose
   log is the ground truth, crashing now and then and restarted to resume.
 
 Every --every seconds it does the next fault in turn: PostgreSQL stopped `-m fast` (then
-started), Redis SIGKILLed (then started, empty), an rq worker SIGKILLed, a gunicorn worker
-SIGKILLed, PostgreSQL stopped `-m immediate`, the scheduler SIGKILLed.
+started), Redis SIGKILLed (then started, empty), an rq worker SIGKILLed, a web worker
+SIGKILLed (granian starts another), PostgreSQL stopped `-m immediate`, the scheduler
+SIGKILLed, the web server reloaded (SIGHUP, `systemctl reload`: every worker replaced).
 
 Then, the agents still running and no fault injected, the flood phase (unless --no-flood):
 the agents' project (the victim) sends one-span OTLP requests to /v1/traces every --pace
@@ -67,6 +69,8 @@ import psycopg
 # The flood's requests and senders, from the benchmark beside this script (the script's
 # folder is first on sys.path).
 otlp_flood = importlib.import_module("otlp_flood")
+# The web server's command, the deploy unit's.
+web_command = importlib.import_module("server").web_command
 # The private clusters, beside it too.
 clusters = importlib.import_module("clusters")
 Postgres = clusters.Postgres
@@ -201,22 +205,7 @@ class Run:
         logs.mkdir()
         self.web = Process(
             "web",
-            [
-                python,
-                "-m",
-                "gunicorn",
-                "durability.wsgi",
-                "--bind",
-                f"127.0.0.1:{self.web_port}",
-                "--workers",
-                "2",
-                "--threads",
-                "4",
-                "--graceful-timeout",
-                "5",
-                "--log-level",
-                "warning",
-            ],
+            web_command(self.web_port, workers=2, access_log=False),
             self.env,
             logs / "web.log",
         )
@@ -267,7 +256,7 @@ class Run:
         grant, key, self.flood_key = printed.split()[-3:]
         for service in self.services:
             service.start()
-        wait_until(self._web_answers, 60, "gunicorn")
+        wait_until(self._web_answers, 60, "the web server")
         return key, int(grant)
 
     def _web_answers(self) -> bool:
@@ -331,9 +320,10 @@ class Run:
             ("postgres stopped (fast)", lambda: self._pg_down("fast")),
             ("redis killed", self._redis_down),
             ("rq worker killed", lambda: self.workers[n % 2].kill()),
-            ("gunicorn worker killed", self._web_worker_kill),
+            ("web worker killed", self._web_worker_kill),
             ("postgres stopped (immediate)", lambda: self._pg_down("immediate")),
             ("scheduler killed", self.scheduler.kill),
+            ("web reloaded", self._web_reload),
         ]
         name, act = faults[n % len(faults)]
         print(f"{time.strftime('%H:%M:%S')} {name}", flush=True)
@@ -354,6 +344,10 @@ class Run:
         assert self.web.popen is not None
         for pid in children(self.web.popen.pid)[:1]:
             os.kill(pid, signal.SIGKILL)
+
+    def _web_reload(self) -> None:
+        assert self.web.popen is not None
+        self.web.popen.send_signal(signal.SIGHUP)
 
     def tear_down(self) -> None:
         for agent in self.agents.values():
@@ -405,7 +399,7 @@ class Victim:
 def flood_phase(run: Run, key: str, grant: int) -> dict[str, Any]:
     """The victim alone, then under the flood; the agents supervised all along."""
     options = run.options
-    wait_until(run._web_answers, 60, "gunicorn")
+    wait_until(run._web_answers, 60, "the web server")
     bombs = [otlp_flood.bomb(n) for n in range(options.flooders)]
     victim = Victim(run.web_port, key, options.pace)
     sender = threading.Thread(target=victim.run)

@@ -5,7 +5,7 @@ handler in process (no HTTP server, no client), timed with `time.process_time`.
     .venv/bin/python benchmarks/ledger_cpu.py --profile intents   # cProfile, top 40
 
 Creates (dropping it first) the PostgreSQL database named by --db and migrates it. Each round
-sends --requests effects through the handler as gunicorn would call it: for each, `POST
+sends --requests effects through the handler as the web server would call it: for each, `POST
 /api/v1/intents` (a new key), then `POST /api/v1/receipts`; and as many again whose intent is
 followed by `POST /api/v1/failures` (definitive) or `POST /api/v1/timeouts`. It prints the
 median over the rounds of the CPU milliseconds per request of each endpoint, and the
@@ -99,7 +99,7 @@ def _against(args: argparse.Namespace) -> None:
 
 
 def _environ(path: str, body: bytes, key: str) -> dict[str, Any]:
-    """A WSGI environ as gunicorn builds it for a keep-alive POST from the SDK."""
+    """A WSGI environ as a WSGI server builds it for a keep-alive POST from the SDK."""
     return {
         "REQUEST_METHOD": "POST",
         "PATH_INFO": path,

@@ -1,13 +1,16 @@
-"""Intent + receipt pairs through HTTP (a real gunicorn server on loopback) against the same
-writes through raw psycopg, in one run on one PostgreSQL database.
+"""Intent + receipt pairs through HTTP (granian as deployed, on loopback) against the same
+writes through raw psycopg, and the same over HTTP with the receipts in batches (as the SDK's
+sender sends a spool), in alternating rounds on one PostgreSQL database.
 
     .venv/bin/python benchmarks/ledger_http_vs_psycopg.py [--pairs 4000] [--clients 8]
 
-Prints effects/s for both paths, their ratio and the p50/p99 latency of POST /intents under
-that load, and (on Linux, from /proc) the core milliseconds a pair costs on each path, by
-whom: the whole machine, gunicorn, PostgreSQL and the clients; and what gunicorn spends on
-a request it refuses at validation, the cost of serving a request before the ledger works;
-then, at light load (one client, one keep-alive connection, --light pairs), the
+Prints the load average at the start and the end, effects/s for each path and their ratio to
+raw, the p50/p99 latency of POST /intents under that load, and (on Linux, from /proc) the core
+milliseconds an effect costs on each path, by whom: the whole machine, the web server,
+PostgreSQL's backends of the run's database (raw's read by each client before it closes its
+connection) and the clients, and
+all three together against raw's; what the server spends on a request it refuses at
+validation; then, at light load (one client, one keep-alive connection, --light pairs), the
 p50/p99 of POST /intents and of POST /receipts. It creates (and drops at the start) the
 database named by --db; `measure()` is the same run for benchmarks/run_all.py.
 """
@@ -83,6 +86,46 @@ def _http_worker(
     port: int, key: str, grant: int, prefix: str, count: int, out: mp.Queue[list[float]]
 ) -> None:
     out.put(_http_pairs(port, key, grant, prefix, count)[0])
+
+
+# Receipts per batch on the batched path: what an SDK's sender finds piled up in its spool
+# when its agent performs effects faster than one round trip each.
+BATCH = 20
+
+
+def _http_batched_worker(
+    port: int, key: str, grant: int, prefix: str, count: int, out: mp.Queue[list[float]]
+) -> None:
+    """`count` intents one by one, their receipts BATCH at a time (POST /receipts/batch)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    waiting: list[dict[str, str]] = []
+    for i in range(count):
+        effect_key = f"{prefix}:{i}"
+        body = {
+            "key": effect_key,
+            "kind": "payment",
+            "target": "stripe",
+            "request": {"order": i, "amount": 1250},
+            "timeout_s": 300,
+            "context": {"workflow": "bench", "workflow_version": "1"},
+            "authority": {"grant": grant},
+        }
+        conn.request("POST", "/api/v1/intents", json.dumps(body), headers)
+        response = conn.getresponse()
+        response.read()
+        assert response.status == 201, response.status
+        waiting.append({"key": effect_key, "system": "stripe", "external_id": f"re_{effect_key}"})
+        if len(waiting) == BATCH or i == count - 1:
+            conn.request(
+                "POST", "/api/v1/receipts/batch", json.dumps({"receipts": waiting}), headers
+            )
+            response = conn.getresponse()
+            results = json.loads(response.read())["results"]
+            assert response.status == 207 and {r["status"] for r in results} == {201}, results
+            waiting = []
+    conn.close()
+    out.put([])
 
 
 def _one(cur: psycopg.Cursor[Any]) -> tuple[Any, ...]:
@@ -193,7 +236,8 @@ def _raw_worker(
                     (effect_id,),
                 )
                 _audit(cur, project_id, "receipt", effect_id, "pending", "succeeded")
-    out.put([])
+        # Before the connection closes and its backend ends with what it spent.
+        out.put([backend_seconds(conn)])
 
 
 def _refused_worker(port: int, key: str, count: int, out: mp.Queue[list[float]]) -> None:
@@ -215,15 +259,19 @@ _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _BUSY = (0, 1, 2, 5, 6, 7)  # /proc/stat: user, nice, system, irq, softirq, steal
 
 
-def core_seconds() -> dict[str, float]:
-    """CPU seconds used so far: by the whole machine, by the live gunicorn and PostgreSQL
-    processes, and by this process's finished children (the clients). Empty where there is
-    no /proc (not Linux)."""
+def core_seconds(db: str = "") -> dict[str, float]:
+    """CPU seconds used so far: by the whole machine, by the web server (granian), by the
+    PostgreSQL backends serving database `db` (the server is shared: other databases' backends
+    and its own background processes are not this run's), and by this process's finished
+    children (the clients). A backend that has ended is gone from /proc: raw's clients read
+    their own backend's before they close (`backend_seconds`). Empty where there is no /proc
+    (not Linux)."""
     if not os.path.exists("/proc/stat"):
         return {}
     with open("/proc/stat") as stat:
         fields = stat.readline().split()[1:]
     used = {"machine": sum(int(fields[i]) for i in _BUSY) / _TICK, "server": 0.0, "postgres": 0.0}
+    backend = f" {db} ".encode()
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -234,9 +282,9 @@ def core_seconds() -> dict[str, float]:
             continue
         kind = (
             "server"
-            if b"gunicorn" in b" ".join(command[:4])
+            if b"granian" in b" ".join(command[:4])
             else "postgres"
-            if command[0].startswith(b"postgres")
+            if command[0].startswith(b"postgres:") and backend in command[0]
             else None
         )
         if kind is not None:
@@ -244,6 +292,16 @@ def core_seconds() -> dict[str, float]:
     children = os.times()
     used["clients"] = children.children_user + children.children_system
     return used
+
+
+def backend_seconds(conn: psycopg.Connection[Any]) -> float:
+    """The CPU seconds the backend of `conn` has used (0 where there is no /proc)."""
+    try:
+        with open(f"/proc/{conn.info.backend_pid}/stat") as f:
+            times = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(times[11]) + int(times[12])) / _TICK
 
 
 def _spent(before: dict[str, float], after: dict[str, float], into: dict[str, float]) -> None:
@@ -256,10 +314,11 @@ def _run(
     args_of: Callable[[int], tuple[object, ...]],
     clients: int,
     cpu: dict[str, float] | None = None,
+    db: str = "",
 ) -> tuple[float, list[float]]:
     """Run `clients` workers at once; the wall time and their latencies. With `cpu`, adds
     the core seconds spent meanwhile (`core_seconds`) to it."""
-    before = core_seconds() if cpu is not None else {}
+    before = core_seconds(db) if cpu is not None else {}
     out: mp.Queue[list[float]] = mp.Queue()
     procs = [mp.Process(target=target, args=(*args_of(c), out)) for c in range(clients)]
     start = time.perf_counter()
@@ -271,7 +330,7 @@ def _run(
     server.join_workers(procs)
     elapsed = time.perf_counter() - start
     if cpu is not None:
-        _spent(before, core_seconds(), cpu)
+        _spent(before, core_seconds(db), cpu)
     return elapsed, latencies
 
 
@@ -319,16 +378,18 @@ def measure(
             conn.execute("SELECT id FROM durability_project WHERE name = 'bench-raw'")
         )
 
-    threads = server.deployed("--threads") if threads is None else threads
+    threads = server.deployed("--blocking-threads") if threads is None else threads
     per_round = max(1, pairs // clients // rounds)
     pairs = per_round * clients * rounds
 
-    http_time = raw_time = 0.0
+    http_time = raw_time = batched_time = 0.0
     latencies: list[float] = []
     http_cpu: dict[str, float] = {}
+    batched_cpu: dict[str, float] = {}
+    load_start = os.getloadavg()
     raw_cpu: dict[str, float] = {}
     refused_cpu: dict[str, float] = {}
-    with server.gunicorn(env, workers, threads) as port:
+    with server.web(env, workers, threads) as port:
         # Warm up each worker's imports and connections.
         _run(_http_worker, lambda c: (port, key, http_grant, f"warm{c}", 20), workers)
         # The paths alternate in rounds, so that both meet the same load on the machine.
@@ -339,18 +400,31 @@ def measure(
                 lambda c: (port, key, http_grant, f"h{r}.{c}", per_round),  # noqa: B023
                 clients,
                 http_cpu,
+                db,
             )
             http_time += elapsed
             latencies.extend(lat)
-            elapsed, _ = _run(
+            elapsed, backends = _run(
                 _raw_worker,
                 lambda c: (dsn, raw_project, raw_grant, f"r{r}.{c}", per_round),  # noqa: B023
                 clients,
                 raw_cpu,
+                db,
             )
             raw_time += elapsed
+            # Raw's backends ended with their clients: what they spent, as each client read
+            # it (on top of any other backend of the database: none while raw runs).
+            raw_cpu["postgres"] = raw_cpu.get("postgres", 0.0) + sum(backends)
+            elapsed, _ = _run(
+                _http_batched_worker,
+                lambda c: (port, key, http_grant, f"b{r}.{c}", per_round),  # noqa: B023
+                clients,
+                batched_cpu,
+                db,
+            )
+            batched_time += elapsed
         refused = per_round * 2  # as many requests per client as a round's pairs have
-        _run(_refused_worker, lambda c: (port, key, refused), clients, refused_cpu)
+        _run(_refused_worker, lambda c: (port, key, refused), clients, refused_cpu, db)
         light_intents, light_receipts = _http_pairs(port, key, http_grant, "light", light)
     audit = subprocess.run(
         [sys.executable, "manage.py", "verifyaudit", "--project", "bench-http"],
@@ -367,6 +441,10 @@ def measure(
         "threads": threads,
         "http_rate": pairs / http_time,
         "raw_rate": pairs / raw_time,
+        "batched_rate": pairs / batched_time,
+        "batch": BATCH,
+        "load_start": load_start,
+        "load_end": os.getloadavg(),
         "loaded_p50": statistics.median(latencies),
         "loaded_p99": percentile(latencies, 0.99),
         "light": light,
@@ -376,6 +454,7 @@ def measure(
         "receipt_p99": percentile(light_receipts, 0.99),
         # Core milliseconds per pair (per request for `refused_cpu`), by whom they were spent.
         "http_cpu": {name: 1000 * spent / pairs for name, spent in http_cpu.items()},
+        "batched_cpu": {name: 1000 * spent / pairs for name, spent in batched_cpu.items()},
         "raw_cpu": {name: 1000 * spent / pairs for name, spent in raw_cpu.items()},
         "refused_cpu": {
             name: 1000 * spent / (refused * clients) for name, spent in refused_cpu.items()
@@ -393,16 +472,18 @@ def main() -> None:
         "--workers",
         type=int,
         default=server.deployed("--workers"),
-        help="gunicorn worker processes (default: deploy/systemd's)",
+        help="granian worker processes (default: deploy/systemd's)",
     )
     parser.add_argument(
         "--threads",
         type=int,
-        default=server.deployed("--threads"),
-        help="gunicorn threads per worker (default: deploy/systemd's, the gthread worker with "
-        "keep-alive); 1 is the sync worker, a connection per request",
+        default=server.deployed("--blocking-threads"),
+        help="granian blocking threads per worker, the threads that run Django (default: "
+        "deploy/systemd's)",
     )
-    parser.add_argument("--rounds", type=int, default=4, help="alternating HTTP/raw rounds")
+    parser.add_argument(
+        "--rounds", type=int, default=4, help="alternating HTTP / raw / batched rounds"
+    )
     parser.add_argument("--light", type=int, default=1000, help="pairs from one client")
     parser.add_argument("--db", default="tb_bench_ledger")
     options = parser.parse_args()
@@ -417,12 +498,18 @@ def main() -> None:
     )
     print(
         f"pairs per path: {m['pairs']} in {m['rounds']} alternating rounds, client processes: "
-        f"{m['clients']}, gunicorn workers: {m['workers']} x {m['threads']} threads, "
+        f"{m['clients']}, granian workers: {m['workers']} x {m['threads']} blocking threads, "
         f"cores: {os.cpu_count()}"
     )
+    load = f"{m['load_start'][0]:.2f}, {m['load_start'][1]:.2f}, {m['load_start'][2]:.2f}"
+    print(f"load average at the start: {load}")
     print(f"HTTP (intent + receipt):  {m['http_rate']:8.0f} effects/s")
     print(f"raw psycopg, same writes: {m['raw_rate']:8.0f} effects/s")
     print(f"ratio HTTP / raw:         {m['http_rate'] / m['raw_rate']:8.2f}")
+    print(
+        f"HTTP, receipts in batches of {m['batch']}: {m['batched_rate']:8.0f} effects/s, "
+        f"ratio to raw {m['batched_rate'] / m['raw_rate']:.2f}"
+    )
     print(
         f"POST /api/v1/intents latency: p50 {m['loaded_p50'] * 1000:.2f} ms, "
         f"p99 {m['loaded_p99'] * 1000:.2f} ms"
@@ -437,11 +524,16 @@ def main() -> None:
         f"p99 {m['receipt_p99'] * 1000:.2f} ms"
     )
     if m["http_cpu"]:
-        print("core ms per pair (machine: every process; server: gunicorn):")
-        for path in ("http", "raw"):
+        print(
+            "core ms per effect (machine: every process on it; all: server + postgres + "
+            "clients; server: granian):"
+        )
+        raw_all = _all(m["raw_cpu"])
+        for path in ("http", "batched", "raw"):
             spent = m[f"{path}_cpu"]
             print(
-                f"  {path:5} machine {spent['machine']:6.2f}  server {spent['server']:5.2f}  "
+                f"  {path:7} machine {spent['machine']:6.2f}  all {_all(spent):5.2f} "
+                f"({_all(spent) / raw_all:.2f}x raw's)  server {spent['server']:5.2f}  "
                 f"postgres {spent['postgres']:5.2f}  clients {spent['clients']:5.2f}"
             )
         spent = m["refused_cpu"]
@@ -449,7 +541,14 @@ def main() -> None:
             f"  a request refused at validation (no ledger work): server {spent['server']:.2f}, "
             f"clients {spent['clients']:.2f} core ms"
         )
+    load = f"{m['load_end'][0]:.2f}, {m['load_end'][1]:.2f}, {m['load_end'][2]:.2f}"
+    print(f"load average at the end: {load}")
     print(m["verifyaudit"])
+
+
+def _all(spent: dict[str, float]) -> float:
+    """Core ms of every process a path involves: the server, PostgreSQL and the clients."""
+    return spent["server"] + spent["postgres"] + spent["clients"]
 
 
 if __name__ == "__main__":

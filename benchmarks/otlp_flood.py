@@ -1,5 +1,5 @@
 """One project's flood of OTLP requests against another project's single requests, through a
-real gunicorn server deployed as the README says (4 workers x 4 threads; --workers and
+real web server as the deploy unit starts it (granian; --workers and
 --threads change it) on loopback.
 
     .venv/bin/python benchmarks/otlp_flood.py [--flooders 20] [--probes 20] [--workers 4]
@@ -159,8 +159,15 @@ def main() -> None:
     parser.add_argument(
         "--inflated", type=int, default=MAX_INFLATED, help="trajectories.otlp.MAX_INFLATED"
     )
-    parser.add_argument("--workers", type=int, default=4, help="gunicorn workers")
-    parser.add_argument("--threads", type=int, default=4, help="gunicorn threads per worker")
+    parser.add_argument(
+        "--workers", type=int, default=server.deployed("--workers"), help="granian workers"
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=server.deployed("--blocking-threads"),
+        help="granian blocking threads per worker",
+    )
     parser.add_argument("--db", default="tb_bench_flood")
     options = parser.parse_args()
     with psycopg.connect(f"{PG}/postgres", autocommit=True) as admin:
@@ -172,7 +179,7 @@ def main() -> None:
     flooder = server.manage(env, "createapikey", "flooder").strip().splitlines()[-1]
     prober = server.manage(env, "createapikey", "prober").strip().splitlines()[-1]
     bombs = [bomb(n, options.spans, options.inflated) for n in range(options.flooders)]
-    with server.gunicorn(env, options.workers, threads=options.threads) as port:
+    with server.web(env, options.workers, threads=options.threads) as port:
         _probe(port, prober, 3)  # warm up
         alone = _probe(port, prober, options.probes)
         with Flood(port, flooder, bombs) as flood:

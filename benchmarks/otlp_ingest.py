@@ -1,4 +1,4 @@
-"""OTLP span ingest through HTTP (a real gunicorn server on loopback) against raw psycopg
+"""OTLP span ingest through HTTP (granian as deployed, on loopback) against raw psycopg
 inserts of the same span rows, in one run on one PostgreSQL database.
 
     .venv/bin/python benchmarks/otlp_ingest.py [--batches 240] [--clients 6] [--workers 4]
@@ -386,7 +386,7 @@ def measure(*, batches: int, clients: int, workers: int, rounds: int, db: str) -
         return list(range(first, first + per_client))
 
     refused = Refusals()
-    with server.gunicorn(env, workers) as port:
+    with server.web(env, workers) as port:
         # Warm up each worker's imports and connections.
         _, reports = _run(_http_worker, lambda c: (port, key, "warm", [c]), workers)
         refused = sum(reports, refused)
@@ -435,7 +435,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--batches", type=int, default=240, help="512-span batches per path")
     parser.add_argument("--clients", type=int, default=6, help="concurrent client processes")
-    parser.add_argument("--workers", type=int, default=4, help="gunicorn worker processes")
+    parser.add_argument(
+        "--workers", type=int, default=server.deployed("--workers"), help="granian workers"
+    )
     parser.add_argument("--rounds", type=int, default=4, help="alternations of the two paths")
     parser.add_argument("--db", default="tb_bench_otlp")
     parser.add_argument(
@@ -456,7 +458,7 @@ def main() -> None:
     )
     print(
         f"spans per path: {m['spans']} in {m['batches']} batches of {SPANS_PER_BATCH}, "
-        f"client processes: {m['clients']}, gunicorn workers: {m['workers']}, "
+        f"client processes: {m['clients']}, granian workers: {m['workers']}, "
         f"cores: {os.cpu_count()}"
     )
     print(f"HTTP OTLP/protobuf:             {m['http_rate']:8.0f} spans/s")

@@ -11,7 +11,7 @@ days; the payload benchmark's receipts and two audit entries per effect
 day (benchmarks/span_retention.py). Then, and printed as it goes:
 
 - the size of each table with its partitions and its indexes;
-- OTLP ingest over HTTP (benchmarks/otlp_ingest.py's clients against gunicorn on this
+- OTLP ingest over HTTP (benchmarks/otlp_ingest.py's clients against granian on this
   database) and the server times of the queue and the overview (their benchmarks' requests)
   once before retention and once while `partitions_upkeep` runs in a thread, dropping the
   days past a 30-day retention;
@@ -160,7 +160,9 @@ def main() -> None:
     parser.add_argument("--db", default="bench_scale")
     parser.add_argument("--batches", type=int, default=24, help="OTLP batches per measure")
     parser.add_argument("--clients", type=int, default=2, help="OTLP client processes, ≤ 4")
-    parser.add_argument("--workers", type=int, default=2, help="gunicorn workers")
+    parser.add_argument(
+        "--workers", type=int, default=server.deployed("--workers"), help="granian workers"
+    )
     parser.add_argument("--repeat", type=int, default=3, help="requests per page and filter")
     parser.add_argument("--small", action="store_true", help="200,000 spans, 50,000 effects")
     parser.add_argument("--keep", action="store_true", help="keep the database")
@@ -226,7 +228,7 @@ def _run(args: argparse.Namespace, data: dict[str, Any], effects_took: float) ->
     key = server.manage(env, "createapikey", "bench-ingest").strip().splitlines()[-1]
     client = Client()
     client.force_login(data["operator"])
-    with server.gunicorn(env, args.workers) as port:
+    with server.web(env, args.workers) as port:
         otlp_ingest._run(otlp_ingest._http_worker, lambda c: (port, key, "warm", [c]), args.workers)
         rate = ingest(port, key, "before", args.batches, args.clients)
         queue, overview = pages(client, args.repeat)

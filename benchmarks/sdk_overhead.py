@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/sdk_overhead.py [--effects 1000] [--workers 4]
 
-Starts gunicorn on a fresh PostgreSQL database (--db, dropped and created), then times,
+Starts granian on a fresh PostgreSQL database (--db, dropped and created), then times,
 on one thread and interleaved (so that all three see the same load on the machine):
   - `with tb.effect(...) as fx: fx.receipt(...)`: what an agent waits for per effect:
     the intent's round trip and the fsynced spool write of the receipt, which the
@@ -96,7 +96,9 @@ def ms(values: list[float]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--effects", type=int, default=1000)
-    parser.add_argument("--workers", type=int, default=4, help="gunicorn worker processes")
+    parser.add_argument(
+        "--workers", type=int, default=server.deployed("--workers"), help="granian workers"
+    )
     parser.add_argument("--db", default="tb_sdk_bench")
     parser.add_argument("--pg", default="postgres://root@127.0.0.1:5432")
     options = parser.parse_args()
@@ -109,7 +111,7 @@ def main() -> None:
     server.manage(env, "migrate", "--verbosity", "0")
     api_key = server.manage(env, "createapikey", "bench").strip().splitlines()[-1]
     with (
-        server.gunicorn(env, options.workers) as port,
+        server.web(env, options.workers) as port,
         tempfile.TemporaryDirectory() as spool,
         Tallybook(f"http://127.0.0.1:{port}", api_key, spool=spool) as tb,
     ):
@@ -125,7 +127,7 @@ def main() -> None:
         drained = time.perf_counter() - started
 
     print(
-        f"{options.effects} effects, one thread, gunicorn workers: {options.workers}, "
+        f"{options.effects} effects, one thread, granian workers: {options.workers}, "
         f"cores: {os.cpu_count()}"
     )
     print(f"SDK effect block (intent + spooled receipt): {ms(sdk)}")

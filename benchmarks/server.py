@@ -1,11 +1,13 @@
-"""What the benchmarks that speak HTTP share: manage.py, a free port, a gunicorn server, the
-reports of their client processes, and the statistics autovacuum would keep."""
+"""What the benchmarks that speak HTTP share: manage.py, a free port, the web server as the
+deploy unit starts it (granian), the reports of their client processes, and the statistics
+autovacuum would keep."""
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import queue
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -21,13 +23,53 @@ ROOT = Path(__file__).resolve().parent.parent
 UNIT = ROOT / "deploy" / "systemd" / "tallybook-web.service"
 
 
-def deployed(flag: str) -> int:
-    """A number gunicorn is started with by the deploy unit (`--workers`, `--threads`): the
-    benchmarks serve as production does unless told otherwise."""
-    found = re.search(rf"^ExecStart=.*gunicorn .*{flag} (\d+)", UNIT.read_text(), re.MULTILINE)
+def deployed_command() -> list[str]:
+    """The deploy unit's ExecStart, as argv (systemd's %% read as %)."""
+    found = re.search(r"^ExecStart=(.*)$", UNIT.read_text(), re.MULTILINE)
     if found is None:
-        raise SystemExit(f"{UNIT} starts gunicorn without {flag}")
-    return int(found[1])
+        raise SystemExit(f"{UNIT} has no ExecStart")
+    return shlex.split(found[1].replace("%%", "%"))
+
+
+def deployed(flag: str) -> int:
+    """A number the web server is started with by the deploy unit (`--workers`,
+    `--blocking-threads`): the benchmarks serve as production does unless told otherwise."""
+    argv = deployed_command()
+    if flag not in argv:
+        raise SystemExit(f"{UNIT} starts granian without {flag}")
+    return int(argv[argv.index(flag) + 1])
+
+
+def web_command(
+    port: int,
+    *,
+    workers: int | None = None,
+    threads: int | None = None,
+    log_config: Path | None = None,
+    access_log: bool = True,
+    access_format: str | None = None,
+) -> list[str]:
+    """The deploy unit's web server command run by this interpreter on 127.0.0.1:`port`: the
+    same options, but for those given here (`threads`: granian's --blocking-threads)."""
+    argv = deployed_command()
+    if not argv[0].endswith("/granian"):
+        raise SystemExit(f"{UNIT} does not start granian")
+    argv = [sys.executable, "-m", "granian", *argv[1:]]
+    given = {
+        "--port": str(port),
+        "--workers": None if workers is None else str(workers),
+        "--blocking-threads": None if threads is None else str(threads),
+        "--log-config": str(log_config or ROOT / argv[argv.index("--log-config") + 1]),
+        "--access-log-fmt": access_format,
+    }
+    for flag, value in given.items():
+        if value is not None:
+            argv[argv.index(flag) + 1] = value
+    if not access_log:
+        at = argv.index("--access-log-fmt")
+        del argv[at : at + 2]
+        argv.remove("--access-log")
+    return argv
 
 
 def analyzed(dsn: str) -> None:
@@ -66,29 +108,14 @@ PLAIN_HTTP = {"SECURE_SSL_REDIRECT": "0", "SESSION_COOKIE_SECURE": "0", "CSRF_CO
 
 
 @contextmanager
-def gunicorn(env: dict[str, str], workers: int, threads: int | None = None) -> Iterator[int]:
-    """Tallybook under gunicorn on a free port, once it answers; stopped on the way out.
-    Threads as the deploy unit has them unless given (1: the sync worker)."""
-    threads = deployed("--threads") if threads is None else threads
+def web(env: dict[str, str], workers: int, threads: int | None = None) -> Iterator[int]:
+    """Tallybook under granian on a free port, as the deploy unit starts it (no access log:
+    it would fill the benchmark's output), once it answers; stopped on the way out. Blocking
+    threads per worker as the deploy unit has them unless given."""
     port = free_port()
     env = {**env, **PLAIN_HTTP}
     server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "durability.wsgi",
-            "--bind",
-            f"127.0.0.1:{port}",
-            "--workers",
-            str(workers),
-            "--threads",
-            str(threads),
-            "--log-level",
-            "warning",
-        ],
-        cwd=ROOT,
-        env=env,
+        web_command(port, workers=workers, threads=threads, access_log=False), cwd=ROOT, env=env
     )
     try:
         deadline = time.monotonic() + 60
@@ -103,7 +130,7 @@ def gunicorn(env: dict[str, str], workers: int, threads: int | None = None) -> I
         yield port
     finally:
         server.terminate()
-        server.wait(15)
+        server.wait(30)
 
 
 def _ended(process: mp.Process) -> str:

@@ -8,7 +8,7 @@ import hmac
 import secrets
 import uuid
 import zoneinfo
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -712,6 +712,10 @@ class EffectHour(models.Model):
     agent_reported = models.PositiveIntegerField()
     provider_confirmed = models.PositiveIntegerField()
     operator_attested = models.PositiveIntegerField()
+    # Of those, the effects with a case of these reasons: the overview's "problems only"
+    # shows them beside the failed states.
+    late_success = models.PositiveIntegerField(default=0)
+    duplicate_effect = models.PositiveIntegerField(default=0)
 
     class Meta:
         constraints = [
@@ -849,6 +853,14 @@ class Case(models.Model):
             ),
             # The overview's last day: cases of a reason opened since, open or closed.
             models.Index(fields=["project", "reason", "opened"], name="case_reason_opened_idx"),
+            # The backlog's hours not tallied yet (tallies.case_hours): cases opened since,
+            # and cases settled since.
+            models.Index(fields=["project", "opened"], name="case_project_opened_idx"),
+            models.Index(
+                fields=["project", "closed"],
+                name="case_project_closed_idx",
+                condition=Q(closed__isnull=False),
+            ),
             # An effect's cases, open or closed: the effect page, the ledger's open case of
             # a reason, retention's "no open case" test.
             models.Index(fields=["project", "effect", "opened"], name="case_of_effect_idx"),
@@ -876,6 +888,35 @@ class Case(models.Model):
     @property
     def is_open(self) -> bool:
         return self.closed is None
+
+
+class CaseHour(models.Model):
+    """The cases of one hour of a project, per reason: how many opened in it, how many were
+    settled (closed) in it and how long those took, counted in the buckets of
+    `tallies.SETTLE_BOUNDS`. The overview's backlog reads these, so that its cost is the
+    hours it shows, not the cases. Written only by `tallies.hours_tally`, an hour whole."""
+
+    project = models.ForeignKey(
+        Project,
+        models.CASCADE,
+        related_name="+",
+        db_index=False,  # case_hour_uniq leads with it
+    )
+    hour = models.DateTimeField()
+    reason = models.CharField(max_length=32, choices=Reason.choices)
+    opened = models.PositiveIntegerField()
+    settled = models.PositiveIntegerField()
+    # Of the settled: how many took at most each of tallies.SETTLE_BOUNDS, and more (last).
+    took = models.JSONField(default=list)
+
+    class Meta:
+        constraints = [
+            # One row per hour and reason; also the overview's index: a project's hours.
+            models.UniqueConstraint(fields=["project", "hour", "reason"], name="case_hour_uniq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.hour:%Y-%m-%d %H}h {self.reason} +{self.opened} -{self.settled}"
 
 
 ACKNOWLEDGED = "acknowledged"
@@ -1318,6 +1359,20 @@ class Probe(models.Model):
     def took_s(self) -> float:
         return (self.finished - self.started).total_seconds()
 
+    @property
+    def observed_at(self) -> datetime | None:
+        """When the system says the effect happened: the evidence's ISO 8601 text as an aware
+        moment; None when absent or unreadable, so that no stored value fails a page."""
+        evidence = self.evidence if isinstance(self.evidence, dict) else {}
+        value = evidence.get("observed_at")
+        if not isinstance(value, str):
+            return None
+        try:
+            moment = datetime.fromisoformat(value)
+        except ValueError:
+            return None
+        return moment if timezone.is_aware(moment) else moment.replace(tzinfo=UTC)
+
 
 class CaseAlert(models.Model):
     """A case that reached its reason's alert threshold; `sent` once the webhook took it."""
@@ -1516,6 +1571,9 @@ class ApprovalStatus(models.TextChoices):
     OPEN = "open"
     APPROVED = "approved"
     DENIED = "denied"
+    # The effect stopped awaiting it without a signature (decided through the state machine
+    # directly): nothing left to sign.
+    CLOSED = "closed"
 
 
 class Approval(models.Model):
@@ -1561,6 +1619,11 @@ class Approval(models.Model):
 
     def get_absolute_url(self) -> str:
         return reverse("approval", args=[self.pk])
+
+    @property
+    def closed_why(self) -> str:
+        """Why a closed approval takes no signature, in the words its pages and 409 use."""
+        return f"the effect was settled without it (it is now {self.effect.state})"
 
 
 class SignoffVerdict(models.TextChoices):

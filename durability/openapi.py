@@ -186,6 +186,18 @@ def _post(
     }
 
 
+def _batch(
+    summary: str, body: type[BaseModel], results: type[BaseModel], description: str
+) -> dict[str, Any]:
+    """A batch of the SDK's reports: a multi-status answer, one result per item; the batch
+    itself refused (400) only when it is no batch of 1 to 100 objects."""
+    operation = _post(summary, body, {"207": _json(results, description)})
+    answers = operation["post"]["responses"]
+    answers["400"] = _json(schemas.ErrorOut, "Malformed JSON, or not a batch of 1 to 100 items.")
+    answers["413"] = _json(schemas.ErrorOut, f"Body over {schemas.BATCH_MAX_BODY:,} bytes.")
+    return operation
+
+
 def _get(summary: str, parameters: list[dict[str, Any]], *errors: int) -> dict[str, Any]:
     return {
         "get": {
@@ -484,9 +496,13 @@ def openapi_document() -> dict[str, Any]:
         schemas.ReceiptIn,
         schemas.FailureIn,
         schemas.TimeoutIn,
+        schemas.ReceiptBatchIn,
+        schemas.FailureBatchIn,
         schemas.DecisionOut,
         schemas.ReceiptResultOut,
         schemas.EffectResultOut,
+        schemas.ReceiptBatchOut,
+        schemas.FailureBatchOut,
         schemas.EffectDetailOut,
         schemas.GrantOut,
         schemas.GrantListOut,
@@ -561,6 +577,21 @@ def openapi_document() -> dict[str, Any]:
                     ),
                     "200": _json(schemas.ReceiptResultOut, "The same receipt again: no change."),
                 },
+            ),
+            "/api/v1/receipts/batch": _batch(
+                "Record up to 100 receipts, each on its own",
+                schemas.ReceiptBatchIn,
+                schemas.ReceiptBatchOut,
+                "Each receipt's result, in order: the status and body POST /api/v1/receipts "
+                "would have answered for it alone. Each is its own transaction: one answered "
+                "201 or 200 is committed, one answered 400 changed nothing.",
+            ),
+            "/api/v1/failures/batch": _batch(
+                "Record up to 100 failed attempts, each on its own",
+                schemas.FailureBatchIn,
+                schemas.FailureBatchOut,
+                "Each failure's result, in order: the status and body POST /api/v1/failures "
+                "would have answered for it alone, each its own transaction.",
             ),
             "/api/v1/failures": _post(
                 "Record a failed attempt",

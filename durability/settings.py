@@ -371,7 +371,7 @@ SECURE_CSP = {
 
 # Every record goes to stderr once, through the root logger's handler: Django's own
 # "django" logger (a console handler of its own under DEBUG) only passes records up, or
-# gunicorn's log (.demo/server.log) would show each line twice.
+# the web server's log (.demo/server.log) would show each line twice.
 LOG_LEVEL = env_str("LOG_LEVEL", "WARNING")
 LOGGING = {
     "version": 1,

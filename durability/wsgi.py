@@ -1,4 +1,5 @@
-"""WSGI entry point: `gunicorn durability.wsgi`."""
+"""WSGI entry point: `granian --interface wsgi durability.wsgi:application`
+(deploy/systemd/tallybook-web.service)."""
 
 from __future__ import annotations
 

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 
 def free_port() -> int:
     """A port free now, for a server that binds it by number. Another process may take it
-    before that server does: where a server can be handed a bound socket (gunicorn's
-    fd://, tests/sdk/support.py ServerProcess), do that instead."""
+    before that server does: hold the port until the server starts and start again on
+    another should the server find it taken (tests/sdk/support.py ServerProcess)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

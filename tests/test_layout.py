@@ -155,11 +155,16 @@ ROOMS = (
         "shared core, accounts",
     ),
 )
-# The one exception to a row, by file. models.py imports the reconciler plug-in interface:
+# The exceptions to a row, by file. models.py imports the reconciler plug-in interface:
 # ReconcilerConfig.reconciler() asks base.reconciler_for for the class named by dotted path
 # in settings.TALLYBOOK_RECONCILERS, which imports the plug-in on first use; base.py imports
 # models only under TYPE_CHECKING, so the core loads nothing of the rooms but that interface.
-EXCEPTIONS = {"durability/models.py": ("durability.reconcilers.base",)}
+# The demo's seed stores its agents' trajectories as the events API does (the events ingest
+# and the links it makes), so that seeded cases have runs and spans as live ones do.
+EXCEPTIONS = {
+    "durability/models.py": ("durability.reconcilers.base",),
+    "durability/management/commands/demo.py": ("trajectories.ingest", "trajectories.links"),
+}
 # Across every room: a page view (a `views` module) is imported only by its own room (its
 # urls.py); the ledger's row already rules out every view.
 VIEWS = "views"

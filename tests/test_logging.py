@@ -1,4 +1,4 @@
-"""The log: each record is one line on stderr (gunicorn's log in the demo, .demo/server.log)."""
+"""The log: each record is one line on stderr (granian's log in the demo, .demo/server.log)."""
 
 from __future__ import annotations
 

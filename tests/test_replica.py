@@ -1,7 +1,7 @@
 """Read-only pages from a real streaming replica; every ledger decision from the primary.
 
 A private primary and a hot standby streaming from it (benchmarks/clusters.py, run by the
-`postgres` user), and gunicorn with DATABASE_URL on the primary and DATABASE_REPLICA_URL on
+`postgres` user), and granian with DATABASE_URL on the primary and DATABASE_REPLICA_URL on
 the standby. The standby's replay is paused while the agent records intents: the pages do
 not see them yet (they read the standby), the API's decisions do (the primary), and a
 browser that has just written reads from the primary.

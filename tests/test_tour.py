@@ -191,10 +191,11 @@ DATE_LIKE = (
     r"[a-z]*\.? \d{1,2}, \d{4}|\b[ap]\.m\.|\d+\u00a0(minute|hour|day|week|month|year)s?\b"
 )
 # Text in a <time> (or its title) is the tag's; data shown as it was sent (code, JSON, form
-# values) and the chart's axis are not dates of the page's own.
+# values), the answer an agent reads word for word (samp) and the chart's axis are not dates
+# of the page's own.
 DATES_OUTSIDE_TIME = """(pattern) => {
   const dateLike = new RegExp(pattern);
-  const skip = "time, code, pre, svg, script, style, textarea, select, option";
+  const skip = "time, code, pre, samp, svg, script, style, textarea, select, option";
   const found = [];
   const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
   for (let node = walker.nextNode(); node; node = walker.nextNode()) {

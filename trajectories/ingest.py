@@ -172,8 +172,8 @@ def large_batch(large: bool) -> Iterator[None]:
     until its answer; Overloaded (429) at once, never a wait, when every place is taken.
 
     Per process, not per project: what a heavy batch takes from the others is this process's
-    interpreter (inflating, parsing and building rows hold the GIL), and gunicorn may give
-    one worker every heavy request there is. Refused, the batch goes back to the client's
+    interpreter (inflating, parsing and building rows hold the GIL), and the web server may
+    give one worker every heavy request there is. Refused, the batch goes back to the client's
     retry and likely to another, idle, process; the project's slots (`slot`) stay the bound
     over every process.
     """

@@ -22,6 +22,7 @@ from durability.accounts.access import AuthedRequest, object_access, project_acc
 from durability.accounts.roles import Perm
 from durability.inbound import EARLIEST, decimal_digits, number_param
 from durability.models import Receipt
+from trajectories import people
 from trajectories.models import EffectLink, Run, RunStatus, Span
 
 PAGE_SIZE = 50
@@ -125,8 +126,10 @@ def runs(request: AuthedRequest) -> HttpResponse:
         .annotate(n=Count("effect"))
         .order_by()
     )
+    waits = people.waits_of(project.pk, page)
     for run in page:
         run.effect_count = effects.get(run.pk, 0)  # type: ignore[attr-defined]
+        run.waiting = waits.get(run.pk)  # type: ignore[attr-defined]
     query = request.GET.copy()
     query.pop("before", None)
     query["since"] = timezone.localtime(since).strftime("%Y-%m-%dT%H:%M") if since else ""
@@ -145,6 +148,86 @@ def runs(request: AuthedRequest) -> HttpResponse:
     if request.htmx and position is not None:
         template += "#rows"
     return render(request, template, context)
+
+
+# An idle stretch of a run (no leaf span open, no event) longer than this many seconds, and
+# than this share of the time spent working, is drawn as a break of BREAK_WIDTH, so that the
+# work stays readable beside a wait of minutes.
+BREAK_MIN_S = 5
+BREAK_SHARE = 0.5
+BREAK_WIDTH = 30
+# At most this many breaks are drawn; shorter gaps beyond them are drawn to scale.
+MAX_BREAKS = 8
+
+
+@dataclass(frozen=True)
+class Break:
+    """An idle gap in the waterfall, compressed: where it is drawn and how long it was."""
+
+    x: float
+    seconds: float
+
+    @property
+    def ms(self) -> float:
+        return self.seconds * 1000
+
+
+@dataclass
+class Scale:
+    """Time to waterfall x (0..TIMELINE), linear but for the long idle gaps, each a break."""
+
+    start: datetime
+    end: datetime
+    # (from, to, x at from, x per second) for each stretch drawn to scale.
+    pieces: list[tuple[datetime, datetime, float, float]]
+    breaks: list[Break]
+
+    def x(self, at: datetime) -> float:
+        for begin, end, x0, per in self.pieces:
+            if at <= end:
+                return x0 + max((at - begin).total_seconds(), 0) * per
+        begin, end, x0, per = self.pieces[-1]
+        return x0 + (end - begin).total_seconds() * per
+
+
+def scale_of(busy: list[tuple[datetime, datetime]]) -> Scale:
+    """The waterfall's scale for these busy stretches (spans, events): idle gaps longer than
+    BREAK_MIN_S and than BREAK_SHARE of the time busy become breaks (the longest first)."""
+    merged: list[list[datetime]] = []
+    for begin, end in sorted(busy):
+        if merged and begin <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([begin, end])
+    start, end = merged[0][0], merged[-1][1]
+    total = (end - start).total_seconds()
+    working = sum((b - a).total_seconds() for a, b in merged)
+    gaps = sorted(
+        (
+            ((b[0] - a[1]).total_seconds(), i)
+            for i, (a, b) in enumerate(zip(merged, merged[1:], strict=False))
+        ),
+        reverse=True,
+    )
+    long = {
+        i
+        for seconds, i in gaps[:MAX_BREAKS]
+        if seconds > BREAK_MIN_S and seconds > BREAK_SHARE * working
+    }
+    skipped = sum((merged[i + 1][0] - merged[i][1]).total_seconds() for i in long)
+    drawn = max(total - skipped, 1e-6)
+    per = (TIMELINE - BREAK_WIDTH * len(long)) / drawn
+    pieces, breaks, x, begin = [], [], 0.0, start
+    for i, (_, stop) in enumerate(merged):
+        if i in long:
+            pieces.append((begin, stop, x, per))
+            x += (stop - begin).total_seconds() * per
+            after = merged[i + 1][0]
+            breaks.append(Break(round(x, 2), (after - stop).total_seconds()))
+            x += BREAK_WIDTH
+            begin = after
+    pieces.append((begin, end, x, per))
+    return Scale(start, end, pieces, breaks)
 
 
 @dataclass
@@ -168,18 +251,19 @@ class Tree:
     children: dict[tuple[str, str], list[Span]]
     roots: list[Span]
     start: datetime
-    span_seconds: float
+    scale: Scale
     # Effects by the (trace_id, span_id) of their tool span, else of their model span.
     effects: dict[tuple[str, str], list[EffectLink]]
     loose_effects: list[EffectLink]
 
     def node(self, span: Span) -> Node:
-        offset = (span.start - self.start).total_seconds()
-        duration = ((span.end or span.start) - span.start).total_seconds()
+        x = self.scale.x(span.start)
         return Node(
             span,
-            x=round(offset / self.span_seconds * TIMELINE, 2),
-            width=max(round(duration / self.span_seconds * TIMELINE, 2), 1),
+            x=round(x, 2),
+            # A span not ended yet (an agent waiting on a person) reaches the run's latest
+            # moment: its bar shows how long it has been open.
+            width=max(round(self.scale.x(span.end or self.scale.end) - x, 2), 1),
             child_count=len(self.children.get((span.trace_id, span.span_id), [])),
             effects=self.effects.get((span.trace_id, span.span_id), []),
         )
@@ -237,7 +321,7 @@ def _receipts_of(project_id: int) -> Prefetch[Any]:
     return Prefetch("effect__receipts", Receipt.objects.filter(project_id=project_id))
 
 
-def _tree(run: Run) -> Tree:
+def _tree(run: Run, events: list[people.Event]) -> Tree:
     """All spans of the run in one query, arranged as a forest; effects by their span."""
     spans = list(run_spans(run).only(*TREE_FIELDS).order_by("start", "id"))
     present = {(s.trace_id, s.span_id) for s in spans}
@@ -249,7 +333,10 @@ def _tree(run: Run) -> Tree:
         else:
             roots.append(s)
     start = min((s.start for s in spans), default=run.started)
-    end = max((s.end or s.start for s in spans), default=start)
+    # Idle is when no leaf span works and nothing happens to the run's effects: an agent's
+    # own span stays open while it waits on a person.
+    busy = [(s.start, s.end or s.start) for s in spans if (s.trace_id, s.span_id) not in children]
+    busy += [(e.at, e.at) for e in events] or [(start, start)]
     effects: dict[tuple[str, str], list[EffectLink]] = defaultdict(list)
     loose = []
     links = (
@@ -267,15 +354,7 @@ def _tree(run: Run) -> Tree:
             loose.append(link)
     # A link whose span is not among the run's (dropped by retention) is shown on its own.
     loose += [link for key, kept in effects.items() if key not in present for link in kept]
-    return Tree(
-        spans,
-        children,
-        roots,
-        start,
-        max((end - start).total_seconds(), 1e-6),
-        effects,
-        loose,
-    )
+    return Tree(spans, children, roots, start, scale_of(busy), effects, loose)
 
 
 @login_required
@@ -296,7 +375,9 @@ def run(request: AuthedRequest, run_pk: int, span_pk: int | None = None) -> Http
         if request.htmx:
             detail = {"run": found, **_span_context(selected)}
             return render(request, "trajectories/run.html#span", detail)
-    tree = _tree(found)
+    events = people.events_of(found)
+    tree = _tree(found, events)
+    waiting = people.waits_of(found.project_id, [found]).get(found.pk)
     root_pk = number_param(request.GET.get("root"))
     offset = number_param(request.GET.get("offset")) or 0
     root = next((s for s in tree.spans if s.pk == root_pk), None)
@@ -314,6 +395,10 @@ def run(request: AuthedRequest, run_pk: int, span_pk: int | None = None) -> Http
         "selected": selected,
         "loose_effects": tree.loose_effects,
         "timeline": TIMELINE,
+        "waiting": waiting,
+        "events": [(e, round(tree.scale.x(e.at), 2)) for e in events],
+        "breaks": tree.scale.breaks,
+        "break_width": BREAK_WIDTH,
     }
     if selected is not None:
         context.update(_span_context(selected))

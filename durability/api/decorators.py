@@ -101,6 +101,31 @@ class Refused(Exception):
         self.response = response
 
 
+class ItemRefused(Exception):
+    """One item of a batch refused: `body` says why, `status` is what its single route would
+    have answered."""
+
+    def __init__(self, body: ErrorOut, status: int) -> None:
+        self.body = body
+        self.status = status
+
+
+def validated[M: BaseModel](schema: type[M], item: Any, body: bytes) -> M:
+    """One item of a batch (as parsed from JSON in `body`) validated as its single route
+    validates a whole body; ItemRefused (400) naming each bad field."""
+    if not isinstance(item, dict):
+        raise ItemRefused(
+            ErrorOut(error="The body must be a JSON object", fields={"body": "Expected an object"}),
+            400,
+        )
+    try:
+        return schema.model_validate(item, context=STORABLE if storable_strings(body) else None)
+    except ValidationError as exc:
+        raise ItemRefused(
+            ErrorOut(error="Invalid request", fields=field_errors(exc)), 400
+        ) from None
+
+
 def _bearer(request: HttpRequest) -> str:
     header = request.headers.get("Authorization", "")
     scheme, _, token = header.partition(" ")

@@ -13,6 +13,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    SkipValidation,
     StringConstraints,
     TypeAdapter,
     ValidationError,
@@ -261,6 +262,28 @@ class FailureIn(Strict):
     )
 
 
+# The most reports one batch request carries (POST /api/v1/receipts/batch, /failures/batch).
+MAX_BATCH = 100
+# Their bodies' bound: a single report's (1 MiB) times 4, Django's DATA_UPLOAD_MAX_MEMORY_SIZE.
+BATCH_MAX_BODY = 4 * 1024 * 1024
+
+
+class ReceiptBatchIn(Strict):
+    """The envelope only: each receipt is validated on its own, so one bad receipt fails alone."""
+
+    receipts: Annotated[
+        list[SkipValidation[ReceiptIn]], Field(min_length=1, max_length=MAX_BATCH)
+    ] = Field(description="Receipts, each recorded in its own transaction, as by /receipts.")
+
+
+class FailureBatchIn(Strict):
+    """The envelope only: each failure is validated on its own, so one bad failure fails alone."""
+
+    failures: Annotated[
+        list[SkipValidation[FailureIn]], Field(min_length=1, max_length=MAX_BATCH)
+    ] = Field(description="Failures, each recorded in its own transaction, as by /failures.")
+
+
 class TimeoutIn(Strict):
     key: Key
     reason: Annotated[str, StringConstraints(min_length=1, max_length=4000)]
@@ -461,6 +484,33 @@ class EffectResultOut(BaseModel):
     effect: EffectOut
     case: CaseOut | None
     changed: bool
+
+
+class ReceiptItemOut(BaseModel):
+    index: int = Field(description="The receipt's place in the request, from 0.")
+    status: Literal[200, 201, 400] = Field(
+        description="What POST /api/v1/receipts would have answered for it alone: 201 "
+        "recorded, 200 recorded before (nothing changed), 400 refused (the body says why)."
+    )
+    body: ReceiptResultOut | ErrorOut
+
+
+class ReceiptBatchOut(BaseModel):
+    results: list[ReceiptItemOut]
+
+
+class FailureItemOut(BaseModel):
+    index: int = Field(description="The failure's place in the request, from 0.")
+    status: Literal[200, 400, 404, 409] = Field(
+        description="What POST /api/v1/failures would have answered for it alone: 200 "
+        "applied (or applied before), 400 refused, 404 no effect has the key, 409 the "
+        "effect's state refuses it."
+    )
+    body: EffectResultOut | ErrorOut
+
+
+class FailureBatchOut(BaseModel):
+    results: list[FailureItemOut]
 
 
 class EffectDetailOut(BaseModel):

@@ -9,7 +9,9 @@ from durability.api import views, webhooks
 urlpatterns = [
     path("api/v1/intents", views.intents, name="api-intents"),
     path("api/v1/receipts", views.receipts, name="api-receipts"),
+    path("api/v1/receipts/batch", views.receipts_batch, name="api-receipts-batch"),
     path("api/v1/failures", views.failures, name="api-failures"),
+    path("api/v1/failures/batch", views.failures_batch, name="api-failures-batch"),
     path("api/v1/timeouts", views.timeouts, name="api-timeouts"),
     path("api/v1/effects", views.effects, name="api-effects"),
     path("api/v1/effects/<int:effect_id>", views.effect_detail, name="api-effect"),

@@ -7,11 +7,20 @@ from typing import Any, cast
 
 from django.http import JsonResponse
 from django.views.decorators.http import require_GET, require_POST
+from pydantic import BaseModel
 
 from durability import inbound, redaction
-from durability.api import signals
+from durability.api import schemas, signals
 from durability.api.commands import failure_of, intent_of, receipt_of, timeout_of
-from durability.api.decorators import ApiRequest, PayloadRequest, answer, authorize, error
+from durability.api.decorators import (
+    ApiRequest,
+    ItemRefused,
+    PayloadRequest,
+    answer,
+    authorize,
+    error,
+    validated,
+)
 from durability.api.schemas import (
     AttemptOut,
     CaseOut,
@@ -20,12 +29,19 @@ from durability.api.schemas import (
     EffectDetailOut,
     EffectOut,
     EffectResultOut,
+    ErrorOut,
+    FailureBatchIn,
+    FailureBatchOut,
     FailureIn,
+    FailureItemOut,
     GrantLimitsOut,
     GrantListOut,
     GrantOut,
     IntentIn,
+    ReceiptBatchIn,
+    ReceiptBatchOut,
     ReceiptIn,
+    ReceiptItemOut,
     ReceiptOut,
     ReceiptResultOut,
     TimeoutIn,
@@ -68,13 +84,12 @@ def intents(request: PayloadRequest[IntentIn]) -> JsonResponse:
     )
 
 
-@require_POST
-@authorize(schema=ReceiptIn, keys_ahead=True)
-def receipts(request: PayloadRequest[ReceiptIn]) -> JsonResponse:
+def _receipt_recorded(request: ApiRequest, receipt: ReceiptIn) -> tuple[ReceiptResultOut, int]:
+    """Record one receipt (its own transaction); the answer and its status."""
     outcome = evidence.receipt_record(
-        project=request.project, actor=request.actor, receipt=receipt_of(request.payload)
+        project=request.project, actor=request.actor, receipt=receipt_of(receipt)
     )
-    return answer(
+    return (
         ReceiptResultOut(
             receipt=ReceiptOut.of(outcome.receipt),
             effect=EffectOut.of(outcome.effect) if outcome.effect else None,
@@ -85,18 +100,55 @@ def receipts(request: PayloadRequest[ReceiptIn]) -> JsonResponse:
     )
 
 
-def _effect_change(record: Callable[[], evidence.EffectOutcome]) -> JsonResponse:
+@require_POST
+@authorize(schema=ReceiptIn, keys_ahead=True)
+def receipts(request: PayloadRequest[ReceiptIn]) -> JsonResponse:
+    return answer(*_receipt_recorded(request, request.payload))
+
+
+@require_POST
+@authorize(schema=ReceiptBatchIn, max_body=schemas.BATCH_MAX_BODY)
+def receipts_batch(request: PayloadRequest[ReceiptBatchIn]) -> JsonResponse:
+    """Each receipt recorded in its own transaction, or refused alone: what /receipts would
+    answer for it, in order. A receipt answered 2xx here is committed."""
+    results: list[ReceiptItemOut] = []
+    for index, item in enumerate(request.payload.receipts):
+        body: BaseModel
+        try:
+            body, status = _receipt_recorded(request, validated(ReceiptIn, item, request.body))
+        except ItemRefused as refused:
+            body, status = refused.body, refused.status
+        results.append(ReceiptItemOut(index=index, status=cast(Any, status), body=cast(Any, body)))
+    return answer(ReceiptBatchOut(results=results), 207)
+
+
+def _effect_change(
+    record: Callable[[], evidence.EffectOutcome],
+) -> tuple[EffectResultOut | ErrorOut, int]:
     """Apply an agent's report on an effect: 404 for an unknown key, 409 where its state
     refuses the report."""
     try:
         outcome = record()
     except machine.UnknownEffect as exc:
-        return error(str(exc), 404, {"key": "No effect has this key"})
+        return ErrorOut(error=str(exc), fields={"key": "No effect has this key"}), 404
     except machine.IllegalTransition as exc:
-        return error(str(exc), 409)
-    return answer(
+        return ErrorOut(error=str(exc)), 409
+    return (
         EffectResultOut(
             effect=EffectOut.of(outcome.effect), case=_case(outcome.case), changed=outcome.changed
+        ),
+        200,
+    )
+
+
+def _changed(body: EffectResultOut | ErrorOut, status: int) -> JsonResponse:
+    return answer(body, status, exclude_none=isinstance(body, ErrorOut))
+
+
+def _failure(request: ApiRequest, failure: FailureIn) -> tuple[EffectResultOut | ErrorOut, int]:
+    return _effect_change(
+        lambda: evidence.failure_record(
+            project=request.project, actor=request.actor, failure=failure_of(failure)
         )
     )
 
@@ -104,19 +156,33 @@ def _effect_change(record: Callable[[], evidence.EffectOutcome]) -> JsonResponse
 @require_POST
 @authorize(schema=FailureIn, keys_ahead=True)
 def failures(request: PayloadRequest[FailureIn]) -> JsonResponse:
-    return _effect_change(
-        lambda: evidence.failure_record(
-            project=request.project, actor=request.actor, failure=failure_of(request.payload)
-        )
-    )
+    return _changed(*_failure(request, request.payload))
+
+
+@require_POST
+@authorize(schema=FailureBatchIn, max_body=schemas.BATCH_MAX_BODY)
+def failures_batch(request: PayloadRequest[FailureBatchIn]) -> JsonResponse:
+    """Each failure applied in its own transaction, or refused alone: what /failures would
+    answer for it, in order."""
+    results: list[FailureItemOut] = []
+    for index, item in enumerate(request.payload.failures):
+        body: BaseModel
+        try:
+            body, status = _failure(request, validated(FailureIn, item, request.body))
+        except ItemRefused as refused:
+            body, status = refused.body, refused.status
+        results.append(FailureItemOut(index=index, status=cast(Any, status), body=cast(Any, body)))
+    return answer(FailureBatchOut(results=results), 207, exclude_none=False)
 
 
 @require_POST
 @authorize(schema=TimeoutIn, keys_ahead=True)
 def timeouts(request: PayloadRequest[TimeoutIn]) -> JsonResponse:
-    return _effect_change(
-        lambda: evidence.timeout_record(
-            project=request.project, actor=request.actor, timeout=timeout_of(request.payload)
+    return _changed(
+        *_effect_change(
+            lambda: evidence.timeout_record(
+                project=request.project, actor=request.actor, timeout=timeout_of(request.payload)
+            )
         )
     )
 

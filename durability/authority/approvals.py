@@ -24,6 +24,7 @@ from durability.models import (
     Project,
     Signoff,
     SignoffVerdict,
+    State,
 )
 
 
@@ -48,12 +49,16 @@ def approval_sign(
     two people signing at once are taken one after the other.
     """
     actor = f"user:{user.get_username()}"
+    found = Approval.objects.filter(project=project, pk=approval_id).only("effect_id").first()
+    if found is None:
+        raise SignoffRefused(f"No approval {approval_id} in {project}.")
+    _close_if_stale(found)
     with transaction.atomic():
-        found = Approval.objects.filter(project=project, pk=approval_id).only("effect_id").first()
-        if found is None:
-            raise SignoffRefused(f"No approval {approval_id} in {project}.")
         effect = Effect.objects.select_for_update().get(pk=found.effect_id)
         approval = Approval.objects.select_for_update().get(pk=approval_id)
+        approval.effect = effect
+        if approval.status == ApprovalStatus.CLOSED:
+            raise SignoffRefused(f"Approval {approval.pk} is closed: {approval.closed_why}.")
         if approval.status != ApprovalStatus.OPEN:
             raise SignoffRefused(f"Approval {approval.pk} was already decided: {approval.status}.")
         if approval.signoffs.filter(user=user).exists():
@@ -91,6 +96,17 @@ def approval_sign(
                 note=reason,
             )
     return SignoffOutcome(approval, signoff, final)
+
+
+def _close_if_stale(approval: Approval) -> None:
+    """Close an approval left open though its effect no longer awaits one (decided through the
+    state machine directly, before settling.effect_approval_decide closed it itself)."""
+    with transaction.atomic():
+        effect = Effect.objects.select_for_update().get(pk=approval.effect_id)
+        if effect.state != State.AWAITING_APPROVAL:
+            Approval.objects.filter(pk=approval.pk, status=ApprovalStatus.OPEN).update(
+                status=ApprovalStatus.CLOSED, decided=timezone.now()
+            )
 
 
 def approvals_shown() -> QuerySet[Approval]:

@@ -32,6 +32,7 @@ from django.db.models import (
 from django.utils import timezone
 
 from durability.ledger.evidence import STRENGTH_RANK
+from durability.ledger.grant_check import money
 from durability.models import Case as LedgerCase
 from durability.models import Effect, Project, Reason, Receipt, State
 from durability.tallies import tallied_until, tally
@@ -290,7 +291,7 @@ HEADER = [
 
 def line(effect: Any) -> list[str]:
     """One row of the table, as the page and the CSV show it."""
-    amount = f"{effect.amount.normalize():f} {effect.currency}" if effect.amount else ""
+    amount = money(effect.amount, effect.currency) if effect.amount is not None else ""
     evidence = f"{effect.strongest_system}:{effect.strongest_id}" if effect.strongest else ""
     return [
         str(effect.pk),

@@ -8,14 +8,12 @@ the queue for open cases, the effects list for effects.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib.auth.decorators import login_required
 from django.db.models import Count, Min, Q
-from django.db.models.functions import Trunc
 from django.http import HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
@@ -27,7 +25,15 @@ from durability.accounts.roles import Perm
 from durability.desk.effect_filter import effects_url
 from durability.desk.queue import QueueQuery
 from durability.models import Case, Effect, Project, Reason, Severity, State
-from durability.tallies import STRENGTHS, tallied_until, tally
+from durability.tallies import (
+    PROBLEM_CASES,
+    STRENGTHS,
+    CaseCounts,
+    case_hours,
+    settle_quantile,
+    tallied_until,
+    tally,
+)
 
 DAY = timedelta(days=1)
 BUSIEST = 5
@@ -212,20 +218,27 @@ def effects_chart(
     span, step, trunc = RANGES[range_name]
     end = _floor(now, step) + step
     start = end - span
-    rows: Iterable[tuple[datetime, str, int]]
+    measures = ("n", *PROBLEM_CASES) if problems else ("n",)
     if trunc == "hour":
-        found = tally(project, start, None, by=("hour", "state"), tallied=tallied)
-        rows = [(hour, state, counts["n"]) for (hour, state), counts in found.groups.items()]
-    else:
-        rows = (
-            Effect.objects.filter(project=project, created__gte=start)
-            .annotate(at=Trunc("created", trunc))
-            .values_list("at", "state")
-            .annotate(n=Count("id"))
-            .order_by()
+        found = tally(
+            project, start, None, by=("hour", "state"), measures=measures, tallied=tallied
         )
-    states = PROBLEM_STATES if problems else CHART_STATES
-    rows = [(at, state, n) for at, state, n in rows if state in states]
+        counted = [(hour, state, counts) for (hour, state), counts in found.groups.items()]
+    else:
+        found = tally(project, start, None, by=("minute", "state"), measures=measures)
+        counted = [(at, state, counts) for (at, state), counts in found.groups.items()]
+    states: list[str] = list(PROBLEM_STATES if problems else CHART_STATES)
+    rows = [(at, state, counts["n"]) for at, state, counts in counted if state in states]
+    if problems:
+        # Effects that succeeded, but late or twice: problems their state does not show.
+        states += PROBLEM_CASES
+        rows += [
+            (at, reason, counts[reason])
+            for at, state, counts in counted
+            if state == State.SUCCEEDED
+            for reason in PROBLEM_CASES
+            if counts[reason]
+        ]
     buckets = int(span / step)
     grid: list[dict[str, int]] = [{} for _ in range(buckets)]
     per_state: dict[str, int] = {}
@@ -258,7 +271,12 @@ def effects_chart(
     legend = [
         (
             str(state),
-            Number(per_state[state], effects_url(project=project.pk, state=state, since=start)),
+            Number(
+                per_state[state],
+                effects_url(project=project.pk, state=State.SUCCEEDED, case=state, since=start)
+                if state in PROBLEM_CASES
+                else effects_url(project=project.pk, state=state, since=start),
+            ),
         )
         for state in states
         if per_state.get(state)
@@ -379,6 +397,144 @@ def last_day_effects(project: Project, since: datetime, tallied: datetime | None
     )
 
 
+# -- the backlog -----------------------------------------------------------------------------
+
+# The backlog's ranges: the overview's 7 days read per day, the others per hour of a day.
+BACKLOG_STEPS = {"1h": (DAY, timedelta(hours=1)), "24h": (DAY, timedelta(hours=1))}
+BACKLOG_WEEK = (7 * DAY, DAY)
+BACKLOG_HEIGHT, BACKLOG_LINE_HEIGHT = 160, 90
+
+
+@dataclass(frozen=True)
+class BacklogBar:
+    x: float
+    width: float
+    start: datetime
+    end: datetime
+    opened: int
+    settled: int
+    opened_h: float
+    settled_h: float
+    still_open: int  # at the bucket's end
+    label: str
+    baseline: float = BACKLOG_HEIGHT - BOTTOM
+
+    @property
+    def opened_y(self) -> float:
+        return round(self.baseline - self.opened_h, 2)
+
+    @property
+    def settled_y(self) -> float:
+        return round(self.baseline - self.settled_h, 2)
+
+    @property
+    def settled_x(self) -> float:
+        return round(self.x + self.width, 2)
+
+
+@dataclass(frozen=True)
+class SettleTime:
+    reason: str
+    settled: int
+    median_ms: float | None
+    p90_ms: float | None
+    url: str
+
+
+@dataclass
+class Backlog:
+    """Cases opened and settled per bucket, the open cases at each bucket's end, and how
+    long cases took to settle by reason: read from the hourly case tallies."""
+
+    start: datetime
+    step: timedelta
+    bars: list[BacklogBar]
+    top: int
+    line: str  # the open cases' polyline points
+    open_top: int
+    settle_times: list[SettleTime]
+    width: int = WIDTH
+    height: int = BACKLOG_HEIGHT
+    line_height: int = BACKLOG_LINE_HEIGHT
+    left: int = LEFT
+    baseline: int = BACKLOG_HEIGHT - BOTTOM
+
+    @property
+    def opened(self) -> int:
+        return sum(b.opened for b in self.bars)
+
+    @property
+    def settled(self) -> int:
+        return sum(b.settled for b in self.bars)
+
+
+def backlog(
+    project: Project, range_name: str, now: datetime, tallied: datetime | None, open_now: int
+) -> Backlog:
+    """The backlog over the chart's range (a day per hour, or 7 days per day): three
+    queries (`tallies.case_hours`), whatever the number of cases or effects."""
+    span, step = BACKLOG_STEPS.get(range_name, BACKLOG_WEEK)
+    end = _floor(now, timedelta(hours=1)) + timedelta(hours=1)
+    start = end - span
+    counts = case_hours(project, start, tallied)
+    buckets = int(span / step)
+    per_bucket = [CaseCounts() for _ in range(buckets)]
+    per_reason: dict[str, CaseCounts] = {}
+    for (hour, reason), found in counts.items():
+        index = min(max(int((hour - start) / step), 0), buckets - 1)
+        per_bucket[index].add(found.opened, found.settled, found.took)
+        per_reason.setdefault(reason, CaseCounts()).add(0, found.settled, found.took)
+    top = _nice_ceiling(max((max(c.opened, c.settled) for c in per_bucket), default=0))
+    # The open cases at each bucket's end: today's, less what opened since, plus what settled.
+    still_open, after = [], open_now
+    for found in reversed(per_bucket):
+        still_open.append(max(after, 0))
+        after = after - found.opened + found.settled
+    still_open.reverse()
+    open_top = _nice_ceiling(max(still_open, default=0))
+    plot = BACKLOG_HEIGHT - BOTTOM - TOP
+    slot = (WIDTH - LEFT) / buckets
+    label_every = max(1, buckets // 6)
+    bars, points = [], []
+    for i, found in enumerate(per_bucket):
+        bar_start = start + i * step
+        x = LEFT + i * slot
+        bars.append(
+            BacklogBar(
+                x=round(x + slot * 0.1, 2),
+                width=round(slot * 0.4, 2),
+                start=bar_start,
+                end=bar_start + step,
+                opened=found.opened,
+                settled=found.settled,
+                opened_h=round(found.opened / top * plot, 2),
+                settled_h=round(found.settled / top * plot, 2),
+                still_open=still_open[i],
+                label=_tick_label(bar_start, "7d" if step == DAY else "24h")
+                if i % label_every == 0
+                else "",
+            )
+        )
+        y = BACKLOG_LINE_HEIGHT - 4 - still_open[i] / open_top * (BACKLOG_LINE_HEIGHT - 12)
+        points.append(f"{x + slot / 2:.1f},{y:.1f}")
+    times = [
+        SettleTime(
+            reason,
+            found.settled,
+            _ms(settle_quantile(found.took, 0.5)),
+            _ms(settle_quantile(found.took, 0.9)),
+            queue_url(reason=reason),
+        )
+        for reason, found in sorted(per_reason.items())
+        if found.settled
+    ]
+    return Backlog(start, step, bars, top, " ".join(points), open_top, times)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000
+
+
 # -- the page --------------------------------------------------------------------------------
 
 
@@ -407,6 +563,7 @@ def index(request: AuthedRequest) -> HttpResponse:
         "chart": effects_chart(
             project, range_name, now, tallied, problems=request.GET.get("show") == "problems"
         ),
+        "backlog": backlog(project, range_name, now, tallied, severity_totals[-1].n),
         "last_day": last_day(project, day_ago),
         "strengths": effects.strengths,
         "agents": effects.agents,

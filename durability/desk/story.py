@@ -47,9 +47,20 @@ class Moment:
         return link if isinstance(link, str) and link.startswith(("https://", "http://")) else ""
 
     @property
+    def raised(self) -> str:
+        """How a repeat raised its case's severity, and why ("raised to high: a receipt shows
+        the effect happened"); "" when it did not."""
+        data = self.entry.data
+        pair = data.get("raised")
+        if not (isinstance(pair, list) and len(pair) == 2):
+            return ""
+        because = data.get("because")
+        return f"raised to {pair[1]}" + (f": {because}" if because else "")
+
+    @property
     def details(self) -> dict[str, Any]:
         """The entry's data that the rows shown beside it do not already say."""
-        shown = {"attempt", "receipt", "comment", "note", "reason"}
+        shown = {"attempt", "receipt", "comment", "note", "reason", "raised", "because"}
         return {k: v for k, v in self.entry.data.items() if k not in shown}
 
 

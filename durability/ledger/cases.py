@@ -94,10 +94,19 @@ def case_open(
         case = open_case_of(effect, reason)
         if case is not None:
             case.detail.setdefault("repeats", []).append(detail)
-            case.severity = max(case.severity, severity)
+            told: dict[str, Any] = {}
+            if severity > case.severity:
+                # The story tells the raise and what caused it (`story.Moment.raised`).
+                told["raised"] = [Severity(case.severity).label, Severity(severity).label]
+                told["because"] = (
+                    "a receipt shows the effect happened" if receipt is not None else summary
+                )
+                case.severity = severity
             case.version += 1
             case.save(update_fields=["detail", "severity", "version"])
-            trail.add(AuditAction.CASE_REPEATED, effect=effect, case=case, reason=reason.value)
+            trail.add(
+                AuditAction.CASE_REPEATED, effect=effect, case=case, reason=reason.value, **told
+            )
             return case
     names = effect.case_names() if effect else {}
     grant_id = effect.grant_id if effect else None

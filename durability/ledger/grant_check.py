@@ -15,6 +15,7 @@ from enum import StrEnum
 from fnmatch import fnmatchcase
 from typing import Any
 
+from babel.numbers import format_currency, format_decimal
 from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
@@ -78,6 +79,18 @@ def matches(patterns: list[str], value: str) -> bool:
 
 
 def money(value: Decimal, currency: str) -> str:
+    """An amount for people to read, with its currency's minor units from CLDR (Babel):
+    `893.20 EUR`, `1,200 JPY`; digits beyond them are kept, never rounded away."""
+    if not currency:
+        return format_decimal(value, format="#,##0.##########", locale="en_US")
+    return format_currency(
+        value, currency, format="#,##0.00 ¤¤", locale="en_US", decimal_quantization=False
+    )
+
+
+def claimed_amount(value: Decimal, currency: str) -> str:
+    """An amount as a claim holds it (`40 EUR`): its digest must not change with how pages
+    show money, or every recorded key would conflict with its next intent."""
     return f"{value.normalize():f} {currency}"
 
 
@@ -250,7 +263,7 @@ def claim_of(intent: Intent) -> dict[str, Any]:
         "kind": intent.kind,
         "target": intent.target,
         "authority": intent.authority,
-        "amount": money(amount.value, amount.currency) if amount else None,
+        "amount": claimed_amount(amount.value, amount.currency) if amount else None,
     }
 
 
@@ -260,7 +273,9 @@ def claim_recorded(effect: Effect) -> dict[str, Any]:
         "kind": effect.kind,
         "target": effect.target,
         "authority": effect.authority,
-        "amount": None if effect.amount is None else money(effect.amount, effect.currency),
+        "amount": (
+            None if effect.amount is None else claimed_amount(effect.amount, effect.currency)
+        ),
     }
 
 

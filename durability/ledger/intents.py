@@ -83,6 +83,39 @@ def fingerprint_of(request: Any) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+# At most this many of a request's fields are listed as differing, then that more do.
+DIFFERS_SHOWN = 20
+
+
+def request_differs(stored: Any, asked: Any, path: str = "request") -> dict[str, list[Any]]:
+    """Where two requests differ, field by field (`request.items.0.sku`: [was, now]); a
+    field one lacks is None there. Lists are compared item by item."""
+    found: dict[str, list[Any]] = {}
+
+    def walk(a: Any, b: Any, at: str) -> None:
+        if len(found) > DIFFERS_SHOWN:
+            return
+        if isinstance(a, dict) and isinstance(b, dict):
+            for k in sorted(set(a) | set(b), key=str):
+                walk(a.get(k), b.get(k), f"{at}.{k}")
+        elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+            for i, (x, y) in enumerate(zip(a, b, strict=True)):
+                walk(x, y, f"{at}.{i}")
+        elif a != b or type(a) is not type(b):
+            found[at] = [a, b]
+
+    walk(stored, asked, path)
+    if len(found) > DIFFERS_SHOWN:
+        found = dict(list(found.items())[:DIFFERS_SHOWN])
+        found["request…"] = ["more fields differ", "more fields differ"]
+    return found
+
+
+def _claim_field(name: str) -> str:
+    """The part of an intent a differing field belongs to: `request.amount` is the request."""
+    return "request" if name == "fingerprint" or name.startswith("request") else name
+
+
 def context_drift(previous: Attempt, current: Attempt) -> dict[str, list[Any]]:
     keys = set(previous.context) | set(current.context)
     return {
@@ -415,10 +448,20 @@ def _conflict(effect: Effect, intent: Intent, fingerprint: str, trail: Trail) ->
     was checked and approved is not what this intent would perform."""
     recorded, asked = grant_check.claim_recorded(effect), grant_check.claim_of(intent)
     differs = {k: [recorded[k], asked[k]] for k in asked if recorded[k] != asked[k]}
+    if "amount" in differs:  # as pages show money (`50.00 EUR`), not as the claim holds it
+        amount = intent.amount
+        differs["amount"] = [
+            None if effect.amount is None else grant_check.money(effect.amount, effect.currency),
+            None if amount is None else grant_check.money(amount.value, amount.currency),
+        ]
     if effect.fingerprint != fingerprint:
-        differs["fingerprint"] = [effect.fingerprint, fingerprint]
+        # Both requests as stored (redacted): the fields that differ, or the fingerprints
+        # when none does (a secret differed, the client's own fingerprint, a pruned request).
+        fields = None if effect.payload_pruned else request_differs(effect.request, intent.request)
+        differs |= fields or {"fingerprint": [effect.fingerprint, fingerprint]}
     # A claim whose digest differs while the columns agree differed in a redacted value.
-    what = ", ".join("request" if k == "fingerprint" else k for k in differs) or "authority"
+    named = dict.fromkeys(_claim_field(k) for k in differs)
+    what = ", ".join(named) or "authority"
     case = case_open(
         effect,
         Reason.KEY_REUSE_CONFLICT,
@@ -436,7 +479,7 @@ def _conflict(effect: Effect, intent: Intent, fingerprint: str, trail: Trail) ->
         f"Key {effect.key!r} was first recorded with a different {what}"
         + (
             f" (fingerprint {effect.fingerprint[:12]}…, this one {fingerprint[:12]}…)"
-            if "fingerprint" in differs
+            if effect.fingerprint != fingerprint
             else ""
         )
         + "; do not perform it: what was checked and approved is the first intent's request "

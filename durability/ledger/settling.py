@@ -6,12 +6,14 @@ Who may give a verdict, and when an approval is final, is decided outside the le
 
 from __future__ import annotations
 
+from django.utils import timezone
+
 from durability import audit
 from durability.ledger.cases import case_close, open_case_of
 from durability.ledger.commands import ReceiptEvidence
 from durability.ledger.evidence import EffectOutcome, receipt_row
 from durability.ledger.machine import Event, IllegalTransition, apply, can, locked_by_id
-from durability.models import Project, Reason, State, Strength
+from durability.models import Approval, ApprovalStatus, Project, Reason, State, Strength
 from durability.redaction import extras_of, redact_input
 
 SETTLING_EVENTS = frozenset(
@@ -92,4 +94,9 @@ def effect_approval_decide(
         case = open_case_of(effect, Reason.APPROVAL_REQUIRED)
         if case is not None:
             case_close(case, "approved" if approve else "denied", note, trail)
+        # Decided here without the approvals service's signatures: its approval is closed, so
+        # that no inbox keeps asking for it.
+        Approval.objects.filter(
+            project_id=effect.project_id, effect=effect, status=ApprovalStatus.OPEN
+        ).update(status=ApprovalStatus.CLOSED, decided=timezone.now())
     return EffectOutcome(effect, case, changed=True)

@@ -64,3 +64,35 @@ def when(
         plain=plain,
         default=default,
     )
+
+
+# (unit, its length in milliseconds), largest first: a duration reads in its two largest.
+_UNITS = [("d", 86_400_000), ("h", 3_600_000), ("min", 60_000), ("s", 1000)]
+
+
+def duration_words(ms: float) -> str:
+    """A duration for people: `4.2 ms`, `312 ms`, `5.3 s`, `5 min 11 s`, `2 h 5 min`, `3 d 4 h`."""
+    if ms < 10:
+        return f"{ms:.1f} ms" if ms >= 0.1 or ms == 0 else f"{ms:.2f} ms"
+    if ms < 1000:
+        return f"{ms:.0f} ms"
+    if ms < 59_950:  # what would read "60.0 s" reads "1 min"
+        return f"{ms / 1000:.1f} s"
+    whole = round(ms / 1000) * 1000
+    for i, (unit, size) in enumerate(_UNITS[:-1]):
+        if whole >= size:
+            small, small_size = _UNITS[i + 1]
+            rest = (whole % size) // small_size
+            return f"{whole // size} {unit}" + (f" {rest} {small}" if rest else "")
+    return f"{whole // 1000} s"  # not reached: from 59.95 s on, a duration has minutes
+
+
+@register.simple_tag
+def duration(ms: float | None, default: str = "—") -> str:
+    """`{% duration span.duration_ms %}`: the duration in words, the exact milliseconds on
+    hover."""
+    if ms is None:
+        return default
+    return format_html(
+        '<span class="duration" title="{} ms">{}</span>', f"{ms:.3f}", duration_words(ms)
+    )

@@ -1,9 +1,10 @@
 """Schemathesis hooks for tests/api/test_openapi_contract.py (loaded by its schemathesis.toml).
 
 What the document states but a JSON Schema cannot: a time from outside lies between
-2000-01-01 and one day from now (durability/inbound.py); and a batch of events answers
-each event alone (207), and an OTLP export request each span alone (partialSuccess), so a
-batch holding an invalid item is refused in that item's result, not with a 4xx.
+2000-01-01 and one day from now (durability/inbound.py); and a batch of events, of receipts
+or of failures answers each item alone (207), and an OTLP export request each span alone
+(partialSuccess), so a batch holding an invalid item is refused in that item's result, not
+with a 4xx.
 """
 
 from __future__ import annotations
@@ -56,4 +57,18 @@ def spans_refused_alone(ctx: Any, response: Any, case: Any) -> bool | None:
     rejected = (response.json().get("partialSuccess") or {}).get("rejectedSpans", "0")
     if int(rejected) == 0:
         raise AssertionError("An invalid export request had every span accepted")
+    return None
+
+
+@schemathesis.check
+def reports_refused_alone(ctx: Any, response: Any, case: Any) -> bool | None:
+    """An invalid batch of receipts or failures is a 4xx, or a 207 with an item refused."""
+    meta = case.meta
+    batches = ("/api/v1/receipts/batch", "/api/v1/failures/batch")
+    if case.path not in batches or meta is None or not meta.generation.mode.is_negative:
+        return None
+    if response.status_code != 207:
+        return None
+    if all(result["status"] < 400 for result in response.json()["results"]):
+        raise AssertionError("An invalid batch had every item accepted")
     return None

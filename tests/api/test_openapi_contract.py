@@ -1,6 +1,6 @@
 """The API keeps the contract its OpenAPI document states, as Schemathesis checks it: every
 check, positive and negative data, the document's links followed statefully, against the
-app served as in production (gunicorn, on the test database), with a fixed (derandomized)
+app served as in production (granian, on the test database), with a fixed (derandomized)
 generation so a run can be repeated."""
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def _schemathesis(base_url: str, key: str, folder: Path, *selection: str) -> Run
 
 @pytest.fixture
 def served(transactional_db: None) -> Iterator[str]:
-    """The app's URL, served by gunicorn on the test database."""
+    """The app's URL, served by granian on the test database."""
     server = ServerProcess(database_url_of_tests())
     server.start()
     yield server.url

@@ -300,8 +300,8 @@ def test_an_amount_beyond_the_grant_is_authority_exceeded(client, project, strip
     _post(client, stripe, _refund(cents=1250))
     case = Case.objects.get(reason=Reason.AUTHORITY_EXCEEDED)
     assert case.get_severity_display() == "critical"
-    assert "12.5 EUR is over the grant's 10 EUR per effect" in case.summary
-    assert "more than the 9 EUR the intent asked for" in case.summary
+    assert "12.50 EUR is over the grant's 10.00 EUR per effect" in case.summary
+    assert "more than the 9.00 EUR the intent asked for" in case.summary
     assert Effect.objects.get().state == State.SUCCEEDED
 
 

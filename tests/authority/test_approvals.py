@@ -9,6 +9,7 @@ from html import unescape
 import pytest
 from django.contrib.auth.models import User
 
+from durability.ledger import settling
 from durability.models import (
     Approval,
     AuditEntry,
@@ -99,7 +100,7 @@ def test_a_denial_denies_the_effect_and_the_agent_is_told_who_and_why(api, proje
 def test_above_the_threshold_two_different_people_must_approve(api, project, alice, bob):
     body, approval = _ask(api, project, amount="250.00")
     assert approval.needed == 2
-    assert "two people's approval above 100 EUR" in body["reason"]
+    assert "two people's approval above 100.00 EUR" in body["reason"]
     _sign(alice, approval, "approve")
     assert Effect.objects.get(key="refund:1").state == State.AWAITING_APPROVAL
     again = _sign(alice, approval, "approve", "really sure")
@@ -172,7 +173,7 @@ def test_the_inbox_shows_what_is_asked_by_whom_under_which_grant(
         page = client.get("/approvals/").content.decode()
     assert "Waiting (5)" in page
     assert "refund-bot" in page and "run-7" in page and "refunds" in page
-    assert "40 EUR" in page
+    assert "40.00 EUR" in page
 
 
 def test_the_approval_page_shows_the_request_and_its_place_in_the_run(api, project, alice):
@@ -204,3 +205,47 @@ def test_the_approval_page_shows_the_request_and_context_as_json(api, project, a
     assert json.loads(shown[0]) == {"environment": "production", "dry_run": False}
     assert json.loads(shown[1]) == {"agent": "refund-bot"}
     assert '"environment": "production"' in shown[0] and "&#x27;environment&#x27;" not in page
+
+
+def _decided_without_the_approvals_service(api, project) -> Approval:
+    """An effect released through the state machine directly (as the demo's seed once did),
+    then performed and receipted: its approval was never signed."""
+    _, approval = _ask(api, project)
+    settling.effect_approval_decide(
+        project=project, effect_id=approval.effect_id, actor="user:ada", approve=True, note="ok"
+    )
+    api.intent("refund:1", **under(approval.grant, "40.00"))
+    api.receipt("refund:1", "re_1")
+    assert Effect.objects.get(key="refund:1").state == State.SUCCEEDED
+    approval.refresh_from_db()
+    return approval
+
+
+def test_an_approval_whose_effect_was_decided_without_it_is_closed_and_says_why(
+    api, project, alice
+):
+    approval = _decided_without_the_approvals_service(api, project)
+    assert approval.status == "closed" and approval.decided is not None
+    client = logged_in(alice)
+    inbox = client.get("/approvals/").content.decode()
+    assert "Waiting (0)" in inbox
+    page = client.get(f"/approvals/{approval.pk}/").content.decode()
+    assert "closed: the effect was settled without it" in page and "now succeeded" in page
+    assert "Sign</button>" not in page
+
+
+@pytest.mark.parametrize("verdict", ["approve", "deny"])
+def test_signing_a_stale_approval_is_a_clear_409_never_a_500(api, project, alice, verdict):
+    approval = _decided_without_the_approvals_service(api, project)
+    # Also a row left open by a version that did not close it.
+    Approval.objects.filter(pk=approval.pk).update(status="open", decided=None)
+    response = _sign(alice, approval, verdict)
+    assert response.status_code == 409
+    page = response.content.decode()
+    assert f"Approval {approval.pk} is closed: the effect was settled without it" in page
+    assert 'role="alert"' in page
+    approval.refresh_from_db()
+    assert approval.status == "closed" and approval.decided is not None
+    assert not approval.signoffs.exists()
+    assert Effect.objects.get(key="refund:1").state == State.SUCCEEDED
+    assert _sign(alice, approval, verdict).status_code == 409

@@ -59,7 +59,7 @@ def test_an_approved_intent_sent_again_claiming_more_is_a_conflict_not_proceed(a
     assert "amount" in body["reason"]
     case = Case.objects.get(reason=Reason.KEY_REUSE_CONFLICT)
     assert body["case"]["id"] == case.pk
-    assert case.detail["differs"] == {"amount": ["50 EUR", "900 EUR"]}
+    assert case.detail["differs"] == {"amount": ["50.00 EUR", "900.00 EUR"]}
     assert "amount" in case.summary
     effect = Effect.objects.get(key="refund:1")
     assert (effect.state, effect.attempt_count) == (State.PENDING, 0)
@@ -130,7 +130,7 @@ def test_the_conflict_case_page_shows_what_differs(api, refunds, alice):
     page = logged_in(alice).get(case.get_absolute_url()).content.decode()
 
     assert "data-differs" in page
-    assert "50 EUR" in page and "900 EUR" in page
+    assert "50.00 EUR" in page and "900.00 EUR" in page
 
 
 def test_effects_recorded_before_claims_were_kept_answer_a_repeat_as_before(api, refunds):

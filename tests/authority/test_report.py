@@ -209,7 +209,7 @@ def test_amounts_are_shown_as_recorded(project, alice):
     g = grant(project, currency="EUR", max_amount="100")
     ledger.intent(project, "k1", **under(g, "12.50"))
     assert Effect.objects.get().amount == Decimal("12.5")
-    assert "12.5 EUR" in logged_in(alice).get(PAGE).content.decode()
+    assert "12.50 EUR" in logged_in(alice).get(PAGE).content.decode()
     assert not Receipt.objects.exists()
 
 

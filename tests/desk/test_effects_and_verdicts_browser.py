@@ -73,7 +73,10 @@ def test_each_case_offers_the_verdicts_of_its_reason_and_takes_one_by_keyboard(
         labels = [re.sub(r"\s+\S$", "", text.strip()) for text in offered.all_inner_texts()]
         assert labels == [LABELS[v] for v in OFFERED[reason]], reason
         if reason == Reason.APPROVAL_REQUIRED:
-            assert page.locator("text=approvals inbox").is_visible()
+            approval = case.effect.approval
+            link = page.locator("[data-approval-link] a")
+            assert link.inner_text() == f"approval #{approval.pk}"
+            assert link.get_attribute("href") == f"/approvals/{approval.pk}/"
             continue
         verdict = OFFERED[reason][-1]
         key = page.get_attribute(f'[data-resolve] input[value="{verdict}"]', "data-key")

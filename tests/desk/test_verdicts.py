@@ -156,13 +156,13 @@ def test_an_authority_exceeded_case_shows_the_grants_limit_the_intents_and_the_r
     project, desk
 ):
     case = exceeding_case(project)
-    assert "400 EUR is more than the 40 EUR the intent asked for" in case.summary
+    assert "400.00 EUR is more than the 40.00 EUR the intent asked for" in case.summary
     page = unescape(desk.get(f"/cases/{case.pk}/").content.decode()).replace("\n", "")
     table = search(r'<table class="changes" data-figures>(.*?)</table>', page)[1]
     assert "Grant small refunds (v1)" in table and "Receipt <code>stripe:re_400</code>" in table
-    assert search(r"<td data-limit>(.*?)</td>", table)[1] == "50 EUR per effect"
-    assert search(r"<td data-asked>(.*?)</td>", table)[1] == "40 EUR"
-    assert search(r"<td data-receipt-amount>(.*?)</td>", table)[1] == "400 EUR"
+    assert search(r"<td data-limit>(.*?)</td>", table)[1] == "50.00 EUR per effect"
+    assert search(r"<td data-asked>(.*?)</td>", table)[1] == "40.00 EUR"
+    assert search(r"<td data-receipt-amount>(.*?)</td>", table)[1] == "400.00 EUR"
 
 
 def test_the_effect_answer_carries_the_figures_too(project, api):
@@ -186,6 +186,6 @@ def test_an_effect_without_an_amount_or_grant_answers_null_for_them(project, api
 def test_the_effect_page_shows_the_intents_and_the_receipts_amount(project, desk):
     case = exceeding_case(project)
     page = unescape(desk.get(f"/effects/{case.effect_id}/").content.decode())
-    assert "<dt>Amount</dt><dd>40 EUR</dd>" in page
-    assert search(r"<span data-receipt-moved>(.*?)</span>", page)[1] == "400 EUR"
+    assert "<dt>Amount</dt><dd>40.00 EUR</dd>" in page
+    assert search(r"<span data-receipt-moved>(.*?)</span>", page)[1] == "400.00 EUR"
     assert "small refunds (grant" in page

@@ -162,7 +162,7 @@ def test_an_amount_over_the_per_effect_limit_is_denied(api, project):
     assert api.intent("k1", **under(g, "100.00")).json()["decision"] == "proceed"
     body = api.intent("k2", **under(g, "100.01")).json()
     _denied(body, "max_amount")
-    assert "100.01 EUR is over its limit of 100 EUR per effect" in body["reason"]
+    assert "100.01 EUR is over its limit of 100.00 EUR per effect" in body["reason"]
 
 
 def test_the_daily_limit_counts_every_version_and_only_effects_that_may_have_happened(api, project):

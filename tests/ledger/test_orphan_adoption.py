@@ -147,7 +147,7 @@ def test_an_orphan_receipt_that_disagrees_with_the_later_intent_keeps_its_case_o
     assert body["case"]["id"] == case.pk
     assert case.closed is None and case.effect_id == body["effect"]["id"]
     assert case.detail["differs"] == {
-        "amount": ["900 EUR", "50 EUR"],
+        "amount": ["900.00 EUR", "50.00 EUR"],
         "request.amount": [900, 50],
     }
     assert "disagrees" in case.summary

@@ -170,3 +170,46 @@ def test_the_case_page_shows_the_probes_and_the_button(client, alice, effect, se
     html = client.get(f"/cases/{case.pk}/").content.decode()
     assert 'id="probes"' in html and f'id="probe-{probe.pk}"' in html
     assert f'action="/effects/{effect.pk}/probe/"' in html
+
+
+def test_a_probe_that_found_the_effect_shows_when_the_provider_saw_it(
+    client, alice, effect, server
+):
+    # As the demo's provider answers: the creation time as ISO 8601 text with an offset.
+    server.reply(
+        "/refunds/refund%3A1", Reply(200, {"id": "re_1", "created": "2026-12-01T07:49:12+01:00"})
+    )
+    config = ReconcilerConfig.objects.get(project=effect.project)
+    config.config = {**config.config, "observed_at_path": "created"}
+    config.save()
+    probe = effect_probe(effect_id=effect.pk)
+    assert probe is not None and probe.settled == "probe_found"
+    assert isinstance(probe.evidence["observed_at"], str)  # stored as JSON text
+    client.force_login(alice)
+    case = Case.objects.filter(effect=effect).first()
+    pages = [f"/effects/{effect.pk}/", url(effect, "probes")]
+    pages += [f"/cases/{case.pk}/"] if case else []
+    for page in pages:
+        r = client.get(page)
+        assert r.status_code == 200, page
+        assert '<time datetime="2026-12-01T06:49:12Z"' in r.content.decode(), page
+
+
+@pytest.mark.parametrize("stored", ["yesterday", 17, "2026-13-45T00:00:00", ["x"]])
+def test_an_unreadable_stored_observation_time_does_not_fail_the_panel(
+    client, alice, effect, stored
+):
+    Probe.objects.create(
+        project=effect.project,
+        effect=effect,
+        kind="http",
+        attempt=1,
+        requested_by="system:scan",
+        started=effect.created,
+        finished=effect.created,
+        answer="found",
+        evidence={"system": "stripe", "external_id": "re_1", "observed_at": stored},
+    )
+    client.force_login(alice)
+    r = client.get(url(effect, "probes"))
+    assert r.status_code == 200 and "stripe:re_1" in r.content.decode()

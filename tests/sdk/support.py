@@ -4,20 +4,27 @@ and agent processes."""
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
+import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
+from http.cookies import SimpleCookie
 from pathlib import Path
 from typing import Any
 
 from django.db import connection
+
+from benchmarks.server import web_command
 
 ROOT = Path(__file__).absolute().parent.parent.parent
 # The SDK's own folder: put on sys.path alone, it is all an agent needs.
@@ -72,23 +79,22 @@ def alongside(act: Callable[[], None], timeout: float = 120.0) -> Iterator[None]
 
 
 class ServerProcess:
-    """gunicorn serving the test database on a loopback port; stop() and start() again.
+    """granian serving the test database on a loopback port, as the deploy unit does (two
+    workers); stop() and start() again, or restart() it as `systemctl reload` does.
 
-    The port is this object's from its creation to close(): gunicorn is handed a socket
-    bound here, and while the server is stopped a socket that does not listen keeps the port
-    (a client is refused, as by any server away) so that nobody else is given it. Should the
-    port be taken all the same, the next start is on a new one: read `url` after start().
+    The port is this object's from its creation to close(): while the server is stopped a
+    socket that does not listen keeps it (a client is refused, as by any server away) so that
+    nobody else is given it. granian binds the port itself (each worker its own socket, with
+    SO_REUSEPORT), so the holder lets it go just before a start: should someone take it in
+    that instant, granian exits and the start is tried again on a new port (read `url` after
+    start()).
     """
 
     def __init__(self, database_url: str, *, access_log: Path | None = None) -> None:
         self.env = {**os.environ, "DATABASE_URL": database_url, "DB_CONN_MAX_AGE": "0"}
-        # gunicorn's access log, one line per request: the answering worker's pid, the
-        # method, the path and the status.
-        self.logging = (
-            ["--access-logfile", str(access_log), "--access-logformat", "%(p)s %(m)s %(U)s %(s)s"]
-            if access_log is not None
-            else []
-        )
+        # The access log, one line per request: the answering worker's pid, the method,
+        # the path and the status.
+        self.access_log = access_log
         self.process: subprocess.Popen[bytes] | None = None
         self._socket: socket.socket | None = self._bind(0)
         self.port = self._socket.getsockname()[1]
@@ -98,37 +104,44 @@ class ServerProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        if self._socket is None:
-            self._socket = self._bind(0)
-        self.port = self._socket.getsockname()[1]
-        fd = self._socket.fileno()
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gunicorn",
-                "durability.wsgi",
-                "--bind",
-                f"fd://{fd}",
-                "--workers",
-                "2",
-                "--log-level",
-                "warning",
-                *self.logging,
-            ],
-            cwd=ROOT,
-            env=self.env,
-            pass_fds=[fd],
+        for _ in range(5):
+            if self._socket is None:
+                self._socket = self._bind(0)
+            self.port = self._socket.getsockname()[1]
+            self._socket.close()
+            self._socket = None
+            self.process = subprocess.Popen(self._command(), cwd=ROOT, env=self.env)
+            try:
+                wait_until(self._answers, 60, "the server to start")
+                return
+            except ServerDied:
+                self.process = None
+        raise AssertionError("the server did not start on five ports in turn")
+
+    def restart(self) -> None:
+        """Replace every worker while the port stays open (`systemctl reload`: SIGHUP);
+        returns once the server answers from new workers only."""
+        assert self.process is not None
+        before = set(self.worker_pids())
+        self.process.send_signal(signal.SIGHUP)
+        wait_until(
+            lambda: (
+                len(set(self.worker_pids()) - before) == 2 and not before & set(self.worker_pids())
+            ),
+            120,
+            "the workers to be replaced",
         )
-        wait_until(self._answers, 30, "the server to start")
+
+    def worker_pids(self) -> list[int]:
+        assert self.process is not None
+        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
+        return [int(pid) for pid in children.read_text().split()]
 
     def stop(self) -> None:
-        assert self.process is not None and self._socket is not None
+        assert self.process is not None
         self.process.terminate()
-        self.process.wait(15)
+        self.process.wait(30)
         self.process = None
-        # Ours listens still (it is gunicorn's): swap it for one that only holds the port.
-        self._socket.close()
         try:
             self._socket = self._bind(self.port)
         except OSError:
@@ -140,6 +153,26 @@ class ServerProcess:
         if self._socket is not None:
             self._socket.close()
             self._socket = None
+
+    def _command(self) -> list[str]:
+        """The deploy unit's command, with two workers (this machine's cores) and the access
+        log to self.access_log if asked (pid, method, path, status), else none."""
+        if self.access_log is None:
+            return web_command(self.port, workers=2, access_log=False)
+        config = json.loads((ROOT / "deploy" / "granian-logging.json").read_text())
+        config["handlers"]["access"] = {
+            "formatter": "access",
+            "class": "logging.FileHandler",
+            "filename": str(self.access_log),
+        }
+        logging = self.access_log.with_suffix(".logging.json")
+        logging.write_text(json.dumps(config))
+        return web_command(
+            self.port,
+            workers=2,
+            log_config=logging,
+            access_format="%(method)s %(path)s %(status)d",
+        )
 
     @staticmethod
     def _bind(port: int) -> socket.socket:
@@ -154,12 +187,82 @@ class ServerProcess:
         return held
 
     def _answers(self) -> bool:
-        assert self.process is not None and self.process.poll() is None, "the server died"
+        assert self.process is not None
+        if self.process.poll() is not None:
+            raise ServerDied(f"the server exited with {self.process.returncode}")
+        # Any answer (a redirect to HTTPS too, when the settings ask for it), not followed.
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=1)
         try:
-            with urllib.request.urlopen(f"{self.url}/api/v1/openapi.json", timeout=1) as r:
-                return bool(r.status == 200)
+            connection.request("GET", "/api/v1/openapi.json")
+            return connection.getresponse().status in (200, 301)
         except OSError:
             return False
+        finally:
+            connection.close()
+
+
+class ServerDied(AssertionError):
+    """The server process exited (its port taken, or a failure its stderr shows)."""
+
+
+def access_lines(log: Path) -> list[list[str]]:
+    """The access log of a ServerProcess: (pid, method, path, status) per request answered."""
+    return [line.split() for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def worker_connections(server: ServerProcess) -> list[http.client.HTTPConnection]:
+    """A keep-alive connection to each of the server's two workers (a connection stays with the
+    worker that accepted it; which one does is the kernel's pick): new ones are opened until
+    both workers have answered one. Needs the server's access log, which says who answered."""
+    log = server.access_log
+    assert log is not None, "the server keeps no access log"
+    kept: dict[str, http.client.HTTPConnection] = {}
+    for _ in range(200):
+        seen = len(access_lines(log))
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        connection.request("GET", "/api/v1/openapi.json")
+        connection.getresponse().read()
+        wait_until(lambda: len(access_lines(log)) > seen, 30, "the access log")  # noqa: B023
+        pid = access_lines(log)[seen][0]
+        if pid in kept:
+            connection.close()
+        else:
+            kept[pid] = connection
+        if len(kept) == 2:
+            return list(kept.values())
+    raise AssertionError("200 connections in turn were all accepted by one worker")
+
+
+def post_login(
+    connection: http.client.HTTPConnection,
+    username: str,
+    password: str,
+    headers: dict[str, str] | None = None,
+) -> int:
+    """A fresh browser session (its own cookies) on `connection`'s worker that gets the login
+    form and submits it (both with `headers`, a proxy's); the answer's status."""
+    connection.request("GET", "/login/", headers=headers or {})
+    page = connection.getresponse()
+    html = page.read().decode()
+    cookies = SimpleCookie()
+    for header in page.headers.get_all("Set-Cookie") or []:
+        cookies.load(header)
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', html)
+    assert token is not None
+    form = {"csrfmiddlewaretoken": token[1], "username": username, "password": password}
+    connection.request(
+        "POST",
+        "/login/",
+        body=urllib.parse.urlencode(form),
+        headers={
+            **(headers or {}),
+            "Content-Type": "application/x-www-form-urlencoded",
+            "Cookie": "; ".join(f"{name}={morsel.value}" for name, morsel in cookies.items()),
+        },
+    )
+    answer = connection.getresponse()
+    answer.read()
+    return answer.status
 
 
 def database_url_of_tests() -> str:

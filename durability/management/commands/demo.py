@@ -4,24 +4,30 @@ with a case of every reason. `manage.py demoagents` then brings it to life."""
 
 from __future__ import annotations
 
+import hashlib
+import random
 import secrets
 import shutil
 import subprocess
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import timedelta
 from decimal import Decimal
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+import time_machine
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import User
 from django.core.management.base import BaseCommand, CommandParser, OutputWrapper
 from django.db import transaction
 from django.utils import timezone
 
 from durability.accounts.members import apikey_create, project_policy_set
-from durability.authority import grants
+from durability.authority import approvals, grants
 from durability.demo import DEMO_DIR, PROVIDER_PORT, repository
+from durability.demo.telemetry import MODEL
 from durability.ledger import evidence, intents, machine, settling
 from durability.ledger.commands import Amount, Failure, Intent, ReceiptEvidence, Timeout
 from durability.models import (
@@ -33,7 +39,9 @@ from durability.models import (
     Project,
     ReconcilerConfig,
     Role,
+    SignoffVerdict,
 )
+from trajectories import ingest, links
 
 ACTOR = "system:demo"
 OPERATOR = "user:operator"
@@ -68,36 +76,153 @@ class Progress:
         self.out.write(("\r" if self.live else "") + f"{self.label}: {summary}".ljust(70))
 
 
+# What each kind of effect's tool is called in the seeded trajectories.
+TOOLS = {"payment": "refund", "payout": "payout", "message": "send_message", "email": "send_email"}
+TOOLS |= {"commit": "git_tag", "deploy": "deploy"}
+
+
 @dataclass
 class History:
-    """The demo project's past, written through the state machine's services."""
+    """The demo project's past, written through the state machine's services at the moments
+    it would have happened (`time_machine` moves the clock), with the agents' trajectories."""
 
     project: Project
     grant_ids: dict[str, int]
+    operator: User
+    clock: time_machine.Traveller | None = None
+    # The runs' and spans' events, sent together once the effects are written.
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    def later(self, seconds: float) -> None:
+        """Let time pass within an episode: a provider's answer, a timeout, a person."""
+        if self.clock is not None:
+            self.clock.shift(timedelta(seconds=seconds))
 
     def intent(self, key: str, agent: str, kind: str, target: str, **extra: Any) -> Effect:
         grant = extra.pop("grant", None)
+        run_id = f"history-{key}"
+        request = extra.pop("request", {"ticket": key})
         fields: dict[str, Any] = {
             "key": key,
             "kind": kind,
             "target": target,
-            "request": extra.pop("request", {"ticket": key}),
-            "run_id": f"history-{key}",
+            "request": request,
+            "run_id": run_id,
             "worker": f"{agent}-history",
-            "context": {"workflow": agent, "workflow_version": "1.0.0", "model": "demo-planner-1"},
+            "context": {"workflow": agent, "workflow_version": "1.0.0", "model": MODEL},
             "authority": {"grant": self.grant_ids[grant]} if grant else None,
+            "tool_call_id": self.trajectory(run_id, agent, TOOLS[kind], request),
         }
         fields.update(extra)
+        self.later(random.uniform(1, 4))
         outcome = intents.intent_record(project=self.project, actor=ACTOR, intent=Intent(**fields))
         return outcome.effect
 
+    def trajectory(self, run_id: str, agent: str, tool: str, arguments: dict[str, Any]) -> str:
+        """The run's spans as the agents' telemetry sends them (durability/demo/telemetry.py):
+        the agent's, the model request that asked for the tool call, and the tool call;
+        returns the call's id."""
+        call_id = "call_" + secrets.token_hex(8)
+        trace_id = hashlib.sha256(run_id.encode()).hexdigest()[:32]
+        root, model, tool_span = (secrets.token_hex(8) for _ in range(3))
+        now = timezone.now()
+
+        def moment(seconds: float) -> str:
+            return (now + timedelta(seconds=seconds)).isoformat()
+
+        task = f"{agent}: {run_id.removeprefix('history-')}"
+        common = {"type": "span", "run_id": run_id, "trace_id": trace_id}
+        events: list[dict[str, Any]] = [
+            {
+                "id": f"{run_id}:{call_id}:run",
+                "type": "run",
+                "run_id": run_id,
+                "agent": agent,
+                "workflow": agent,
+                "workflow_version": "1.0.0",
+                "status": "ok",
+                "started": moment(0),
+                "ended": moment(8),
+                "trace_ids": [trace_id],
+            },
+            {
+                **common,
+                "id": f"{run_id}:{root}",
+                "span_id": root,
+                "kind": "agent",
+                "name": f"invoke_agent {agent}",
+                "start": moment(0),
+                "end": moment(8),
+                "status": "ok",
+                "input": task,
+            },
+            {
+                **common,
+                "id": f"{run_id}:{model}",
+                "span_id": model,
+                "parent_span_id": root,
+                "kind": "model",
+                "name": f"chat {MODEL}",
+                "start": moment(0.1),
+                "end": moment(random.uniform(0.6, 1.0)),
+                "status": "ok",
+                "provider": "demo",
+                "request_model": MODEL,
+                "response_model": MODEL,
+                "input_tokens": random.randint(300, 1200),
+                "output_tokens": random.randint(20, 90),
+                "input": [{"role": "user", "parts": [{"type": "text", "content": task}]}],
+                "output": [
+                    {
+                        "role": "assistant",
+                        "parts": [
+                            {
+                                "type": "tool_call",
+                                "id": call_id,
+                                "name": tool,
+                                "arguments": arguments,
+                            }
+                        ],
+                        "finish_reason": "tool_call",
+                    }
+                ],
+            },
+            {
+                **common,
+                "id": f"{run_id}:{tool_span}",
+                "span_id": tool_span,
+                "parent_span_id": root,
+                "kind": "tool",
+                "name": f"execute_tool {tool}",
+                "start": moment(1),
+                "end": moment(7),
+                "status": "ok",
+                "tool_call_id": call_id,
+                "tool_name": tool,
+                "input": arguments,
+            },
+        ]
+        self.events += events
+        return call_id
+
+    def trajectories_send(self) -> None:
+        """Store the runs and spans, in batches as the events API takes them, and link them
+        to their effects (whatever order spans and effects arrive in, links hold)."""
+        for start in range(0, len(self.events), 500):
+            batch = self.events[start : start + 500]
+            outcome = ingest.events_ingest(project=self.project, events=batch)
+            links.links_refresh(project_id=self.project.pk, touched=outcome.touched)
+        self.events.clear()
+
     def receipt(self, key: str, system: str, external_id: str, **extra: Any) -> None:
+        self.later(random.uniform(1, 3))
         fields = {"key": key, "system": system, "external_id": external_id, **extra}
         evidence.receipt_record(
             project=self.project, actor=ACTOR, receipt=ReceiptEvidence(**fields)
         )
 
     def timeout(self, key: str) -> None:
+        self.later(30)
         evidence.timeout_record(
             project=self.project, actor=ACTOR, timeout=Timeout(key=key, reason="no answer")
         )
@@ -169,8 +294,9 @@ class History:
         )
         self.receipt(key, "deployer", f"dep_{secrets.token_hex(6)}")
 
-    def script(self) -> list[Callable[[], None]]:
-        """Every episode of the past, in order: routine work and one of each kind of trouble."""
+    def script(self) -> list[tuple[timedelta, Callable[[], None]]]:
+        """Every episode of the past, in order, with how long ago it began: a week of routine
+        work, then, over the last day, one of each kind of trouble."""
         routine: list[Callable[[], None]] = []
         for n in range(1, 31):
             routine.append(partial(self.done_refund, n))
@@ -178,7 +304,6 @@ class History:
             if n % 3 == 0:
                 routine.append(partial(self.release, n))
         trouble = [
-            self.pending_deploy,
             self.declined,
             self.uncertain_reply,
             self.late_success,
@@ -190,13 +315,20 @@ class History:
             self.key_reuse,
             self.orphan,
             self.version_drift,
-            self.awaiting_approval,
             self.approved,
             self.denied,
             self.unauthorized,
             self.exceeded,
+            self.awaiting_approval,
+            # Last, minutes ago: its attempt's hour has not run out.
+            self.pending_deploy,
         ]
-        return routine + trouble
+        week, day = timedelta(days=7), timedelta(days=1)
+        jitter = [timedelta(minutes=random.uniform(0, 90)) for _ in routine]
+        past = [week - (week - day) * i / len(routine) - jitter[i] for i in range(len(routine))]
+        last = len(trouble) - 1
+        recent = [day - (day - timedelta(minutes=5)) * i / last for i in range(len(trouble))]
+        return [*zip(past, routine, strict=True), *zip(recent, trouble, strict=True)]
 
     def done_refund(self, n: int) -> None:
         self.refund(n)
@@ -240,6 +372,7 @@ class History:
     def late_success(self) -> None:
         self.refund(103)
         self.timeout("refund:H-103")
+        self.later(20 * 60)
         self.receipt("refund:H-103", "payments", "re_h103")
 
     def not_happened(self) -> None:
@@ -298,13 +431,14 @@ class History:
 
     def approved(self) -> None:
         effect = self.refund(112, grant="large refunds")
-        approval = Approval.objects.get(effect=effect)
-        settling.effect_approval_decide(
+        # Signed as a person signs it, so that the approval is decided, not left open.
+        self.later(12 * 60)
+        approvals.approval_sign(
             project=self.project,
-            effect_id=approval.effect_id,
-            actor=OPERATOR,
-            approve=True,
-            note="Customer is a long-standing account.",
+            approval_id=Approval.objects.get(effect=effect).pk,
+            user=self.operator,
+            verdict=SignoffVerdict.APPROVE,
+            reason="Customer is a long-standing account.",
         )
         self.refund(112, grant="large refunds")
         self.receipt("refund:H-112", "payments", "re_h112")
@@ -360,13 +494,11 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         with transaction.atomic():
             project = self._fresh_project(options["project"])
-            password = secrets.token_urlsafe(9)
-            user, _ = get_user_model().objects.get_or_create(username=options["username"])
-            user.set_password(password)
-            # The demo prints emails about cases on the console: give its operator an address.
-            user.email = user.email or f"{user.get_username()}@example.com"
-            user.save()
-            Membership.objects.create(project=project, user=user, role=Role.ADMIN)
+            # An operator, who works the queue, and an admin, who also manages the project.
+            people = {
+                role: self._person(project, name, role)
+                for role, name in ((Role.OPERATOR, options["username"]), (Role.ADMIN, "admin"))
+            }
             _, raw_key = apikey_create(project=project, actor="system:demo", name="demo")
             # The demo shows every case reason, so its support bot's ungranted emails open
             # the `unauthorized_effect` cases a project asks for with this policy.
@@ -374,15 +506,32 @@ class Command(BaseCommand):
             grant_ids = self._grants(project)
             self._reconcilers(project, options["provider_port"], repository(options["dir"]))
         repository_fresh(repository(options["dir"]))
-        history = History(project, grant_ids)
+        operator, _ = people[Role.OPERATOR]
+        history = History(project, grant_ids, operator)
         episodes = history.script()
         progress = Progress(self.stdout, len(episodes), "Seeding the demo's history")
-        for episode in episodes:
-            episode()
+        now = timezone.now()
+        for ago, episode in episodes:
+            with time_machine.travel(now - ago, tick=True) as history.clock:
+                episode()
             progress.advance()
+        history.clock = None
+        history.trajectories_send()
         progress.finish(f"{project.effects.count()} effects, {project.cases.count()} cases.")
-        self.stdout.write(f"Operator login: {user.get_username()} / {password}")
+        for role, (user, password) in people.items():
+            self.stdout.write(f"{role.capitalize()} login: {user.get_username()} / {password}")
         self.stdout.write(f"API key: {raw_key}")
+
+    def _person(self, project: Project, username: str, role: Role) -> tuple[User, str]:
+        """A member of the demo project with a fresh password."""
+        password = secrets.token_urlsafe(9)
+        user, _ = get_user_model().objects.get_or_create(username=username)
+        user.set_password(password)
+        # The demo prints emails about cases on the console: give its people an address.
+        user.email = user.email or f"{username}@example.com"
+        user.save()
+        Membership.objects.create(project=project, user=user, role=role)
+        return user, password
 
     def _fresh_project(self, name: str) -> Project:
         """A new project; an older one of that name keeps its audit trail under a new name."""

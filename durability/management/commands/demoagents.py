@@ -102,7 +102,15 @@ class Command(BaseCommand):
         state = options["dir"] / "agents"
         shutil.rmtree(state, ignore_errors=True)
         state.mkdir(parents=True)
-        provider = ProviderServer(options["provider_port"])
+        try:
+            provider = ProviderServer(options["provider_port"])
+        except OSError as exc:
+            raise CommandError(
+                f"The demo's fake provider cannot listen on port {options['provider_port']}: "
+                f"{exc.strerror or exc}. Seed again with another port (`manage.py demo "
+                "--provider-port N`, then `manage.py demoagents --provider-port N`), or let "
+                "`bin/demo` pick a free one."
+            ) from exc
         provider.start()
         self._wait_for(url)
         agents = [

@@ -10,6 +10,7 @@ network, until the client is first used.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import json
 import logging
@@ -61,6 +62,10 @@ if TYPE_CHECKING:
 VERSION = "0.1.0"
 DEFAULT_URL = "http://127.0.0.1:8000"
 NO_RETRY = Retry(retries=0)
+# The spooled reports the sender sends in batches (POST /api/v1/<endpoint>/batch), and the
+# most a batch holds (the server's MAX_BATCH).
+BATCHED = ("receipts", "failures")
+BATCH_ITEMS = 100
 MAX_ERROR = 4000  # what the server keeps of a failure's error
 APPROVAL = "approval_required"  # the case of an effect that waits for a person's approval
 UNCERTAIN = "uncertain"  # the case of an effect that may or may not have happened
@@ -433,6 +438,7 @@ class Base:
         self._sender_lock = threading.Lock()
         self._sender_thread: threading.Thread | None = None
         self._failing = False  # the sender's last pass found the server away
+        self._no_batches = False  # the server answered 404 to a batch: send one by one
 
     def _configured(self) -> Config:
         """The configuration, read (from the arguments, else the environment) at first use."""
@@ -587,30 +593,88 @@ class Base:
         except BaseException:
             config.spool.release(entry)
             raise
-        if response.status < 300 or (entry.endpoint == "intents" and response.status == 409):
-            config.spool.done(entry)
-            return
-        if entry.endpoint == "failures" and response.status in (404, 409):
+        if not self._settled(entry, response.status, response.body):
+            raise _rejected(response.status, response.body)
+
+    def _settled(self, entry: Entry, status: int, body: Any) -> bool:
+        """Act on the server's answer to one entry: done with it (the server has it, or
+        settled the effect some other way), or set aside as refused (False)."""
+        spool = self._configured().spool
+        if status < 300 or (entry.endpoint == "intents" and status == 409):
+            spool.done(entry)
+            return True
+        if entry.endpoint == "failures" and status in (404, 409):
             # The server settled the effect some other way first; it knows better.
-            log.warning(
-                "Tallybook did not apply the failure of %r: %s", entry.body["key"], response.body
-            )
-            config.spool.done(entry)
-            return
-        config.spool.reject(entry, json.dumps(response.body))
-        raise _rejected(response.status, response.body)
+            log.warning("Tallybook did not apply the failure of %r: %s", entry.body["key"], body)
+            spool.done(entry)
+            return True
+        spool.reject(entry, json.dumps(body))
+        return False
 
     def _send_pending(self) -> None:
-        """One pass of the sender: the spool's events oldest first, each tried once."""
+        """One pass of the sender: the spool's events oldest first, each tried once; runs of
+        receipts (or of failures) go in batches, in the spool's order."""
         spool = self._configured().spool
-        for path in spool.pending():
-            entry = spool.claim(path, wait=False)
-            if entry is None:
-                continue  # another thread or process is sending it
-            try:
-                self._deliver(entry, retry=NO_RETRY)
-            except RequestRejected:
-                continue  # set aside in the spool's rejected folder, and logged
+        batch: list[Entry] = []
+        try:
+            for path in spool.pending():
+                entry = spool.claim(path, wait=False)
+                if entry is None:
+                    continue  # another thread or process is sending it
+                if batch and (entry.endpoint != batch[0].endpoint or len(batch) == BATCH_ITEMS):
+                    sending, batch = batch, []
+                    self._deliver_batch(sending)
+                if entry.endpoint in BATCHED and not self._no_batches:
+                    batch.append(entry)
+                    continue
+                try:
+                    self._deliver(entry, retry=NO_RETRY)
+                except RequestRejected:
+                    continue  # set aside in the spool's rejected folder, and logged
+            if batch:
+                sending, batch = batch, []
+                self._deliver_batch(sending)
+        finally:
+            for entry in batch:
+                spool.release(entry)
+
+    def _deliver_batch(self, entries: list[Entry]) -> None:
+        """Send one endpoint's entries in one request; each leaves the spool once its own
+        result says the server has it. A server without the batch route (404), or one that
+        refuses the batch whole, gets them one by one."""
+        if len(entries) == 1:
+            with contextlib.suppress(RequestRejected):
+                self._deliver(entries[0], retry=NO_RETRY)
+            return
+        config = self._configured()
+        endpoint = entries[0].endpoint
+        try:
+            response = config.transport.request(
+                "POST",
+                f"/api/v1/{endpoint}/batch",
+                {endpoint: [entry.body for entry in entries]},
+                retry=NO_RETRY,
+            )
+        except BaseException:
+            for entry in entries:
+                config.spool.release(entry)
+            raise
+        results = response.body.get("results") if isinstance(response.body, dict) else None
+        if response.status != 207 or not isinstance(results, list) or len(results) != len(entries):
+            if response.status == 404:
+                self._no_batches = True
+            for n, entry in enumerate(entries):
+                try:
+                    self._deliver(entry, retry=NO_RETRY)
+                except RequestRejected:
+                    continue
+                except BaseException:
+                    for rest in entries[n + 1 :]:
+                        config.spool.release(rest)
+                    raise
+            return
+        for entry, result in zip(entries, results, strict=True):
+            self._settled(entry, result["status"], result["body"])
 
     def _sender_start(self) -> None:
         with self._sender_lock:

@@ -27,6 +27,7 @@ import hashlib
 import json
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
@@ -73,6 +74,9 @@ TAKES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "/api/v1/failures": (FAILURE, ("definitive",)),
     "/api/v1/timeouts": (("key", "reason"), ()),
 }
+# The batch routes of the reports the SDK spools, and the field that holds their items.
+BATCHES = {"/api/v1/receipts/batch": "receipts", "/api/v1/failures/batch": "failures"}
+MAX_BATCH = 100
 
 
 def _now() -> str:
@@ -220,12 +224,27 @@ class FakeServer:
                 "/api/v1/receipts": self._receipt_in,
                 "/api/v1/failures": self._failure,
                 "/api/v1/timeouts": self._timeout,
-            }.get(path)
+            }.get(path.removesuffix("/batch") if path in BATCHES else path)
             if method != "POST" or handler is None:
                 return Response(404, {"error": f"the fake has no {method} {path}"})
+            if path in BATCHES:
+                return self._batch(path, body, handler)
             if (refused := _refused(path, body)) is not None:
                 return refused
             return handler(body)
+
+    def _batch(self, path: str, body: Any, handler: Callable[[Json], Response]) -> Response:
+        """A batch of reports: each answered as its single route would, in order (207); the
+        batch itself refused (400) only when it is no batch of 1 to MAX_BATCH items."""
+        items = body.get(BATCHES[path]) if isinstance(body, dict) else None
+        if not isinstance(items, list) or not 1 <= len(items) <= MAX_BATCH or len(body) != 1:
+            return Response(400, {"error": "Invalid request", "fields": {BATCHES[path]: "?"}})
+        single = path.removesuffix("/batch")
+        results = []
+        for index, item in enumerate(items):
+            answer = _refused(single, item) or handler(item)
+            results.append({"index": index, "status": answer.status, "body": answer.body})
+        return Response(207, {"results": results})
 
     def close(self) -> None:
         """Nothing to close: the transport's interface."""
