@@ -813,6 +813,11 @@ class Case(models.Model):
     )
     # Bumped by every change, for compare-and-swap between operators.
     version = models.PositiveIntegerField(default=1)
+    # Snoozed (desk.case_actions.case_snooze): out of the default queue from `snoozed_at`
+    # until `snoozed_until`, or, with no end, until a newer open case joins its group. Coming
+    # back is read from these at query time (desk.queue.snoozed): no job wakes a case.
+    snoozed_at = models.DateTimeField(null=True, blank=True)
+    snoozed_until = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -850,6 +855,13 @@ class Case(models.Model):
                 name="case_queue_group_idx",
                 condition=Q(closed__isnull=True),
                 include=["severity"],
+            ),
+            # The queue's Snoozed view and its count: a project's open cases ever snoozed (the
+            # default queue walks case_queue_open_idx and leaves out those still snoozed).
+            models.Index(
+                fields=["project", "opened", "id"],
+                name="case_snoozed_idx",
+                condition=Q(closed__isnull=True, snoozed_at__isnull=False),
             ),
             # The overview's last day: cases of a reason opened since, open or closed.
             models.Index(fields=["project", "reason", "opened"], name="case_reason_opened_idx"),
@@ -1109,6 +1121,8 @@ class AuditAction(models.TextChoices):
     # The desk.
     CASE_ASSIGNED = "case_assigned", "Assigned"
     CASE_COMMENTED = "case_commented", "Comment"
+    CASE_SNOOZED = "case_snoozed", "Snoozed"
+    CASE_UNSNOOZED = "case_unsnoozed", "Snooze ended"
     BULK_STARTED = "bulk_started", "Bulk started"
     PROBE = "probe", "Probe"
     # Authority.

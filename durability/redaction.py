@@ -147,11 +147,15 @@ class BadPattern(ValueError):
 # this much memory for its automata (past it, RE2 falls back to its slower NFA, still
 # linear). Python's re backtracks: (a|a)+b takes exponential time on "aaa…", holding the GIL.
 PATTERN_MAX_MEM = 8 << 20
-# The text one project pattern scans at once: a longer text is scanned in windows of this
-# many characters that overlap by PATTERN_OVERLAP, so that one call's time is bounded and a
-# secret across a window's edge is still found in the next window.
-PATTERN_WINDOW = 256 * 1024
-PATTERN_OVERLAP = 4 * 1024
+# The text one project pattern scans at once. RE2's time is linear, so every text a request
+# can carry is scanned whole, in one pass: the API takes bodies up to 1 MiB and Django's
+# forms 4 MiB (DATA_UPLOAD_MAX_MEMORY_SIZE), so one text of up to 4 Mi characters. Only a
+# longer text (none arrives in one request) is scanned in windows of this many characters
+# that overlap by PATTERN_OVERLAP: there a match longer than PATTERN_OVERLAP across a
+# window's edge is found only if it also matches within one window, so such a text is
+# redacted only for secrets shorter than PATTERN_OVERLAP (docs/security.md).
+PATTERN_WINDOW = 4 * 1024 * 1024
+PATTERN_OVERLAP = 64 * 1024
 # RE2's errors name the construct it cannot run; these say what it is.
 _UNSUPPORTED = (
     ("(?=", "a lookahead (?=…)"),

@@ -198,6 +198,10 @@ TALLYBOOK_RECONCILER_SECRET_ENV = env_list("TALLYBOOK_RECONCILER_SECRET_ENV", []
 # Networks (CIDR) a reconciler may reach although they are loopback, private, link-local or
 # otherwise not public; none by default. The demo's fake provider needs 127.0.0.0/8.
 TALLYBOOK_RECONCILER_ALLOWED_NETWORKS = env_list("TALLYBOOK_RECONCILER_ALLOWED_NETWORKS", [])
+# Directories under which a git reconciler may read a local repository (a path or a file:
+# URL, symlinks resolved, no .. segment); none by default, so no local repository is read.
+# The demo lists its own folder.
+TALLYBOOK_RECONCILER_GIT_ROOTS = env_list("TALLYBOOK_RECONCILER_GIT_ROOTS", [])
 # Reconciler probes that answer `unknown` are retried after these many seconds, in turn.
 TALLYBOOK_PROBE_RETRY_DELAYS = [
     int(seconds) for seconds in env_list("TALLYBOOK_PROBE_RETRY_DELAYS", ["30", "120", "600"])

@@ -144,6 +144,14 @@ def _reconcilers_reach_local_servers(settings: Any) -> None:
     settings.TALLYBOOK_RECONCILER_ALLOWED_NETWORKS = ["127.0.0.0/8"]
 
 
+@pytest.fixture(autouse=True)
+def _git_reconcilers_read_the_tests_folders(settings: Any, tmp_path_factory: Any) -> None:
+    """The tests' git repositories live under pytest's temporary folder, which a git
+    reconciler may not read unless allowed (as bin/demo allows its own): tests of that
+    rule set it back."""
+    settings.TALLYBOOK_RECONCILER_GIT_ROOTS = [str(tmp_path_factory.getbasetemp())]
+
+
 @pytest.fixture
 def project(db: None) -> Project:
     return Project.objects.create(name="alpha")

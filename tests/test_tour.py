@@ -103,6 +103,9 @@ def test_the_readme_tour(page, demo, screenshots):
     page.keyboard.press("o")
     page.wait_for_url(re.compile(r"/cases/\d+/\?from=reason%3Duncertain$"))
     assert "reply:H-102" in page.inner_text("h1, .case-page")
+    # The evidence beside the verdict: the model's messages and the tool call, inline.
+    assert page.is_visible("[data-messages]")
+    page.screenshot(path=str(screenshots / "case-evidence.png"), full_page=True)
     page.keyboard.press("n")
     page.keyboard.type("No such message in the chat's history.")
     page.keyboard.press("Enter")
@@ -114,11 +117,17 @@ def test_the_readme_tour(page, demo, screenshots):
     # 4. Approve the large refund that waits for a person.
     page.goto("/approvals/")
     page.click("table.approvals tbody tr:has-text('refund:H-111') a >> nth=0")
+    # On call, from a phone: the approval fits the screen, and is signed there.
+    desktop = page.viewport_size
+    page.set_viewport_size({"width": 390, "height": 844})
+    assert page.evaluate("document.documentElement.scrollWidth <= innerWidth")
+    page.screenshot(path=str(screenshots / "approval-phone.png"), full_page=True)
     page.check("input[name=verdict][value=approve]")
     page.fill("[name=reason]", "A long-standing customer; the amount matches the order.")
     page.click(".sign-form button[type=submit]")
     page.wait_for_selector("ul.messages")
     assert Effect.objects.get(key="refund:H-111").state == State.PENDING
+    page.set_viewport_size(desktop)
 
     # 5. The refund bot's run: the model request, the tool call, the effect under it.
     page.goto("/runs/")

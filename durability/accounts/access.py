@@ -19,8 +19,15 @@ from django.shortcuts import render
 from django.views.defaults import page_not_found
 from django_htmx.middleware import HtmxDetails
 
-from durability.accounts.roles import Access, Perm, access_from, access_of, projects_of
-from durability.models import GONE_UNDER_A_WRITE, Membership, project_gone
+from durability.accounts.roles import (
+    Access,
+    Perm,
+    access_from,
+    access_of,
+    least_role_with,
+    projects_of,
+)
+from durability.models import GONE_UNDER_A_WRITE, Membership, Role, project_gone
 
 SESSION_PROJECT = "tallybook_project"
 NOT_YOURS = "No such project among yours"
@@ -100,12 +107,37 @@ def object_access[M: Model](
     return found, access
 
 
+class Refused(PermissionDenied):
+    """A member's role lacks a permission: answered by a page in the desk's layout that
+    says which role is needed and who can grant it (NoProjectMiddleware)."""
+
+    def __init__(self, access: Access, perm: Perm) -> None:
+        self.access, self.perm = access, perm
+        super().__init__(
+            f"Your role in {access.project} ({access.role}) does not allow this action."
+        )
+
+
 def require(access: Access, perm: Perm) -> None:
     """Refuse (403) what the user's role in the project does not allow."""
     if not access.can(perm):
-        raise PermissionDenied(
-            f"Your role in {access.project} ({access.role}) does not allow this action."
-        )
+        raise Refused(access, perm)
+
+
+def refused_page(request: HttpRequest, refused: Refused) -> HttpResponse:
+    """The 403 page: what was refused, the role it needs, and the project's admins to ask."""
+    admins = (
+        Membership.objects.live()
+        .filter(project=refused.access.project, role=Role.ADMIN)
+        .select_related("user")
+        .order_by("user__username")
+    )
+    context = {
+        "refused": refused,
+        "needed": least_role_with(refused.perm),
+        "admins": [m.user for m in admins],
+    }
+    return render(request, "durability/accounts/forbidden.html", context, status=403)
 
 
 class NoProjectMiddleware:
@@ -123,6 +155,8 @@ class NoProjectMiddleware:
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
         if isinstance(exception, NoProject):
             return render(request, "durability/accounts/no_project.html")
+        if isinstance(exception, Refused):
+            return refused_page(request, exception)
         project_id = getattr(request, "acting_in", None)
         if (
             isinstance(exception, GONE_UNDER_A_WRITE)

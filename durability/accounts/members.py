@@ -66,16 +66,15 @@ def _keep_an_admin(project: Project, membership: Membership, field: str) -> None
 
 @dataclass(frozen=True)
 class Added:
-    """What the inviting admin may be told of a `member_add`.
-
-    `membership` is the new member when a user was created for this project (it holds no
-    one else); `set_password_path` that user's one-time link, given only when no mail server
-    would deliver it and the user is no other project's. Otherwise nothing: whether the
-    name or address belongs to anyone, and to which projects, is not the admin's to learn.
+    """What the inviting admin may be told of a `member_add`: nothing, as a rule (whether
+    the name or address belongs to anyone, and to which projects, is not the admin's to
+    learn). Only when no mail server would deliver the email, for a user created by this
+    very invitation (so no other project's), the links it would carry: the one-time link to
+    choose a password, and the invitation's, to accept it once logged in.
     """
 
-    membership: Membership | None = None
     set_password_path: str = ""
+    accept_path: str = ""
 
 
 def member_add(
@@ -83,11 +82,12 @@ def member_add(
 ) -> Added:
     """Add a user to the project with `role`, or invite them to it.
 
-    A username and an email that nobody has make a new user, without a usable password,
-    who is a member at once and is emailed (after the commit) a one-time link to choose one.
-    Anyone else is sent an invitation they accept from the email (`invitation_accept`): a
-    user found by the username, or by the email when nobody has that username. A user who
-    has not chosen a password yet is invited only through their own email address, and
+    Everyone is sent an invitation they accept from the email (`invitation_accept`), and
+    becomes a member only then: a username and an email that nobody has make a new user,
+    without a usable password, whose email (after the commit) also carries a one-time link
+    to choose one; otherwise the user found by the username, or by the email when nobody
+    has that username. So the members list, like the answer, tells nothing of who existed.
+    A user who has not chosen a password yet is invited only through their own address, and
     their earlier set-password links stop working (whoever held one cannot take the account
     over once another project wants it). No such user, an inactive one, an invitation not
     sent: the same answer as one sent.
@@ -134,17 +134,27 @@ def _member_new(
     project: Project, actor: str, trail: audit.Trail, username: str, role: Role, email: str
 ) -> Added:
     user = User.objects.create_user(username, email=email)  # no usable password
-    membership = Membership.objects.create(project=project, user=user, role=role)
     trail.add(AuditAction.MEMBER_INVITED, username=username, role=role.value)
-    notices.notice_add(project=project, user=user, kind=NoticeKind.INVITED, actor=actor)
-    shown = not notices.mail_server_configured() and _only_in(user, project)
-    return Added(membership, notices.set_password_path(user) if shown else "")
+    invitation = Invitation.objects.create(
+        project=project, user=user, role=role, actor=actor, created=timezone.now()
+    )
+    notices.notice_add(project=project, user=user, kind=NoticeKind.JOIN, actor=actor)
+    if notices.mail_server_configured():
+        return Added()
+    # Made here, in this transaction: no other project holds or invited this user.
+    return Added(notices.set_password_path(user), notices.invitation_path(invitation))
 
 
-def _only_in(user: User, project: Project) -> bool:
-    """Whether no other project holds or invited the user."""
-    elsewhere = Membership.objects.filter(user=user).exclude(project=project).exists()
-    return not elsewhere and not Invitation.objects.filter(user=user).exists()
+def invitation_waiting(user: User) -> str:
+    """The accept link of the user's newest invitation still open ("" if none): where a
+    new user goes once they have chosen their password."""
+    fresh = timezone.now() - timedelta(seconds=settings.PASSWORD_RESET_TIMEOUT)
+    invitation = (
+        Invitation.objects.filter(user=user, created__gte=fresh, project__deleting=None)
+        .order_by("-created", "-pk")
+        .first()
+    )
+    return notices.invitation_path(invitation) if invitation else ""
 
 
 class InvitationGone(Exception):

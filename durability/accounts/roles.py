@@ -49,6 +49,17 @@ ROLE_PERMISSIONS: dict[str, list[tuple[str, str]]] = {
 }
 
 
+def least_role_with(perm: Perm) -> str:
+    """The first role (viewer, operator, admin) whose permissions include `perm`."""
+    return next(
+        role for role, grants in ROLE_PERMISSIONS.items() if (_model_of(perm), perm.value) in grants
+    )
+
+
+def _model_of(perm: Perm) -> str:
+    return next(m for grants in ROLE_PERMISSIONS.values() for m, c in grants if c == perm.value)
+
+
 def groups_sync(apps: Apps = global_apps, **signal_kwargs: Any) -> None:
     """Create the roles' groups and give each exactly its permissions.
 

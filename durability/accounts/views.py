@@ -67,7 +67,7 @@ def _page(
     status: int = 200,
     problem: str = "",
     new_key: str = "",
-    invited: tuple[str, str] | None = None,
+    invited: tuple[str, str, str] | None = None,
     **bound: Form,
 ) -> HttpResponse:
     project = access.project
@@ -150,21 +150,16 @@ def member_add(request: AuthedRequest, project_id: int) -> HttpResponseBase:
         else:
             username = data["username"]
             if added.set_password_path:
-                link = site_url() + added.set_password_path
-                return _page(request, access, invited=(username, link))
-            if added.membership is not None:
-                messages.success(
-                    request, f"{username} is invited: an email with a link to choose a "
-                    "password is on its way."
-                )  # fmt: skip
-            else:
-                messages.success(request, NEUTRAL.format(username=username, role=data["role"]))
+                links = (site_url() + added.set_password_path, site_url() + added.accept_path)
+                return _page(request, access, invited=(username, *links))
+            messages.success(request, NEUTRAL.format(username=username, role=data["role"]))
             return redirect("settings")
     return _page(request, access, status=400, add_form=form)
 
 
-# One answer whether the user exists, is another project's, has no address, or was invited:
-# an admin learns nothing about people outside their project.
+# One answer whether the user was made by this invitation, exists, is another project's, has
+# no address, or cannot be invited: an admin learns nothing about people outside their
+# project (and a new user is no member until they accept, so the members list tells no more).
 NEUTRAL = (
     "If {username} can be invited, an invitation to join as {role} is on its way to them: "
     "they become a member when they accept it. To invite someone new, give their email "
@@ -408,6 +403,11 @@ class SetPassword(PasswordResetConfirmView):
     post_reset_login = True
     post_reset_login_backend = "django.contrib.auth.backends.ModelBackend"
     success_url = reverse_lazy("index")
+
+    def get_success_url(self) -> str:
+        """The invitation that made them, to accept; the index when there is none."""
+        waiting = members.invitation_waiting(self.user) if self.user is not None else ""
+        return waiting or super().get_success_url()
 
 
 @login_required

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from enum import StrEnum
 
 from django.contrib.auth.models import User
@@ -279,6 +279,46 @@ def case_assign(
         )
         if notify:
             notifications.case_assigned(project, case, actor=actor)
+    return case
+
+
+def case_snooze(
+    *,
+    project: Project,
+    case_id: int,
+    version: int,
+    actor: str,
+    until: datetime | None,
+    now: datetime | None = None,
+) -> Case:
+    """Take an open case out of the default queue until `until`, or (None) until a newer case
+    joins its group; it comes back on its own (desk.queue.snoozed reads it at query time)."""
+    now = now or timezone.now()
+    if until is not None and until <= now:
+        raise NotApplicable("A snooze ends in the future: choose a later time.")
+    with audit.trail(project.pk, actor) as trail:
+        case = _claim(project=project, case_id=case_id, version=version)
+        case.snoozed_at, case.snoozed_until = now, until
+        case.save(update_fields=["snoozed_at", "snoozed_until"])
+        trail.add(
+            AuditAction.CASE_SNOOZED,
+            effect=case.effect,
+            case=case,
+            until=until.isoformat() if until else None,
+            recurrence=until is None,
+        )
+    return case
+
+
+def case_unsnooze(*, project: Project, case_id: int, version: int, actor: str) -> Case:
+    """Bring a snoozed case back to the queue now."""
+    with audit.trail(project.pk, actor) as trail:
+        case = _claim(project=project, case_id=case_id, version=version)
+        if case.snoozed_at is None:
+            raise NotApplicable(f"Case #{case.pk} is not snoozed.")
+        case.snoozed_at = case.snoozed_until = None
+        case.save(update_fields=["snoozed_at", "snoozed_until"])
+        trail.add(AuditAction.CASE_UNSNOOZED, effect=case.effect, case=case)
     return case
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from datetime import datetime, timedelta
 from typing import Any
 
 from django import forms
@@ -108,6 +109,49 @@ class AssignForm(forms.Form):
     assignee = forms.CharField(max_length=150, required=False)
 
 
+# How long a case may be snoozed for: a time from now, or until a new case joins its group.
+SNOOZE_RECURS = "recurs"
+SNOOZE_CHOICES = [
+    ("1h", "1 hour"),
+    ("8h", "8 hours"),
+    ("1d", "1 day"),
+    ("7d", "1 week"),
+    (SNOOZE_RECURS, "until it happens again"),
+    ("until", "until a time…"),
+]
+SNOOZE_SPANS = {
+    "1h": timedelta(hours=1),
+    "8h": timedelta(hours=8),
+    "1d": timedelta(days=1),
+    "7d": timedelta(days=7),
+}
+
+
+class SnoozeForm(forms.Form):
+    version = forms.IntegerField(min_value=1, widget=forms.HiddenInput)
+    snooze = forms.ChoiceField(label="Snooze", choices=SNOOZE_CHOICES)
+    # In the member's time zone (the one pages show), for "until a time…".
+    until = forms.DateTimeField(
+        required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"})
+    )
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if data.get("snooze") == "until" and not data.get("until"):
+            self.add_error("until", "Until when? Give a date and time.")
+        return data
+
+    def until_time(self, now: datetime) -> datetime | None:
+        """When the snooze ends; None for "until it happens again"."""
+        choice = self.cleaned_data["snooze"]
+        if choice == SNOOZE_RECURS:
+            return None
+        if choice == "until":
+            until: datetime = self.cleaned_data["until"]
+            return until
+        return now + SNOOZE_SPANS[choice]
+
+
 class CommentForm(forms.Form):
     body = forms.CharField(label="Comment", max_length=4000, strip=True, widget=forms.Textarea)
 
@@ -162,7 +206,9 @@ class AuditFilter(forms.Form):
     actor = forms.CharField(
         label="User", max_length=150, required=False, help_text="a username, or system:…"
     )
-    effect = forms.IntegerField(min_value=1, required=False)
+    effect = forms.CharField(
+        label="Effect", max_length=255, required=False, help_text="its key, or its id"
+    )
     action = forms.CharField(max_length=32, required=False)
     since = forms.DateTimeField(
         required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"})

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlencode
 
 from django import forms
 from django.contrib.auth.models import User
-from django.db.models import Count, Max, Min, OuterRef, Q, QuerySet, Subquery
+from django.db.models import Count, Exists, Max, Min, OuterRef, Q, QuerySet, Subquery
 from django.db.models.fields.json import KT
 from django.db.models.functions import TruncHour
 from django.http import QueryDict
@@ -35,6 +35,7 @@ FILTER_FIELDS = (
     "assignee",
     "group",
     "grouped",
+    "snoozed",
     "sort",
 )
 # How a view is shown rather than what it shows: not a filter.
@@ -69,6 +70,7 @@ class QueueFilter(forms.Form):
         error_messages={"invalid": "Not a group of this queue."},
     )
     grouped = forms.BooleanField(required=False, label="Group similar")
+    snoozed = forms.BooleanField(required=False, label="Snoozed")
     sort = forms.ChoiceField(
         choices=[(Sort.AGE, "oldest first"), (Sort.SEVERITY, "most severe first")],
         required=False,
@@ -148,12 +150,64 @@ class QueueQuery:
         return any(k in self.values for k in FILTER_FIELDS if k not in VIEW_FIELDS)
 
 
+def _recurred() -> Exists:
+    """Whether a newer open case joined the outer case's group since it was snoozed (a probe
+    of case_queue_group_idx: project, group key, opened)."""
+    return Exists(
+        Case.objects.filter(
+            project_id=OuterRef("project_id"),
+            group_key=OuterRef("group_key"),
+            closed=None,
+            opened__gt=OuterRef("snoozed_at"),
+        )
+    )
+
+
+def snoozed(now: datetime) -> Q:
+    """A case still snoozed at `now`: its time not yet come, or (snoozed with no end) no
+    newer case in its group yet. Read at query time: a case comes back on its own."""
+    return Q(snoozed_at__isnull=False) & (
+        Q(snoozed_until__gt=now) | (Q(snoozed_until=None) & ~Q(_recurred()))
+    )
+
+
+def awake(now: datetime) -> Q:
+    """A case not snoozed at `now`: never snoozed, or back (its time came, or it recurred)."""
+    return Q(snoozed_at=None) | Q(snoozed_until__lte=now) | (Q(snoozed_until=None) & Q(_recurred()))
+
+
+def is_snoozed(case: Case, *, now: datetime | None = None) -> bool:
+    """Whether this case is snoozed now (one query when its snooze waits for a recurrence)."""
+    now = now or timezone.now()
+    if case.snoozed_at is None:
+        return False
+    if case.snoozed_until is not None:
+        return case.snoozed_until > now
+    return not Case.objects.filter(
+        project_id=case.project_id,
+        group_key=case.group_key,
+        closed=None,
+        opened__gt=case.snoozed_at,
+    ).exists()
+
+
 def open_cases(
-    project: Project, query: QueueQuery, user: User, *, reason: bool = True
+    project: Project,
+    query: QueueQuery,
+    user: User,
+    *,
+    reason: bool = True,
+    snooze: Literal["query", "any"] = "query",
 ) -> QuerySet[Case]:
-    """The project's open cases matching the filter (without the reason, if `reason` is False)."""
+    """The project's open cases matching the filter (without the reason, if `reason` is False):
+    those awake, or under `snoozed` those still snoozed (either, with `snooze="any"`)."""
     v = query.values
     qs = Case.objects.filter(project=project, closed=None)
+    if snooze == "query":
+        # The snoozed view walks case_snoozed_idx; the default queue its usual index, leaving
+        # the snoozed cases out as it goes.
+        now = timezone.now()
+        qs = qs.filter(snoozed(now) if v.get("snoozed") else awake(now))
     if reason and "reason" in v:
         qs = qs.filter(reason=v["reason"])
     if "severity" in v:
@@ -244,10 +298,22 @@ def next_case(project: Project, query: QueueQuery, user: User, case: Case) -> Ca
     return _in_order(open_cases(project, query, user), query.sort, after).first()
 
 
-def counts_by_reason(qs: QuerySet[Case]) -> dict[str, int]:
-    """Open cases per reason (the filter's other fields applied), every reason listed."""
-    found = dict(qs.order_by().values_list("reason").annotate(n=Count("id")))
-    return {reason: found.get(reason, 0) for reason in Reason.values}
+def counts_by_reason(qs: QuerySet[Case], query: QueueQuery) -> tuple[dict[str, int], int]:
+    """Open cases per reason of the view `query` shows (awake, or snoozed), every reason
+    listed, and how many the other view holds: one statement over the open cases of `qs`
+    (the filter's other fields applied, snoozed or not)."""
+    now = timezone.now()
+    shown, other = (
+        (snoozed(now), awake(now)) if query.values.get("snoozed") else (awake(now), snoozed(now))
+    )
+    found = {
+        reason: (n, m)
+        for reason, n, m in qs.order_by()
+        .values_list("reason")
+        .annotate(n=Count("id", filter=shown), m=Count("id", filter=other))
+    }
+    counts = {reason: found.get(reason, (0, 0))[0] for reason in Reason.values}
+    return counts, sum(m for _, m in found.values())
 
 
 def _with_row_facts(qs: QuerySet[Case]) -> QuerySet[Case]:

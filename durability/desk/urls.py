@@ -21,6 +21,7 @@ urlpatterns = [
     path("cases/<int:case_id>/next/", views.case_next, name="case-next"),
     path("cases/<int:case_id>/resolve/", views.case_resolve, name="case-resolve"),
     path("cases/<int:case_id>/assign/", views.case_assign, name="case-assign"),
+    path("cases/<int:case_id>/snooze/", views.case_snooze, name="case-snooze"),
     path("cases/<int:case_id>/comment/", views.case_comment, name="case-comment"),
     path("audit/", views.audit, name="audit"),
 ]

@@ -8,6 +8,7 @@ for the project and the permission; every action is carried out by a service
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from django.conf import settings
@@ -15,10 +16,11 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count, Max, OuterRef, Q, Subquery
+from django.db.models import Count, F, Max, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce
 from django.http import HttpResponse, HttpResponseBase, HttpResponseRedirect, QueryDict
 from django.shortcuts import redirect, render
+from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from durability import inbound, jobs
@@ -43,6 +45,7 @@ from durability.desk.forms import (
     CommentForm,
     ResolveForm,
     SavedViewForm,
+    SnoozeForm,
     offered,
 )
 from durability.desk.queue import (
@@ -52,6 +55,7 @@ from durability.desk.queue import (
     counts_by_reason,
     group_count,
     groups_page,
+    is_snoozed,
     next_case,
     open_cases,
     page_of,
@@ -60,6 +64,7 @@ from durability.desk.queue import (
 from durability.desk.story import effect_story, failure_of, story_of
 from durability.ledger import decisions, grant_check, machine
 from durability.models import (
+    ApiKey,
     AuditAction,
     AuditEntry,
     BulkAction,
@@ -122,25 +127,12 @@ def _queue_page(
     view_form: SavedViewForm | None = None,
     status: int = 200,
 ) -> HttpResponse:
-    shown = open_cases(access.project, query, request.user)
     context: dict[str, Any] = {"access": access, "query": query}
-    if query.grouped:
-        groups, next_after = groups_page(shown, query)
-        context |= {"groups": groups, "trend_hours": TREND_HOURS}
-    else:
-        rows, next_after = page_of(shown, query)
-        context["rows"] = rows
-    context["next_query"] = query.query_string(after=next_after) if next_after else ""
     if request.htmx and ("after" in query.values or "group" in query.values):
         # A further page, or the cases of a group the grouped queue expands.
+        context |= _queue_list(request, access, query)
         return render(request, f"{QUEUE}#{'groups' if query.grouped else 'rows'}", context)
-    counts = counts_by_reason(open_cases(access.project, query, request.user, reason=False))
-    reason = query.values.get("reason")
-    context |= {
-        "tabs": _reason_tabs(query, counts),
-        "total": counts[reason] if reason else sum(counts.values()),
-        "group_total": group_count(shown) if query.grouped else None,
-        "all_groups_qs": query.query_string(group=None, grouped=True),
+    context |= _queue_counted(request, access, query) | {
         "since": _latest_audit_id(access),
         "form": QueueFilter(initial=query.values),
         "reasons": Reason.choices,
@@ -151,6 +143,41 @@ def _queue_page(
         "can_share": access.can(saved_views.SHARE_PERM),
     }
     return render(request, QUEUE, context, status=status)
+
+
+def _queue_list(request: AuthedRequest, access: Access, query: QueueQuery) -> dict[str, Any]:
+    """The rows (or groups) of one page of the queue, and the query of the next."""
+    shown = open_cases(access.project, query, request.user)
+    context: dict[str, Any] = {}
+    if query.grouped:
+        groups, next_after = groups_page(shown, query)
+        context |= {"groups": groups, "trend_hours": TREND_HOURS}
+    else:
+        rows, next_after = page_of(shown, query)
+        context["rows"] = rows
+    context["next_query"] = query.query_string(after=next_after) if next_after else ""
+    return context
+
+
+def _queue_counted(request: AuthedRequest, access: Access, query: QueueQuery) -> dict[str, Any]:
+    """The queue's first page with its counts: what the page shows, and what a finished bulk
+    action sends back to refresh it (heading, tab title, reason tabs and rows)."""
+    counts, elsewhere = counts_by_reason(
+        open_cases(access.project, query, request.user, reason=False, snooze="any"), query
+    )
+    reason = query.values.get("reason")
+    return _queue_list(request, access, query) | {
+        "tabs": _reason_tabs(query, counts),
+        "total": counts[reason] if reason else sum(counts.values()),
+        "group_total": (
+            group_count(open_cases(access.project, query, request.user)) if query.grouped else None
+        ),
+        "all_groups_qs": query.query_string(group=None, grouped=True),
+        # The Snoozed view's link counts the cases it would show.
+        "snoozed_total": None if query.values.get("snoozed") else elsewhere,
+        "unsnoozed_qs": query.query_string(snoozed=None),
+        "snoozed_qs": query.query_string(snoozed=True),
+    }
 
 
 def _saved_views(request: AuthedRequest, access: Access, query: QueueQuery) -> list[dict[str, Any]]:
@@ -216,7 +243,9 @@ def queue_pulse(request: AuthedRequest) -> HttpResponse:
     changed = sorted(
         {case_id for action, case_id in changes if action != AuditAction.CASE_OPENED} & shown
     )
-    counts = counts_by_reason(open_cases(access.project, query, request.user, reason=False))
+    counts, _ = counts_by_reason(
+        open_cases(access.project, query, request.user, reason=False, snooze="any"), query
+    )
     context = {
         "access": access,
         "query": query,
@@ -357,16 +386,25 @@ def bulk_start(request: AuthedRequest) -> HttpResponse:
     else:
         jobs.enqueue(desk_jobs.cases_bulk, bulk.pk)
     # The progress keeps the queue's filter, for the queue it leads back to.
-    query = QueueQuery.from_params(request.POST)
-    return render(request, BULK_PROGRESS, {"bulk": bulk, "query": query})
+    return _bulk_progress(request, access, bulk, QueueQuery.from_params(request.POST))
 
 
 @login_required
 @require_GET
 def bulk_progress(request: AuthedRequest, bulk_id: int) -> HttpResponse:
-    bulk, _ = object_access(request, Perm.VIEW, BulkAction.objects.all(), bulk_id)
-    query = QueueQuery.from_params(request.GET)
-    return render(request, BULK_PROGRESS, {"bulk": bulk, "query": query})
+    bulk, access = object_access(request, Perm.VIEW, BulkAction.objects.all(), bulk_id)
+    return _bulk_progress(request, access, bulk, QueueQuery.from_params(request.GET))
+
+
+def _bulk_progress(
+    request: AuthedRequest, access: Access, bulk: BulkAction, query: QueueQuery
+) -> HttpResponse:
+    """A bulk action's progress; once finished, with the queue as it is now (its heading,
+    tab title, reason tabs and rows, swapped in out of band): counts stay true."""
+    context: dict[str, Any] = {"bulk": bulk, "query": query, "access": access}
+    if bulk.finished:
+        context |= _queue_counted(request, access, query) | {"refresh": True}
+    return render(request, BULK_PROGRESS, context)
 
 
 # -- a case ------------------------------------------------------------------------------
@@ -401,6 +439,8 @@ def _case_page(
         "figures": _figures(case),
         "resolve_form": forms.get("resolve_form") or ResolveForm(initial={"version": case.version}),
         "comment_form": forms.get("comment_form") or CommentForm(),
+        "snooze_form": forms.get("snooze_form") or SnoozeForm(),
+        "snoozed": case.is_open and is_snoozed(case),
     }
     return render(request, "durability/desk/case.html", context, status=status)
 
@@ -557,6 +597,38 @@ def case_assign(request: AuthedRequest, case_id: int) -> HttpResponseBase:
 
 @login_required
 @require_POST
+def case_snooze(request: AuthedRequest, case_id: int) -> HttpResponseBase:
+    """Snooze a case until a time or until it happens again; or (`unsnooze`) bring it back."""
+    found, access = object_access(request, Perm.RESOLVE, CASE_PAGE, case_id)
+    form = SnoozeForm(request.POST)
+    unsnooze = "unsnooze" in request.POST
+    if not unsnooze and not form.is_valid():
+        return _case_page(request, found, access, status=400, snooze_form=form)
+    version = inbound.number_param(request.POST.get("version")) or 0
+    try:
+        if unsnooze:
+            case_actions.case_unsnooze(
+                project=access.project, case_id=found.pk, version=version, actor=actor_of(request)
+            )
+            messages.success(request, f"Case #{found.pk} is back in the queue.")
+        else:
+            now = timezone.now()
+            case_actions.case_snooze(
+                project=access.project,
+                case_id=found.pk,
+                version=version,
+                actor=actor_of(request),
+                until=form.until_time(now),
+                now=now,
+            )
+            messages.success(request, f"Case #{found.pk} snoozed.")
+    except (case_actions.CaseChanged, case_actions.NotApplicable) as exc:
+        return _refused(request, found, str(exc))
+    return redirect(_case_url(request, found))
+
+
+@login_required
+@require_POST
 def case_comment(request: AuthedRequest, case_id: int) -> HttpResponseBase:
     found, access = object_access(request, Perm.COMMENT, CASE_PAGE, case_id)
     form = CommentForm(request.POST)
@@ -587,7 +659,11 @@ def audit(request: AuthedRequest) -> HttpResponse:
     if "actor" in f:
         qs = qs.filter(actor=f["actor"])
     if "effect" in f:
-        qs = qs.filter(effect_id=f["effect"])
+        # A key, or an id (a key may be digits too: either matches).
+        named = Q(effect__key=f["effect"])
+        if (pk := inbound.number_param(f["effect"])) is not None:
+            named |= Q(effect_id=pk)
+        qs = qs.filter(named)
     if "action" in f:
         qs = qs.filter(action=f["action"])
     if "since" in f:
@@ -596,7 +672,7 @@ def audit(request: AuthedRequest) -> HttpResponse:
         qs = qs.filter(at__lt=f["until"])
     if "before" in f:
         qs = qs.filter(id__lt=f["before"])
-    page = list(qs[: AUDIT_PAGE_SIZE + 1])
+    page = list(qs.annotate(effect_key=F("effect__key"))[: AUDIT_PAGE_SIZE + 1])
     more = len(page) > AUDIT_PAGE_SIZE
     page = page[:AUDIT_PAGE_SIZE]
     params = request.GET.copy()
@@ -606,7 +682,7 @@ def audit(request: AuthedRequest) -> HttpResponse:
     context = {
         "access": access,
         "form": form,
-        "entries": page,
+        "entries": list(zip(page, _actor_names(access, page), strict=True)),
         "next_query": params.urlencode() if more else "",
         "filtered": bool(set(f) - {"before"}),
         "actions": AuditAction.values,
@@ -615,6 +691,23 @@ def audit(request: AuthedRequest) -> HttpResponse:
     if request.htmx and "before" in f:
         template += "#entries"
     return render(request, template, context)
+
+
+def _actor_names(access: Access, entries: Sequence[AuditEntry]) -> list[str]:
+    """The actor of each entry as the page shows it: an API key by its name ("demo agents
+    (key tb_…)"), any other as recorded (`user:alice`, the filter's words); one query for the
+    page's keys."""
+    prefixes = {e.actor.partition(":")[2] for e in entries if e.actor.startswith("api:")}
+    keys = dict(
+        ApiKey.objects.filter(project=access.project, prefix__in=prefixes)
+        .exclude(name="")
+        .values_list("prefix", "name")
+    )
+    named = []
+    for e in entries:
+        kind, _, name = e.actor.partition(":")
+        named.append(f"{keys[name]} (key {name}…)" if kind == "api" and name in keys else e.actor)
+    return named
 
 
 # -- effects ----------------------------------------------------------------------------

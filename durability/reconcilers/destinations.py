@@ -15,6 +15,7 @@ import ipaddress
 import re
 import socket
 import string
+import threading
 from functools import lru_cache
 
 from django.conf import settings
@@ -74,32 +75,76 @@ def _inside(address: Address) -> str:
     return ""
 
 
+# NAT64's well-known prefix: a gateway translates 64:ff9b::7f00:1 to 127.0.0.1.
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+
+
+def _embedded(address: Address) -> Address:
+    """The IPv4 address an IPv6 address tunnels to (the address itself if none): a host
+    reached through it is that IPv4 host."""
+    if not isinstance(address, ipaddress.IPv6Address):
+        return address
+    if address.sixtofour:
+        return address.sixtofour  # 6to4: 2002:7f00:1:: is 127.0.0.1's network
+    if address.teredo:
+        return address.teredo[1]  # Teredo: (server, client); the packets go to the client
+    if address in _NAT64:
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    return address
+
+
 def address_check(address: Address) -> None:
-    """Refused unless the address is public or in an allowed network."""
+    """Refused unless the address is public or in an allowed network; an IPv6 address that
+    carries an IPv4 one (6to4, Teredo, NAT64) must pass with both."""
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
         address = address.ipv4_mapped  # ::ffff:127.0.0.1 is 127.0.0.1
-    kind = _inside(address)
-    if not kind:
-        return
-    allowed = _allowed(tuple(settings.TALLYBOOK_RECONCILER_ALLOWED_NETWORKS))
-    if any(address.version == net.version and address in net for net in allowed):
-        return
-    raise Refused(
-        f"{address} is a {kind} address; reconcilers reach only public ones unless "
-        "TALLYBOOK_RECONCILER_ALLOWED_NETWORKS names its network"
-    )
+    embedded = _embedded(address)
+    for checked in dict.fromkeys((embedded, address)):
+        kind = _inside(checked)
+        if not kind:
+            continue
+        allowed = _allowed(tuple(settings.TALLYBOOK_RECONCILER_ALLOWED_NETWORKS))
+        if any(checked.version == net.version and checked in net for net in allowed):
+            continue
+        carried = f" (carried by {address})" if checked is not address else ""
+        raise Refused(
+            f"{checked}{carried} is a {kind} address; reconcilers reach only public ones "
+            "unless TALLYBOOK_RECONCILER_ALLOWED_NETWORKS names its network"
+        )
 
 
-def resolve(host: str, port: int) -> str:
-    """The one address to connect to for `host`: resolved once, every address it has
-    checked (a name with one inside address is refused whole)."""
+def _getaddrinfo(host: str, port: int, timeout: float) -> list[tuple[object, ...]]:
+    """socket.getaddrinfo, which has no timeout of its own, given `timeout` seconds in a
+    thread of its own; raises Refused after that (the thread finishes on its own: a
+    daemon, it holds up no exit)."""
+    done: list[list[tuple[object, ...]] | BaseException] = []
+
+    def lookup() -> None:
+        try:
+            done.append(list(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)))
+        except BaseException as exc:  # handed to the caller
+            done.append(exc)
+
+    thread = threading.Thread(target=lookup, name=f"resolve {host}", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if not done:
+        raise Refused(f"{host} did not resolve within {timeout:g}s")
+    if isinstance(done[0], BaseException):
+        raise done[0]
+    return done[0]
+
+
+def resolve(host: str, port: int, timeout: float) -> str:
+    """The one address to connect to for `host`: resolved once, within `timeout` seconds,
+    every address it has checked (a name with one inside address is refused whole)."""
     try:
-        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        found = _getaddrinfo(host, port, timeout)
     except (OSError, UnicodeError) as exc:
         raise Refused(f"{host} does not resolve: {exc}") from None
     addresses = []
     for *_, sockaddr in found:
-        address = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])
+        address = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])  # type: ignore[index]
         address_check(address)
         addresses.append(str(address))
     if not addresses:

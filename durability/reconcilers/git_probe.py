@@ -13,9 +13,11 @@ import signal
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
+from django.conf import settings
 from pydantic import AfterValidator, Field, StringConstraints, model_validator
 
 from durability import inbound
@@ -76,19 +78,19 @@ class Remote:
     env: dict[str, str] = field(default_factory=dict)
 
 
-def remote(repository: str) -> Remote:
+def remote(repository: str, timeout: float) -> Remote:
     """The remote at its one checked address; raises destinations.Refused."""
     if scp := SCP.match(repository):
         host = scp["host"].strip("[]")
-        address = destinations.resolve(host, PORTS["ssh"])
+        address = destinations.resolve(host, PORTS["ssh"], timeout)
         return Remote(f"{scp['user']}@{_bracketed(address)}:{scp['path']}", _ssh_alias(host))
     parts = urlsplit(repository)
     if parts.scheme == "file":
-        return Remote(repository)
+        return Remote(Path(local_check(unquote(parts.path))).as_uri())
     if parts.scheme not in PORTS or not parts.hostname:
         raise destinations.Refused(f"{parts.scheme}:// names no host git may reach")
     host, port = parts.hostname, parts.port or PORTS[parts.scheme]
-    address = destinations.resolve(host, port)
+    address = destinations.resolve(host, port, timeout)
     if parts.scheme in ("http", "https"):
         # curl connects to the checked address for the name (TLS still checks the name),
         # and follows no redirect to another host.
@@ -102,6 +104,30 @@ def remote(repository: str) -> Remote:
     netloc = f"{user}{_bracketed(address)}" + (f":{parts.port}" if parts.port else "")
     url = urlunsplit(parts._replace(netloc=netloc))
     return Remote(url, _ssh_alias(host) if parts.scheme == "ssh" else {})
+
+
+def local_check(path: str) -> str:
+    """The real path of a local repository (a path, or a file: URL's path) that lies under
+    one of TALLYBOOK_RECONCILER_GIT_ROOTS, symlinks resolved; raises destinations.Refused.
+    No root is listed by default: then no local repository is read at all, so that neither
+    a project admin nor an agent's data can make the server read a repository on its disk
+    (another project's, or the server's own)."""
+    roots = [Path(os.path.realpath(root)) for root in settings.TALLYBOOK_RECONCILER_GIT_ROOTS]
+    if not roots:
+        raise destinations.Refused(
+            "local repositories are read only under TALLYBOOK_RECONCILER_GIT_ROOTS, "
+            "which lists none"
+        )
+    if ".." in re.split(r"[/\\]", path):
+        raise destinations.Refused(f"{path!r} has a .. segment")
+    if not os.path.isabs(path):
+        raise destinations.Refused(f"{path!r} is not an absolute path")
+    real = Path(os.path.realpath(path))
+    if not any(real.is_relative_to(root) for root in roots):
+        raise destinations.Refused(
+            f"{path} is not under a directory of TALLYBOOK_RECONCILER_GIT_ROOTS"
+        )
+    return str(real)
 
 
 def _bracketed(address: str) -> str:
@@ -174,11 +200,16 @@ def git(
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-def _reached(repository: str) -> Remote:
+def _reached(repository: str, timeout: float) -> Remote:
     try:
-        return remote(repository)
+        return remote(repository, timeout)
     except destinations.Refused as exc:
         raise GitFailed(f"refused: {exc}") from None
+
+
+def _ceiling(path: str) -> dict[str, str]:
+    """Git looks for the repository in `path` itself, never in a directory above it."""
+    return {"GIT_CEILING_DIRECTORIES": os.path.dirname(path)}
 
 
 def _last_line(text: str) -> str:
@@ -229,7 +260,7 @@ class GitReconciler(Reconciler[GitConfig]):
     def _found(self, repository: str, sha: str, ref: str | None, git_dir: str) -> Found:
         shown = git(
             "show", "-s", "--format=%cI", "--end-of-options", sha,
-            cwd=git_dir, timeout=self.config.timeout_s,
+            cwd=git_dir, timeout=self.config.timeout_s, env=_ceiling(git_dir),
         )  # fmt: skip
         observed = shown.stdout.strip() if shown.returncode == 0 else None
         try:
@@ -243,13 +274,13 @@ class GitReconciler(Reconciler[GitConfig]):
 
     def _commit(self, repository: str, sha: str) -> Answer:
         if not REMOTE.match(repository):
-            return self._commit_in(repository, sha, repository)
+            return self._commit_in(repository, sha, self._local(repository))
         # A remote can only be asked for its refs: fetch their commits (no trees, no
         # blobs) into a scratch repository and look there. A commit no ref reaches
         # does not exist as far as anyone cloning the repository can tell.
         with tempfile.TemporaryDirectory(prefix="tallybook-git-") as scratch:
             timeout = self.config.timeout_s
-            reached = _reached(repository)
+            reached = _reached(repository, self.config.timeout_s)
             git("init", "--quiet", "--bare", scratch, timeout=timeout)
             fetched = git(
                 "fetch", "--quiet", "--filter=tree:0", "--no-write-fetch-head", "--", reached.url,
@@ -264,7 +295,7 @@ class GitReconciler(Reconciler[GitConfig]):
         self._check_repository(git_dir)
         found = git(
             "rev-parse", "--quiet", "--verify", "--end-of-options", f"{sha}^{{commit}}",
-            cwd=git_dir, timeout=self.config.timeout_s,
+            cwd=git_dir, timeout=self.config.timeout_s, env=_ceiling(git_dir),
         )  # fmt: skip
         if found.returncode != 0:
             return NotFound(f"{repository} has no commit {sha}")
@@ -273,17 +304,17 @@ class GitReconciler(Reconciler[GitConfig]):
     def _ref(self, repository: str, ref: str) -> Answer:
         if REMOTE.match(repository):
             return self._remote_ref(repository, ref)
-        self._check_repository(repository)
+        git_dir = self._local(repository)
         found = git(
             "rev-parse", "--quiet", "--verify", "--end-of-options", f"{ref}^{{commit}}",
-            cwd=repository, timeout=self.config.timeout_s,
+            cwd=git_dir, timeout=self.config.timeout_s, env=_ceiling(git_dir),
         )  # fmt: skip
         if found.returncode != 0:
             return NotFound(f"{repository} has no {ref}")
-        return self._found(repository, found.stdout.strip(), ref, repository)
+        return self._found(repository, found.stdout.strip(), ref, git_dir)
 
     def _remote_ref(self, repository: str, ref: str) -> Answer:
-        reached = _reached(repository)
+        reached = _reached(repository, self.config.timeout_s)
         listed = git(
             "ls-remote", "--", reached.url, ref, f"{ref}^{{}}",
             timeout=self.config.timeout_s, env=reached.env,
@@ -301,9 +332,24 @@ class GitReconciler(Reconciler[GitConfig]):
         data = {"repository": repository, "commit": commit, "ref": ref}
         return Found(system=self.config.system, external_id=commit, data=data)
 
-    def _check_repository(self, path: str) -> None:
+    def _check_repository(self, path: str) -> str:
+        """The repository's git directory."""
         if not os.path.isdir(path):
             raise GitFailed("no such directory")
-        checked = git("rev-parse", "--git-dir", cwd=path, timeout=self.config.timeout_s)
+        checked = git(
+            "rev-parse", "--absolute-git-dir",
+            cwd=path, timeout=self.config.timeout_s, env=_ceiling(path),
+        )  # fmt: skip
         if checked.returncode != 0:
             raise GitFailed(f"not a git repository: {_last_line(checked.stderr)}")
+        return checked.stdout.strip()
+
+    def _local(self, repository: str) -> str:
+        """A local repository's checked real path: under a git root, and so is the git
+        directory it names (a .git file may point elsewhere)."""
+        try:
+            path = local_check(repository)
+            local_check(self._check_repository(path))
+        except destinations.Refused as exc:
+            raise GitFailed(f"refused: {exc}") from None
+        return path

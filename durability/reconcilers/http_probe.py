@@ -155,14 +155,14 @@ class _PinnedHandler(urllib.request.HTTPHandler, urllib.request.HTTPSHandler):
         return self.do_open(self._connection(_PinnedTls), req, context=self.tls)
 
 
-def _opener(url: str) -> urllib.request.OpenerDirector:
+def _opener(url: str, timeout: float) -> urllib.request.OpenerDirector:
     """An opener that reaches the URL's host at its one checked address, through no proxy
     and following no redirect; raises destinations.Refused."""
     parts = urllib.parse.urlsplit(url)
     if not parts.hostname:
         raise destinations.Refused("the URL has no host")
     port = parts.port or (443 if parts.scheme == "https" else 80)
-    pinned = destinations.resolve(parts.hostname, port)
+    pinned = destinations.resolve(parts.hostname, port, timeout)
     return urllib.request.build_opener(
         urllib.request.ProxyHandler({}), _NoRedirects, _PinnedHandler(pinned)
     )
@@ -186,7 +186,7 @@ class HttpReconciler(Reconciler[HttpConfig]):
             headers[c.auth_header] = secret
         request = urllib.request.Request(url, headers=headers, method="GET")
         try:
-            opener = _opener(url)
+            opener = _opener(url, c.timeout_s)
         except (destinations.Refused, ValueError) as exc:
             return Unknown(f"GET {url} refused: {exc}")
         try:

@@ -1,12 +1,13 @@
-"""Selectors of the search page: effects, cases and runs of one project found by what an
-operator has at hand — a key, an external id (order, message id, commit), a run or trace id,
-an agent, a target, a reason, any text of a request (as stored: redacted).
+"""Selectors of the search page: effects, cases, approvals and runs of one project found by
+what an operator has at hand — a key, an external id (order, message id, commit), a run or
+trace id (a run's effects and cases too), an agent, a target, a reason, any text of a request
+(as stored: redacted), of a verdict's reason, a comment or an approval's sign-off.
 
 Each kind is found in tiers, best first (a whole key before a key that contains the text,
 a key before a request that mentions it); a tier is one SELECT of the newest rows it
 matches, limited, and a kind's tiers are one UNION ALL statement, so a page costs the same
 few queries whatever matches. On PostgreSQL the text tiers use `ILIKE`, served by the
-trigram indexes named `search_*` (migrations durability 0023 and trajectories 0004); SQLite
+trigram indexes named `search_*` (migrations durability 0025 and 0038, trajectories 0004); SQLite
 (the demo) scans with `LIKE`, which its small tables allow, a statement per tier (it takes
 no LIMIT inside a UNION).
 """
@@ -20,11 +21,21 @@ from typing import Any
 
 from django import forms
 from django.db import connection, connections, router, transaction
-from django.db.models import F, IntegerField, QuerySet, TextField, Value
+from django.db.models import F, IntegerField, Q, QuerySet, TextField, Value
 from django.db.models.functions import Cast
 from django.db.models.lookups import IContains
 
-from durability.models import Case, Effect, Project, Reason, Receipt
+from durability.models import (
+    Approval,
+    Case,
+    Comment,
+    Effect,
+    Project,
+    Reason,
+    Receipt,
+    Resolution,
+    Signoff,
+)
 from trajectories.models import Run, RunTrace
 
 # The longest text searched for: longer than any key or id, short enough to stay cheap.
@@ -36,7 +47,10 @@ TOP = 10
 MORE = 100
 # Rows each effect tier contributes: the cases found through effects come from these.
 CANDIDATES = 50
-KINDS = ("effects", "cases", "runs")
+KINDS = ("effects", "cases", "approvals", "runs")
+# The rank of a row found by its own text (a verdict's reason, a comment, a sign-off's
+# reason), after every row found through an effect.
+TEXT_RANK = 100
 
 
 class SearchForm(forms.Form):
@@ -129,6 +143,8 @@ def _effect_tiers(project: Project, q: str) -> list[tuple[str, QuerySet[Any]]]:
     tiers: list[tuple[str, QuerySet[Any]]] = [
         ("key", effects.filter(key=q)),
         ("external id", _receipt_effects(effects, receipts.filter(external_id=q))),
+        # An agent's run: the effects it made (effect_of_run_idx).
+        ("run id", effects.filter(run_id=q)),
     ]
     if len(q) >= MIN_TEXT:
         tiers += [
@@ -173,22 +189,50 @@ def reason_of(q: str) -> str | None:
     return name if name in Reason.values else None
 
 
+def _case_tiers(project: Project, q: str) -> list[tuple[str, QuerySet[Any]]]:
+    """The cases found by what is theirs: their run (case_of_run_idx), the reason of the
+    verdict that closed them, their comments (the trigram indexes search_resolution_note_idx,
+    search_comment_body_idx)."""
+    cases = Case.objects.filter(project=project)
+    tiers: list[tuple[str, QuerySet[Any]]] = [("run id", cases.filter(run_id=q))]
+    if len(q) >= MIN_TEXT:
+        notes = Resolution.objects.filter(project=project).filter(_contains("note", q))
+        comments = Comment.objects.filter(project=project).filter(_contains("body", q))
+        tiers += [
+            ("verdict's reason", cases.filter(pk__in=notes.values("case_id"))),
+            ("comment", cases.filter(pk__in=comments.values("case_id"))),
+        ]
+    return tiers
+
+
 def search_cases(project: Project, q: str, limit: int, effects: Results) -> Results:
-    """The cases of the effects found (ranked as their effect), then those of the reason
-    `q` names, open before closed. One query, two with a reason."""
+    """The cases of the effects found (ranked as their effect), those found by their own run,
+    verdict reason or comments, then those of the reason `q` names, open before closed. Two
+    queries (the cases' tiers, the rows), three with a reason."""
     found: list[Found] = []
+    tiers = _case_tiers(project, q)
+    ranked, more = _ranked(tiers, limit)
+    own = dict(ranked)
     cases = Case.objects.filter(project=project).select_related("effect")
-    if effects.candidates:
-        for case in cases.filter(effect_id__in=list(effects.candidates)):
-            tier, matched = effects.candidates[case.effect_id]  # type: ignore[index]
-            found.append(Found(case, f"effect's {matched}", tier))
+    if effects.candidates or own:
+        named = cases.filter(Q(effect_id__in=list(effects.candidates)) | Q(pk__in=list(own)))
+        for case in named:
+            ranks = []
+            if case.pk in own:
+                tier = own[case.pk]
+                # A case's own run ranks with an effect's key; its texts after every effect.
+                ranks.append((tier and TEXT_RANK + tier, tiers[tier][0]))
+            if case.effect_id in effects.candidates:
+                tier, matched = effects.candidates[case.effect_id]
+                ranks.append((tier, f"effect's {matched}"))
+            rank, matched = min(ranks)
+            found.append(Found(case, matched, rank))
     reason = reason_of(q)
-    more = False
     if reason:
         latest = list(
             cases.filter(reason=reason, closed=None).order_by("-opened", "-id")[: limit + 1]
         )
-        more = len(latest) > limit
+        more = more or len(latest) > limit
         seen = {f.row.pk for f in found}
         found += [Found(c, "reason", -1) for c in latest if c.pk not in seen]
     found.sort(key=lambda f: (f.rank, not f.row.is_open, -f.row.opened.timestamp(), -f.row.pk))
@@ -201,6 +245,29 @@ def search_cases(project: Project, q: str, limit: int, effects: Results) -> Resu
                 results.filtered = ("workflow" if name == "agent" else name, q)
                 break
     return results
+
+
+def search_approvals(project: Project, q: str, limit: int, effects: Results) -> Results:
+    """The approvals of the effects found (ranked as their effect), then those whose sign-offs'
+    reasons contain `q` (search_signoff_reason_idx). One query."""
+    named = Q(effect_id__in=list(effects.candidates))
+    if len(q) >= MIN_TEXT:
+        signed = Signoff.objects.filter(_contains("reason", q)).values("approval_id")
+        named |= Q(pk__in=signed)
+    rows = (
+        Approval.objects.filter(named, project=project)
+        .select_related("effect")
+        .order_by("-id")[: max(limit, CANDIDATES) + 1]
+    )
+    found = []
+    for approval in rows:
+        tier = effects.candidates.get(approval.effect_id)
+        if tier is not None:
+            found.append(Found(approval, f"effect's {tier[1]}", tier[0]))
+        else:
+            found.append(Found(approval, "sign-off's reason", TEXT_RANK))
+    found.sort(key=lambda f: (f.rank, -f.row.pk))
+    return Results(found[:limit], len(found) > limit)
 
 
 def _run_tiers(project: Project, q: str) -> list[tuple[str, QuerySet[Any]]]:
@@ -261,10 +328,27 @@ def search(project: Project, q: str, kind: str = "") -> dict[str, Results]:
 
 def _search(project: Project, q: str, limit: int, wanted: list[str]) -> dict[str, Results]:
     found: dict[str, Results] = {}
-    if "effects" in wanted or "cases" in wanted:
+    if {"effects", "cases", "approvals"} & set(wanted):
         found["effects"] = search_effects(project, q, limit)
     if "cases" in wanted:
         found["cases"] = search_cases(project, q, limit, found["effects"])
+    if "approvals" in wanted:
+        found["approvals"] = search_approvals(project, q, limit, found["effects"])
     if "runs" in wanted:
         found["runs"] = search_runs(project, q, limit)
     return {k: found[k] for k in wanted}
+
+
+def by_id(project: Project, q: str) -> list[tuple[str, Any]]:
+    """The case, effect and approval of the project a number names (`24`, `#24`), each as
+    (kind, row). Three queries for a number, none otherwise."""
+    text = q.strip().removeprefix("#")
+    if not text.isdigit() or len(text) > 18:
+        return []
+    pk = int(text)
+    found: list[tuple[str, Any]] = []
+    for kind, model in (("case", Case), ("effect", Effect), ("approval", Approval)):
+        row = model.objects.filter(project=project, pk=pk).first()
+        if row is not None:
+            found.append((kind, row))
+    return found

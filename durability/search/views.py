@@ -13,12 +13,12 @@ from django.utils.http import urlencode
 from django.views.decorators.http import require_GET
 
 from durability.accounts.access import AuthedRequest, project_access
-from durability.accounts.roles import Perm
-from durability.search.queries import MIN_TEXT, SearchForm
+from durability.accounts.roles import Access, Perm
+from durability.search.queries import MIN_TEXT, SearchForm, by_id
 from durability.search.queries import search as search_for
 
 # Where each kind's "all of them" link leads, with its filter (Results.filtered).
-LISTS = {"effects": "effects", "cases": "queue", "runs": "runs"}
+LISTS = {"effects": "effects", "cases": "queue", "approvals": "approvals", "runs": "runs"}
 
 
 @login_required
@@ -27,6 +27,8 @@ def search(request: AuthedRequest) -> HttpResponse:
     """`?q=` (and `kind=` for one kind's longer list): effects, cases and runs, ranked."""
     access = project_access(request, Perm.VIEW)
     context: dict[str, Any] = {"access": access, "min_text": MIN_TEXT}
+    if request.htmx and request.GET.get("palette"):
+        return _palette(request, access)
     if "q" not in request.GET:
         return render(request, "durability/search/search.html", context | {"form": SearchForm()})
     form = SearchForm(request.GET)
@@ -54,3 +56,23 @@ def search(request: AuthedRequest) -> HttpResponse:
         )
     context |= {"q": q, "kind": kind, "groups": groups, "short": len(q) < MIN_TEXT}
     return render(request, "durability/search/search.html", context)
+
+
+# Rows of each kind the command palette lists.
+PALETTE_ROWS = 5
+
+
+def _palette(request: AuthedRequest, access: Access) -> HttpResponse:
+    """The command palette's list (static/durability/palette.js): the pages and saved views
+    whose names hold the text (durability.templatetags.desk.palette_places), the case, effect
+    and approval a number names, and the search's best rows of each kind."""
+    form = SearchForm(request.GET)
+    q = form.cleaned_data["q"] if form.is_valid() else ""
+    context: dict[str, Any] = {"access": access, "q": q, "by_id": [], "groups": []}
+    if q:
+        context["by_id"] = by_id(access.project, q)
+        context["groups"] = [
+            {"kind": name, "found": results.found[:PALETTE_ROWS]}
+            for name, results in search_for(access.project, q).items()
+        ]
+    return render(request, "durability/search/search.html#palette", context)

@@ -13,6 +13,7 @@ from django.urls import reverse
 
 from durability import models
 from durability.accounts.access import current_membership
+from durability.desk import saved_views
 from durability.ledger import grant_check
 from durability.models import Membership, Role
 
@@ -80,6 +81,31 @@ def nav_links(context: template.Context) -> list[dict[str, str]]:
             current = "page" if request.path == reverse(name) else "true"
         links.append({"label": label, "url": url, "key": key, "current": current})
     return links
+
+
+# Pages the command palette offers beyond the header's links: (label, URL name).
+PALETTE_PAGES = [
+    ("Overview", "index"),
+    ("Search", "search"),
+    ("Your notifications", "settings-notifications"),
+]
+
+
+@register.simple_tag(takes_context=True)
+def palette_places(context: template.Context, q: str) -> list[dict[str, str]]:
+    """What the command palette offers for `q` besides rows found: the pages (the header's
+    links and a few more) and the saved views of the current project whose names hold it."""
+    words = q.strip().lower()
+    places = [
+        {"label": link["label"], "url": link["url"], "kind": "page"} for link in nav_links(context)
+    ] + [{"label": label, "url": reverse(name), "kind": "page"} for label, name in PALETTE_PAGES]
+    current, _ = _current(context)
+    if current is not None:
+        places += [
+            {"label": view.name, "url": view.get_absolute_url(), "kind": "view"}
+            for view in saved_views.views_for(current.project, context["request"].user)
+        ]
+    return [p for p in places if words in p["label"].lower()]
 
 
 @register.inclusion_tag("durability/accounts/_project_switcher.html", takes_context=True)

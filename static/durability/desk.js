@@ -72,9 +72,8 @@
     document.querySelectorAll("[data-selected-count]").forEach(function (el) {
       el.textContent = String(count);
     });
-    const scope = document.querySelector(
-      '#bulk-form input[name="scope"][value="' + (count ? "selected" : "matching") + '"]'
-    );
+    // Ticking a row chooses the ticked rows; "all N matching" is only ever chosen by hand.
+    const scope = count && document.querySelector('#bulk-form input[name="scope"][value="selected"]');
     if (scope) scope.checked = true;
   }
 
@@ -306,7 +305,17 @@
     if (target.matches('[data-resolve] input[name="verdict"]')) toggleEvidence();
   });
 
+  // The header's menu at phone width: opens and closes its links, search and account.
+  function toggleMenu(button) {
+    const header = button.closest("header.top");
+    const open = !header.classList.contains("open");
+    header.classList.toggle("open", open);
+    button.setAttribute("aria-expanded", String(open));
+  }
+
   document.addEventListener("click", function (event) {
+    const menu = event.target.closest && event.target.closest("[data-menu]");
+    if (menu) toggleMenu(menu);
     const row = event.target.closest && event.target.closest("tr.case-row, tr.approval-row");
     if (row) focusRow(row);
     if (event.target.closest && event.target.closest("[data-keys-open]")) toggleHelp();

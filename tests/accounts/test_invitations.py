@@ -1,6 +1,6 @@
-"""Inviting people from the settings page: a new user gets a one-time link to choose a
-password (emailed after the commit; shown once to the admin only when no mail server would
-deliver it); an existing one is emailed an invitation and joins on accepting it. Projects do
+"""Inviting people from the settings page: everyone is emailed an invitation and joins on
+accepting it; a new user's email also carries a one-time link to choose a password (both
+links shown once to the admin only when no mail server would deliver them). Projects do
 not trust each other: an admin learns nothing about people outside their project, and cannot
 take over an account another project invited."""
 
@@ -35,7 +35,7 @@ def _invite(client, project, username="nina", email="nina@example.com", role="op
     )
 
 
-def test_an_invitation_creates_the_user_and_membership_and_emails_a_one_time_link(
+def test_an_invitation_creates_the_user_and_emails_a_one_time_link_and_the_invitation(
     project, admin, django_capture_on_commit_callbacks
 ):
     client = logged_in(admin)
@@ -44,30 +44,34 @@ def test_an_invitation_creates_the_user_and_membership_and_emails_a_one_time_lin
     assert r.status_code == 302
     nina = User.objects.get(username="nina")
     assert nina.email == "nina@example.com" and not nina.has_usable_password()
-    assert Membership.objects.get(project=project, user=nina).role == Role.OPERATOR
+    # No member before accepting: the members list shows nothing the answer would not.
+    assert not Membership.objects.filter(project=project, user=nina).exists()
+    assert Invitation.objects.get(project=project, user=nina).role == Role.OPERATOR
     entry = AuditEntry.objects.filter(project=project).latest("id")
     assert entry.action == "member_invited" and entry.actor == "user:ada"
     assert entry.data == {"username": "nina", "role": "operator"}
     # A mail server delivers the link: the admin never sees it.
     page = client.get(r["Location"]).content.decode()
-    assert "nina is invited" in page and "/welcome/" not in page
+    assert "If nina can be invited" in page and "/welcome/" not in page
+    assert ">nina<" not in page
     (email,) = mail.outbox
     assert email.to == ["nina@example.com"]
-    assert email.subject == "[Tallybook · alpha] ada invited you to alpha"
-    assert "Your username: nina" in email.body
+    assert "ada invited you" in email.subject
+    assert "Your username: nina" in email.body and re.search(ACCEPT, email.body)
     # The link is a reset token made when it is written: it lets nina in, until used.
     sent = re.search(LINK, email.body)
     assert sent
     uid, token = sent.group(1).strip("/").split("/")[1:]
     assert uid == urlsafe_base64_encode(force_bytes(nina.pk))
     assert default_token_generator.check_token(nina, token)
-    assert Notice.objects.get().kind == NoticeKind.INVITED
+    assert Notice.objects.get().kind == NoticeKind.JOIN
 
 
-def test_without_a_mail_server_the_admin_is_shown_the_link_once(project, admin, settings):
+def test_without_a_mail_server_the_admin_is_shown_the_links_once(project, admin, settings):
     settings.MAILERS = CONSOLE
     r = _invite(logged_in(admin), project)
     assert r.status_code == 200
+    assert re.search(ACCEPT, r.content.decode())
     shown = re.search(LINK, r.content.decode())
     assert shown and "no-store" in r["Cache-Control"]
     assert "No mail server is configured" in r.content.decode()
@@ -88,9 +92,13 @@ def test_the_link_sets_a_password_once_and_is_refused_after(
         form.redirect_chain[-1][0],
         {"new_password1": "a long passphrase", "new_password2": "a long passphrase"},
     )
-    assert done.status_code == 302 and done["Location"] == "/"
-    assert browser.get("/queue/").status_code == 200  # logged in, in the project
+    # Logged in, and taken to the invitation: a member once they accept it.
+    accept = re.search(ACCEPT, mail.outbox[0].body).group(1)
+    assert done.status_code == 302 and done["Location"] == accept
+    assert browser.post(accept).status_code == 302
+    assert browser.get("/queue/").status_code == 200  # in the project
     nina = User.objects.get(username="nina")
+    assert Membership.objects.get(project=project, user=nina).role == Role.OPERATOR
     assert nina.check_password("a long passphrase")
 
     again = Client().get(path, follow=True)
@@ -205,6 +213,23 @@ def test_an_admin_learns_nothing_about_people_outside_their_project(project, adm
     assert [(e.action, e.data["username"]) for e in entries] == [
         ("member_invited", username) for username, _ in answers
     ]
+
+
+def test_adding_a_new_name_and_address_answers_as_adding_an_existing_one(project, admin):
+    # The attack: a new username and email answered "nina is invited: an email with a
+    # link…" and nina was a member at once; an existing user got the neutral answer.
+    User.objects.create_user("zed", email="zed@example.com", password="pw")
+    client = logged_in(admin)
+    answers, listed = set(), set()
+    for username, email in [("nina", "nina@example.com"), ("zed", "zed@example.com")]:
+        r = _invite(client, project, username=username, email=email)
+        assert r.status_code == 302
+        page = client.get(r["Location"])
+        answers.add(_said(page).replace(username, "X"))
+        listed.add(tuple(m.user.username for m in page.context["members"]))
+    assert len(answers) == 1 and "If X can be invited" in answers.pop()
+    assert listed == {("ada",)}
+    assert set(Invitation.objects.values_list("user__username", flat=True)) == {"nina", "zed"}
 
 
 def test_an_account_invited_by_one_project_cannot_be_taken_over_from_another(

@@ -130,6 +130,7 @@ PAGES = [
     ("post", "/cases/{w.case.pk}/resolve/", "object", "operator", 400),
     ("post", "/cases/{w.case.pk}/assign/", "object", "operator", 303),
     ("post", "/cases/{w.case.pk}/comment/", "object", "operator", 400),
+    ("post", "/cases/{w.case.pk}/snooze/", "object", "operator", 400),
     ("get", "/runs/", "list", "viewer", 200),
     ("get", "/runs/{w.run.pk}/", "object", "viewer", 200),
     ("get", "/runs/{w.run.pk}/spans/{w.span.pk}/", "object", "viewer", 200),

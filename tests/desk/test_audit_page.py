@@ -54,8 +54,9 @@ def test_filters_by_user_effect_action_and_time(project, desk):
     future = (timezone.now() + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M")
     assert _ids(desk.get(f"/audit/?since={future}")) == []
     assert len(_ids(desk.get(f"/audit/?until={future}"))) == AuditEntry.objects.count()
-    bad = desk.get("/audit/?effect=abc").content.decode()
-    assert "effect: Enter a whole number. (ignored)" in bad
+    # An effect by its key too (and an unknown key matches nothing).
+    assert _ids(desk.get("/audit/?effect=k2")) == _ids(desk.get(f"/audit/?effect={k2.pk}"))
+    assert _ids(desk.get("/audit/?effect=abc")) == []
 
 
 def test_older_entries_come_by_keyset(project, desk):
@@ -108,3 +109,28 @@ def test_verifyaudit_can_check_one_project_and_rejects_unknown_names(project):
     assert out.getvalue().startswith("alpha: ")
     with pytest.raises(CommandError, match="No project is named 'nope'"):
         call_command("verifyaudit", "--project", "nope")
+
+
+def test_entries_show_the_effects_key_and_name_an_api_key_by_its_name(project, desk):
+    from durability.api.schemas import IntentIn
+    from durability.ledger import intents
+    from durability.models import ApiKey
+
+    key, _ = ApiKey.issue(project, name="demo agents")
+    intents.intent_record(
+        project=project,
+        actor=f"api:{key.prefix}",
+        intent=IntentIn(
+            key="refund:H-1",
+            kind="refund",
+            target="stripe",
+            request={"amount": 1},
+            authority={"grant": ledger.everything(project).pk},
+        ),
+    )
+
+    html = desk.get("/audit/").content.decode()
+
+    assert f"demo agents (key {key.prefix}…)" in html
+    assert f">api:{key.prefix}<" not in html
+    assert '<code class="key">refund:H-1</code>' in html

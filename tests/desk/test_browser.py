@@ -179,6 +179,8 @@ def test_a_case_leads_back_to_the_filtered_queue_it_was_opened_from(page, desk):
 
 def test_a_bulk_action_previews_then_acts_on_everything_matching(page, desk):
     log_in(page, "/queue/?reason=uncertain")
+    # The ticked rows unless "all N matching" is chosen, deliberately.
+    page.check("#bulk-form input[name=scope][value=matching]")
     page.select_option("#bulk-form select[name=verb]", "assign")
     page.fill("#bulk-form input[name=assign_to]", "me")
     page.click("#bulk-form button[type=submit]")

@@ -186,3 +186,16 @@ def test_a_projects_backtracking_pattern_stalls_neither_its_ingest_nor_another_p
     assert api.intent("pay:2").status_code == 201
     mine = Effect.objects.get(project=project, key="pay:2")
     assert api.get(f"effects/{mine.pk}").status_code == 200
+
+
+def test_a_long_secret_across_the_old_scan_windows_edge_is_redacted(api, project):
+    # A PEM key (over 4 KB, the old windows' overlap) straddling 256 KB, where the old scan
+    # cut the text: neither window held all of it, so it was stored as sent.
+    project.redaction_patterns = [r"-----BEGIN KEY-----[A-Za-z0-9+/=\n]+-----END KEY-----"]
+    project.save()
+    key = "-----BEGIN KEY-----\n" + "QUJD\n" * 2000 + "-----END KEY-----"
+    note = "x" * (256 * 1024 - 5000) + key + "y" * 10_000
+    assert len(key) > 4 * 1024 and len(note.encode()) < 1024 * 1024
+    assert api.intent("deploy:1", request={"note": note}).status_code == 201
+    stored = Effect.objects.get(key="deploy:1").request["note"]
+    assert "QUJD" not in stored and stored.startswith("x" * 1000) and stored.endswith("y" * 1000)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import threading
 
 import pytest
 from pydantic import ValidationError
@@ -120,11 +121,51 @@ def test_the_probe_connects_to_the_address_it_checked(settings, server, monkeypa
         ("::ffff:127.0.0.1", "loopback"),
         ("fe80::1", "link-local"),
         ("0.0.0.0", "unspecified"),
+        ("2002:7f00:1::1", "loopback"),  # 6to4 of 127.0.0.1
+        ("2002:a01:203::1", "private"),  # 6to4 of 10.1.2.3
+        ("2002:a9fe:a9fe::", "link-local"),  # 6to4 of 169.254.169.254
+        ("2001:0:4136:e378:8000:63bf:f5fe:fdfc", "private"),  # Teredo, client 10.1.2.3
+        ("64:ff9b::7f00:1", "loopback"),  # NAT64 of 127.0.0.1
     ],
 )
 def test_inside_addresses_are_refused(inside_refused, address, kind):
     with pytest.raises(Refused, match=f"is a {kind} address"):
         address_check(ipaddress.ip_address(address))
+
+
+@pytest.mark.parametrize(
+    ("address", "carried"),
+    [
+        ("2002:a01:203::1", "10.1.2.3"),
+        ("2001:0:4136:e378:8000:63bf:f5fe:fdfc", "10.1.2.3"),
+        ("64:ff9b::a01:203", "10.1.2.3"),
+    ],
+)
+def test_an_ipv6_address_is_checked_by_the_ipv4_address_it_carries(
+    inside_refused, address, carried
+):
+    with pytest.raises(Refused, match=f"^{carried} \\(carried by {address}\\)"):
+        address_check(ipaddress.ip_address(address))
+
+
+def test_a_public_6to4_address_is_public(inside_refused):
+    address_check(ipaddress.ip_address("2002:808:808::1"))  # 8.8.8.8
+
+
+def test_a_name_that_does_not_resolve_in_the_probes_time_is_refused(inside_refused, monkeypatch):
+    """getaddrinfo has no timeout: a resolver that never answers holds no probe past its own."""
+    release = threading.Event()
+
+    def hanging(*args, **kwargs):
+        release.wait(30)
+        raise socket.gaierror("gave up")
+
+    monkeypatch.setattr(socket, "getaddrinfo", hanging)
+    try:
+        answer = http("https://slow.example/refunds/{key}", timeout_s=0.2).probe(effect())
+    finally:
+        release.set()
+    assert answer.answer == "unknown" and "did not resolve within 0.2s" in answer.detail
 
 
 @pytest.mark.parametrize(

@@ -164,3 +164,76 @@ def test_a_commit_dated_outside_the_range_of_reported_times_answers_unknown(tmp_
     answer = probe(effect(sha=sha), repository=str(tmp_path), commit="{request[sha]}")
     assert answer.answer == "unknown"
     assert "committer date" in answer.detail and "must lie between" in answer.detail
+
+
+@pytest.fixture
+def elsewhere(tmp_path_factory):
+    """A repository outside the git roots (like another project's, or the server's own)."""
+    path = tmp_path_factory.mktemp("elsewhere")
+    run_git(path, "init", "--quiet", "--initial-branch=main")
+    run_git(path, "commit", "--quiet", "--allow-empty", "-m", "secret")
+    run_git(path, "tag", "v1")
+    return path
+
+
+@pytest.fixture
+def roots(settings, tmp_path_factory):
+    """Only the folder `allowed` is a git root; returns it."""
+    root = tmp_path_factory.mktemp("allowed")
+    settings.TALLYBOOK_RECONCILER_GIT_ROOTS = [str(root)]
+    return root
+
+
+@pytest.mark.parametrize("template", ["/{request[repo]}", "file:///{request[repo]}"])
+def test_the_agents_data_reads_no_repository_outside_the_git_roots(roots, elsewhere, template):
+    answer = probe(effect(repo=str(elsewhere).lstrip("/")), repository=template, tag="v1")
+    assert answer.answer == "unknown"
+    assert "TALLYBOOK_RECONCILER_GIT_ROOTS" in answer.detail
+
+
+@pytest.mark.parametrize("where", ["path", "url"])
+def test_no_repository_is_read_on_the_servers_disk_by_default(settings, repo, where):
+    settings.TALLYBOOK_RECONCILER_GIT_ROOTS = []
+    path = repo["path"]
+    answer = probe(
+        effect(), repository=str(path) if where == "path" else path.as_uri(), tag="v1.0.0"
+    )
+    assert answer.answer == "unknown" and "lists none" in answer.detail
+
+
+@pytest.mark.parametrize("where", ["path", "url"])
+def test_a_dot_dot_segment_leaves_no_git_root(roots, elsewhere, where):
+    climb = "/".join([".."] * len(roots.parts)) + str(elsewhere)
+    template = f"{roots}/{{request[repo]}}"
+    if where == "url":
+        template = roots.as_uri() + "/{request[repo]}"
+    answer = probe(effect(repo=climb), repository=template, tag="v1")
+    assert answer.answer == "unknown" and ".. segment" in answer.detail
+
+
+@pytest.mark.parametrize("where", ["path", "url"])
+def test_a_symlink_leaves_no_git_root(roots, elsewhere, where):
+    (roots / "link").symlink_to(elsewhere)
+    repository = str(roots / "link") if where == "path" else (roots / "link").as_uri()
+    answer = probe(effect(), repository=repository, tag="v1")
+    assert answer.answer == "unknown" and "not under" in answer.detail
+
+
+def test_a_folder_under_a_git_root_is_no_way_into_a_repository_above_it(settings, tmp_path):
+    """Git would look for a repository in the folders above: the server's own checkout."""
+    run_git(tmp_path, "init", "--quiet", "--initial-branch=main")
+    run_git(tmp_path, "commit", "--quiet", "--allow-empty", "-m", "the app")
+    run_git(tmp_path, "tag", "v1")
+    (tmp_path / "repos").mkdir()
+    settings.TALLYBOOK_RECONCILER_GIT_ROOTS = [str(tmp_path / "repos")]
+    answer = probe(effect(), repository=str(tmp_path / "repos"), tag="v1")
+    assert answer.answer == "unknown" and "not a git repository" in answer.detail
+
+
+def test_a_repository_under_a_git_root_is_read(roots):
+    run_git(roots, "init", "--quiet", "--initial-branch=main")
+    run_git(roots, "commit", "--quiet", "--allow-empty", "-m", "release")
+    run_git(roots, "tag", "v1")
+    assert (
+        probe(effect(repo="."), repository=f"{roots}/{{request[repo]}}", tag="v1").answer == "found"
+    )

@@ -9,16 +9,40 @@ from __future__ import annotations
 from hashlib import md5
 
 import pytest
+from django.contrib.auth.models import User
 from django.db import connection
+from django.db.models import F
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
-from durability.models import Effect, Project, Receipt
+from durability.models import (
+    Approval,
+    Case,
+    Comment,
+    Effect,
+    Grant,
+    Project,
+    Reason,
+    Receipt,
+    Resolution,
+    Severity,
+    Signoff,
+)
 from durability.search.queries import search
 from tests import plans
 from trajectories.models import Run, RunTrace
 
 ROWS = 10_000
-TABLES = ("durability_effect", "durability_receipt", "trajectories_run", "trajectories_runtrace")
+TABLES = (
+    "durability_effect",
+    "durability_receipt",
+    "trajectories_run",
+    "trajectories_runtrace",
+    "durability_case",
+    "durability_resolution",
+    "durability_comment",
+    "durability_signoff",
+)
 
 
 @pytest.fixture
@@ -47,6 +71,38 @@ def grown(project: Project) -> Project:
             RunTrace(project=owner, trace_id=md5(f"{r.pk}".encode()).hexdigest(), run=r)
             for r in runs
         )
+        # Each effect's case, closed with a verdict's reason and commented on; an approval
+        # signed with a reason.
+        Effect.objects.filter(project=owner).update(run_id=F("key"))
+        cases = Case.objects.bulk_create(
+            Case(
+                project=owner,
+                effect=e,
+                reason=Reason.UNCERTAIN,
+                severity=Severity.HIGH,
+                summary="timed out",
+                run_id=e.key,
+                closed=timezone.now(),
+            )
+            for e in effects
+        )
+        Resolution.objects.bulk_create(
+            Resolution(project=owner, case=c, actor="user:x", action="x", note=f"checked {c.pk}x")
+            for c in cases
+        )
+        Comment.objects.bulk_create(
+            Comment(project=owner, case=c, actor="user:x", body=f"asked about {c.pk}x")
+            for c in cases
+        )
+        g = Grant.objects.create(project=owner, name="g", kinds=["*"], targets=["*"])
+        approvals = Approval.objects.bulk_create(
+            Approval(project=owner, effect=e, grant=g) for e in effects
+        )
+        signer = User.objects.create_user(f"signer-{owner.pk}")
+        Signoff.objects.bulk_create(
+            Signoff(approval=a, user=signer, verdict="approve", reason=f"fine {a.pk}x")
+            for a in approvals
+        )
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT gin_clean_pending_list(indexrelid) FROM pg_index "
@@ -54,6 +110,10 @@ def grown(project: Project) -> Project:
         )
         cursor.execute(
             "ANALYZE durability_effect, durability_receipt, trajectories_run, trajectories_runtrace"
+        )
+        cursor.execute(
+            "ANALYZE durability_case, durability_resolution, durability_comment, "
+            "durability_approval, durability_signoff"
         )
     return project
 
@@ -108,6 +168,20 @@ def test_a_run_and_a_trace_are_found_by_the_runs_trigram_indexes(grown):
     assert "search_runtrace_trace_idx" in read["trajectories_runtrace"]
     read = _plans_of(grown, "ticket-4242")
     assert {"run_project_run_id_uniq", "search_run_text_idx"} <= read["trajectories_run"]
+
+
+def test_a_run_id_finds_effects_and_cases_and_texts_their_cases_and_approvals_by_index(grown):
+    read = _plans_of(grown, "refund:4242")
+    assert "effect_of_run_idx" in read["durability_effect"]
+    assert "case_of_run_idx" in read["durability_case"]
+    case = Case.objects.filter(project=grown).order_by("pk")[4242]
+    read = _plans_of(grown, f"checked {case.pk}x")
+    assert "search_resolution_note_idx" in read["durability_resolution"]
+    read = _plans_of(grown, f"asked about {case.pk}x")
+    assert "search_comment_body_idx" in read["durability_comment"]
+    approval = Approval.objects.filter(project=grown).order_by("pk")[4242]
+    read = _plans_of(grown, f"fine {approval.pk}x")
+    assert "search_signoff_reason_idx" in read["durability_signoff"]
 
 
 def test_no_tier_of_a_rare_text_scans_a_table(grown):

@@ -36,13 +36,15 @@ def test_the_query_count_does_not_grow_with_what_is_found(alice, project):
     assert len(many) == len(one)
     # The session, the user, the memberships with their projects, the role's permissions; the
     # search's transaction (a savepoint in a test) with its SET LOCAL: effects' tiers, their
-    # rows, their cases, runs' tiers, their rows; the header's project switcher.
-    assert len(one) == 13, "\n".join(one)
+    # rows, the cases' own tiers, their cases, their approvals, runs' tiers, their rows; the
+    # header's project switcher.
+    assert len(one) == 15, "\n".join(one)
 
 
 def test_a_text_that_finds_nothing_costs_the_tiers_only(alice, project):
     client = logged_in(alice)
     _some(project, 3)
     queries = _queries(client, "nothing-like-it")
-    # No rows to load and no effects whose cases to look for: the two kinds' tiers alone.
-    assert len(queries) == 10, "\n".join(queries)
+    # No rows to load and no effects whose cases to look for: the tiers alone (effects',
+    # cases' own, runs'), and the approvals' one statement (their sign-offs' text).
+    assert len(queries) == 12, "\n".join(queries)

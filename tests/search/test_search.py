@@ -126,7 +126,7 @@ def test_it_shows_only_the_current_projects_rows(client, project, outsider):
     run(theirs, "refund:1042-run")
     intent(project, "refund:1044")
     groups = found(client, "refund:104")
-    assert groups == {"effects": ["refund:1044"], "cases": [], "runs": []}
+    assert groups == {"effects": ["refund:1044"], "cases": [], "approvals": [], "runs": []}
     # The other project's admin finds theirs, and not ours.
     assert found(logged_in(outsider), "refund:104")["effects"] == ["refund:1043", "refund:1042"]
 
@@ -169,7 +169,7 @@ def test_text_with_a_nul_or_like_wildcards_is_handled(client, project):
 def test_an_unknown_kind_is_refused_with_a_message(client, project):
     r = client.get("/search/", {"q": "refund", "kind": "grants"})
     assert r.status_code == 400
-    assert b"Search one of effects, cases, runs" in r.content
+    assert b"Search one of effects, cases, approvals, runs" in r.content
 
 
 def test_the_page_without_text_shows_the_box(client, project):

@@ -42,4 +42,4 @@ def test_the_search_ranks_and_finds_every_kind_on_sqlite(tmp_path):
     assert [e for e, _ in found["50%"]["effects"]] == ["audit:1", "refund:70", "refund:7"]
     assert [why for _, why in found["uncertain"]["cases"]] == ["reason"]
     assert found["4bf92f35"]["runs"] == [["ticket-5521", "trace id"]]
-    assert found["zz"] == {"effects": [], "cases": [], "runs": []}
+    assert found["zz"] == {"effects": [], "cases": [], "approvals": [], "runs": []}

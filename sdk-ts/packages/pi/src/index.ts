@@ -13,21 +13,25 @@
  * declaration takes the provider's id from it; an error result is reported as a failure whose
  * outcome nobody knows (or, declared `definitiveOnError`, as a definitive one).
  *
- * Pi's session id is the run and the tool call id is the call. The key is the tool's name, the
+ * Pi's session id is the run and the tool call id is the call; the run is said `running` at its
+ * first effect and `ok` when the session ends (`session_shutdown`), as the Python SDK's runs are. The key is the tool's name, the
  * run and a fingerprint of the input: the same call asked again in the session (after a crash,
  * Pi resumes the session and the model asks anew, with a new tool call id) is the same effect.
  * A declaration may give a key of its own, a template of the input ("deploy:{command}") or a
  * function of it, which makes the effect one across sessions.
  */
 
-import { createHash } from "node:crypto";
 import type { ExtensionAPI, ExtensionContext, ExtensionFactory } from "@earendil-works/pi-coding-agent";
 import {
+  checkEffect,
   type Effect,
   EffectInterrupted,
+  fingerprint,
   type Json,
+  KEY_FINGERPRINT,
   type ReceiptFields,
   Tallybook,
+  TOOL_OPTIONS,
   type ToolOptions,
 } from "@tallybook/sdk";
 
@@ -70,17 +74,11 @@ function subject(input: Json): string {
   return typeof input.command === "string" ? input.command : JSON.stringify(input);
 }
 
-function fingerprint(input: unknown): string {
-  const canonical = (value: unknown): string => {
-    if (Array.isArray(value)) return `[${value.map(canonical).join(",")}]`;
-    if (value && typeof value === "object") {
-      const entries = Object.entries(value as Json).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
-      return `{${entries.map(([k, v]) => `${JSON.stringify(k)}:${canonical(v)}`).join(",")}}`;
-    }
-    return JSON.stringify(value);
-  };
-  return createHash("sha256").update(canonical(input)).digest("hex").slice(0, 16);
-}
+/** The input fields of Pi's built-in tools, which a key template may name. */
+const BUILT_IN: Record<string, string[]> = {
+  bash: ["command", "timeout"],
+  write: ["path", "content"],
+};
 
 function keyOf(declared: PiEffect, input: Json, run: string): string {
   const { key } = declared;
@@ -92,7 +90,7 @@ function keyOf(declared: PiEffect, input: Json, run: string): string {
       return typeof value === "object" ? JSON.stringify(value) : String(value);
     });
   }
-  return `${declared.tool}:${run}:${fingerprint(input)}`;
+  return `${declared.tool}:${run}:${fingerprint(input).slice(0, KEY_FINGERPRINT)}`;
 }
 
 /** What the model reads instead of the call: the interruption report, in the SDK's words. */
@@ -113,6 +111,25 @@ function alreadyDone(fx: Effect): string {
 
 /** The extension: `export default tallybook({ effects: [...] })` in a Pi extension file. */
 export function tallybook(options: TallybookPiOptions): ExtensionFactory {
+  if (!Array.isArray(options?.effects)) throw new TypeError("tallybook({ effects }): effects must be a list");
+  options.effects.forEach((declared, i) => {
+    const where = `effects[${i}]${typeof declared?.tool === "string" ? ` (${declared.tool})` : ""}`;
+    if (typeof declared?.tool !== "string" || !declared.tool)
+      throw new TypeError(`${where}: tool must be the tool's name`);
+    const { match } = declared;
+    if (match !== undefined && !(match instanceof RegExp) && typeof match !== "function") {
+      throw new TypeError(`${where}: match must be a RegExp over the input or a test of it`);
+    }
+    if (declared.definitiveOnError !== undefined && typeof declared.definitiveOnError !== "boolean") {
+      throw new TypeError(`${where}: definitiveOnError must be true or false`);
+    }
+    // Pi's built-in tools say their input; others' are not known until they are called.
+    checkEffect(declared, where, {
+      known: [...TOOL_OPTIONS, "tool", "match", "key", "receipt", "definitiveOnError"],
+      params: BUILT_IN[declared.tool] ?? null,
+      receipt: "function",
+    });
+  });
   let shared: Tallybook | undefined = options.tb;
   const client = () => {
     shared ??= new Tallybook();
@@ -120,6 +137,8 @@ export function tallybook(options: TallybookPiOptions): ExtensionFactory {
   };
   return (pi: ExtensionAPI) => {
     const pending = new Map<string, Pending>();
+    // The runs this session's effects belong to: `running` at the first effect, `ok` at the end.
+    const runs = new Set<string>();
 
     pi.on("tool_call", async (event, ctx) => {
       const input = event.input as Json;
@@ -132,6 +151,10 @@ export function tallybook(options: TallybookPiOptions): ExtensionFactory {
       const run = options.run ? options.run(ctx) : ctx.sessionManager.getSessionId();
       const { tool, match, key, receipt, definitiveOnError, ...effect } = declared;
       const tb = client();
+      if (!runs.has(run)) {
+        runs.add(run);
+        tb.runEvent(run, "running", { workflow: "pi", agent: "pi" });
+      }
       let decided!: (fx: Effect | EffectInterrupted) => void;
       const decision = new Promise<Effect | EffectInterrupted>((resolve) => {
         decided = resolve;
@@ -190,7 +213,10 @@ export function tallybook(options: TallybookPiOptions): ExtensionFactory {
       await call.done;
     });
 
+    // The session ends (Pi quits, or starts another session): its runs end, as Python's do.
     pi.on("session_shutdown", async () => {
+      for (const run of runs) shared?.runEvent(run, "ok", { workflow: "pi", agent: "pi" });
+      runs.clear();
       await shared?.close();
     });
   };

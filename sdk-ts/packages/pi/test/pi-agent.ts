@@ -63,6 +63,8 @@ const { session } = await createAgentSession({
 try {
   await session.prompt("Pay the invoice in ledger.txt.");
 } finally {
+  // What Pi does when it quits (AgentSessionRuntime.dispose): the extensions hear the end.
+  await session.extensionRunner.emit({ type: "session_shutdown", reason: "quit" });
   session.dispose();
 }
 console.log(JSON.stringify({ sessionId: sessionManager.getSessionId(), told }));

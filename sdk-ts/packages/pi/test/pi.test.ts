@@ -14,6 +14,7 @@ import * as path from "node:path";
 import { describe, test } from "node:test";
 import { fileURLToPath } from "node:url";
 import { Tallybook } from "@tallybook/sdk";
+import { type PiEffect, tallybook } from "../src/index.js";
 
 const LIVE = process.env.TALLYBOOK_TEST_LIVE === "1";
 const HERE = path.dirname(fileURLToPath(import.meta.url));
@@ -68,7 +69,17 @@ function ledger(p: ReturnType<typeof project>): string[] {
 
 /** The effect's key: the tool, the run (Pi's session) and the input's fingerprint. */
 function keyOf(sessionId: string, command: string): string {
-  return `bash:${sessionId}:${createHash("sha256").update(JSON.stringify({ command })).digest("hex").slice(0, 16)}`;
+  return `bash:${sessionId}:${createHash("sha256").update(JSON.stringify({ command })).digest("hex").slice(0, 32)}`;
+}
+
+/** The run's status on the server (Pi's session is the run), asked of pytest's hands. */
+async function runStatus(runId: string): Promise<string> {
+  const answer = await fetch(process.env.TALLYBOOK_TEST_OPERATOR as string, {
+    method: "POST",
+    body: JSON.stringify({ run: runId }),
+  });
+  assert.equal(answer.status, 200);
+  return ((await answer.json()) as { status: string }).status;
 }
 
 async function operator(key: string, what: string): Promise<void> {
@@ -91,6 +102,7 @@ describe("the Pi extension in the real Pi", { skip: !LIVE && "needs the live ser
       ["receipt-42"],
     );
     const key = keyOf(first.sessionId as string, PAY);
+    assert.equal(await runStatus(first.sessionId as string), "ok"); // the session ended its run
     const status = await tb.status(key);
     assert.equal(status.state, "succeeded");
     assert.equal(status.receipts[0]?.externalId, "receipt-42");
@@ -138,5 +150,31 @@ describe("the Pi extension in the real Pi", { skip: !LIVE && "needs the live ser
     assert.equal(denied.told.length, 1);
     assert.match(denied.told[0] as string, /^Not performed \(Tallybook\): .*: denied\. \S/);
     assert.deepEqual(ledger(p), ["paid"]);
+  });
+});
+
+test("the extension's effects are checked when it is made: each mistake names the entry and the field", () => {
+  const mistakes: Array<[unknown, RegExp]> = [
+    [{ tool: "bash", replay: "always" }, /effects\[0\] \(bash\): replay "always" must be one of never, safe/],
+    [
+      { tool: "bash", key: "deploy:{cmd}" },
+      /effects\[0\] \(bash\): key .* names cmd, which the tool's input does not have \(it has command, timeout\)/,
+    ],
+    [{ tool: "bash", receipt: "id" }, /effects\[0\] \(bash\): receipt "id" must be a function of the result/],
+    [{ tool: "bash", match: "git push" }, /effects\[0\] \(bash\): match must be a RegExp/],
+    [{ tool: "bash", definitiveOnError: "yes" }, /effects\[0\] \(bash\): definitiveOnError must be true or false/],
+    [{ tool: "bash", kind: 3 }, /effects\[0\] \(bash\): kind 3 must be a non-empty string/],
+    [{ tool: "bash", taget: "git" }, /effects\[0\] \(bash\): unknown option\(s\) taget/],
+    [{ kind: "deploy" }, /effects\[0\]: tool must be the tool's name/],
+  ];
+  for (const [declared, told] of mistakes) {
+    assert.throws(() => tallybook({ effects: [declared as PiEffect] }), told);
+  }
+  // Right: a built-in tool's fields, the run, and another extension's tool (its input unknown).
+  tallybook({
+    effects: [
+      { tool: "bash", match: /\bgit push\b/, key: "push:{command}:{runId}", replay: "never", kind: "deploy" },
+      { tool: "deploy_app", key: "deploy:{app}", receipt: () => null },
+    ],
   });
 });

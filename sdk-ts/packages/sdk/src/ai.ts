@@ -23,10 +23,19 @@
  * (`EffectInDoubt` and the others are `EffectInterrupted`).
  */
 
-import { createHash } from "node:crypto";
-import { evidence, type ReceiptFields, replayed, run, Tallybook, type ToolOptions, toolKey } from "./client.js";
+import {
+  checkEffect,
+  evidence,
+  type ReceiptFields,
+  replayed,
+  run,
+  Tallybook,
+  TOOL_OPTIONS,
+  type ToolOptions,
+  toolKey,
+} from "./client.js";
 import { TallybookError } from "./errors.js";
-import { canonical, type Json } from "./records.js";
+import { fingerprint, type Json, KEY_FINGERPRINT } from "./records.js";
 import * as scope from "./scope.js";
 
 export { run };
@@ -65,8 +74,25 @@ function defaultKey(name: string, input: unknown): string {
         'tool a key of its own arguments (key: "refund:{order}"). It was not performed.',
     );
   }
-  const fingerprint = createHash("sha256").update(canonical(input)).digest("hex").slice(0, 16);
-  return `${name}:${run}:${fingerprint}`;
+  return `${name}:${run}:${fingerprint(input).slice(0, KEY_FINGERPRINT)}`;
+}
+
+/** The input's field names when the tool's schema says them (a zod object, `jsonSchema()`). */
+function inputFields(schema: unknown): string[] | null {
+  if (!schema || typeof schema !== "object") return null;
+  const shape = (schema as Json).shape;
+  if (shape && typeof shape === "object") return Object.keys(shape);
+  const json = "jsonSchema" in schema ? (schema as Json).jsonSchema : null;
+  if (
+    json &&
+    typeof json === "object" &&
+    json.type === "object" &&
+    json.properties &&
+    typeof json.properties === "object"
+  ) {
+    return Object.keys(json.properties);
+  }
+  return null;
 }
 
 /** The tool, with its `execute` made an effect (the tool is not changed: a copy is returned). */
@@ -75,6 +101,11 @@ export function durableTool<T extends ExecutableTool>(tool: T, options: DurableT
   if (typeof execute !== "function") {
     throw new TypeError(`${options.name} has no execute: a tool the client runs elsewhere is no effect here`);
   }
+  checkEffect(options, `durableTool ${options.name}`, {
+    known: [...TOOL_OPTIONS, "name", "key", "receipt", "tb"],
+    params: inputFields((tool as { inputSchema?: unknown }).inputSchema),
+    receipt: "field or function",
+  });
   const { name, key, receipt, tb, ...declared } = options;
   const effect: ToolOptions = { kind: "tool", target: name, ...declared };
   const wrapped = async (input: Json, callOptions: { toolCallId: string }) => {

@@ -80,7 +80,7 @@ export interface EffectOptions extends ToolOptions {
   toolCallId?: string;
 }
 
-const TOOL_OPTIONS = [
+export const TOOL_OPTIONS = [
   "kind",
   "target",
   "replay",
@@ -112,6 +112,80 @@ export function checkOptions(options: object, known: string[]): void {
   }
 }
 
+const TEMPLATE_FIELD = /\{([^{}]*)\}/g;
+export const REPLAY_POLICIES: readonly ReplayPolicy[] = ["never", "safe", "idempotent", "reconcile"];
+
+export interface EffectCheck {
+  /** The option names the declaration may have: an unknown one (a typo) is refused. */
+  known?: readonly string[];
+  /** The tool's input fields, when its schema says them: a key template naming another is refused. */
+  params?: readonly string[] | null;
+  /** How the receipt may be read: a function of the result, or also a field name ("id"). */
+  receipt?: "function" | "field or function";
+}
+
+/**
+ * Refuse a tool's declaration that would fail only once its effect happened (`durableTool()`,
+ * `@tallybook/pi`'s `effects`), as Python's `check_effect`: a TypeError naming the entry
+ * (`where`) and the field, when the declaration is made.
+ */
+export function checkEffect(declared: object, where: string, check: EffectCheck = {}): void {
+  const given = declared as Json;
+  const wrong = (field: string, what: string) =>
+    new TypeError(`${where}: ${field} ${JSON.stringify(given[field]) ?? String(given[field])} ${what}`);
+  if (check.known) {
+    const unknown = Object.keys(given).filter((name) => !check.known?.includes(name));
+    if (unknown.length) throw new TypeError(`${where}: unknown option(s) ${unknown.sort().join(", ")}`);
+  }
+  for (const name of ["kind", "target"]) {
+    if (given[name] !== undefined && (typeof given[name] !== "string" || !given[name])) {
+      throw wrong(name, "must be a non-empty string");
+    }
+  }
+  if (given.replay !== undefined && !REPLAY_POLICIES.includes(given.replay)) {
+    throw wrong("replay", `must be one of ${REPLAY_POLICIES.join(", ")}`);
+  }
+  const key = given.key;
+  if (key !== undefined && typeof key !== "function") {
+    if (typeof key !== "string" || !key) throw wrong("key", "must be a template of the input or a function of it");
+    for (const [, name] of key.matchAll(TEMPLATE_FIELD)) {
+      const head = (name ?? "").split(".")[0] ?? "";
+      if (!head) throw wrong("key", "names an empty field: {} must name one");
+      if (check.params && !check.params.includes(head) && head !== "runId" && head !== "toolCallId") {
+        throw wrong("key", `names ${head}, which the tool's input does not have (it has ${check.params.join(", ")})`);
+      }
+    }
+  }
+  const receipt = given.receipt;
+  if (receipt !== undefined && typeof receipt !== "function") {
+    const field = check.receipt === "field or function";
+    if (!field || typeof receipt !== "string" || !receipt) {
+      throw wrong(
+        "receipt",
+        field ? "must be the result's field with the provider's id, or a function" : "must be a function of the result",
+      );
+    }
+  }
+  for (const name of ["timeoutSeconds", "waitForApprovalMs", "waitInDoubtMs"]) {
+    if (given[name] !== undefined && (typeof given[name] !== "number" || !(given[name] > 0))) {
+      throw wrong(name, "must be a positive number");
+    }
+  }
+  if (given.onInDoubt !== undefined && typeof given.onInDoubt !== "function") {
+    throw wrong("onInDoubt", "must be a function of the EffectInDoubt report");
+  }
+  const rule = given.definitiveOn;
+  if (
+    rule !== undefined &&
+    typeof rule !== "function" &&
+    !(Array.isArray(rule) && rule.every((c) => typeof c === "function"))
+  ) {
+    throw wrong("definitiveOn", "must be a list of error classes or a test of the error");
+  }
+  if (given.failOpen !== undefined && typeof given.failOpen !== "boolean")
+    throw wrong("failOpen", "must be true or false");
+}
+
 export interface ReceiptFields {
   system: string;
   externalId: string;
@@ -131,7 +205,10 @@ export interface TallybookOptions {
   retries?: number;
   backoffMs?: number;
   maxBackoffMs?: number;
-  /** The most an intent may take, every try and pause included, before IntentNotRecorded. */
+  /**
+   * The most an intent may take, every try and pause included, before IntentNotRecorded:
+   * $TALLYBOOK_INTENT_BUDGET (seconds), else 2000 ms.
+   */
   intentBudgetMs?: number;
   failOpen?: boolean;
   /** This process's identity (host:pid:random by default). */
@@ -267,6 +344,21 @@ function isDefinitive(options: ToolOptions, error: unknown): boolean {
   return rule.some((cls) => error instanceof cls);
 }
 
+/**
+ * The most an intent may take: the option, else $TALLYBOOK_INTENT_BUDGET (seconds, as the
+ * Python SDK's hooks and MCP tools read it), else 2 s.
+ */
+export function intentBudgetMs(given: TallybookOptions): number {
+  if (given.intentBudgetMs !== undefined) return given.intentBudgetMs;
+  const seconds = process.env.TALLYBOOK_INTENT_BUDGET;
+  if (!seconds) return 2000;
+  const parsed = Number(seconds);
+  if (!Number.isFinite(parsed) || parsed <= 0) {
+    throw new TallybookError(`TALLYBOOK_INTENT_BUDGET=${seconds}: seconds, a positive number`);
+  }
+  return parsed * 1000;
+}
+
 function newWorker(): string {
   return `${hostname()}:${process.pid}:${randomBytes(4).toString("hex")}`;
 }
@@ -334,7 +426,7 @@ export class Tallybook {
       channel,
       spool: new Spool(spoolDir(path.resolve(root), channel.url, apiKey)),
       failOpen: given.failOpen ?? false,
-      intentBudgetMs: given.intentBudgetMs ?? 2000,
+      intentBudgetMs: intentBudgetMs(given),
     };
   }
 
@@ -572,6 +664,32 @@ export class Tallybook {
     return response.body;
   }
 
+  /**
+   * Say how a run goes, as Python's `run_event`: `running` when it starts, `ok` or `error`
+   * when it ends. Spooled and sent in the background like a receipt, so the run does not
+   * read `running` for ever and the agent never waits for it.
+   */
+  runEvent(
+    runId: string,
+    status: "running" | "ok" | "error",
+    fields: { workflow?: string; agent?: string; error?: unknown } = {},
+  ): void {
+    const now = new Date().toISOString();
+    const [traceId] = currentIds();
+    const event = withoutNull({
+      type: "run",
+      id: `run:${runId}:${status}:${randomBytes(8).toString("hex")}`,
+      run_id: runId,
+      agent: fields.agent,
+      workflow: fields.workflow ?? fields.agent,
+      status,
+      trace_ids: traceId ? [traceId] : null,
+      attributes: fields.error === undefined ? null : { error: String(fields.error).slice(0, MAX_ERROR) },
+      [status === "running" ? "started" : "ended"]: now,
+    });
+    this.record("events", { events: [event] });
+  }
+
   /** Spool an event (fsynced) for the background sender; returns at once. */
   record(endpoint: string, body: Json): void {
     this.configured().spool.put(endpoint, body);
@@ -675,8 +793,6 @@ export interface ToolDeclaration<A, R> extends ToolOptions {
   /** The result's field holding the external id, or a function of the result. */
   receipt?: string | ((result: R) => ReceiptFields);
 }
-
-const TEMPLATE_FIELD = /\{([^{}]*)\}/g;
 
 /** The key for these arguments: a template's fields filled in, or the key function's answer. */
 export function toolKey<A extends Json>(key: string | ((args: A) => string), args: A): string {

@@ -17,13 +17,12 @@
  * server, so the two agree.
  */
 
-import { createHash } from "node:crypto";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import * as path from "node:path";
-import { type Config, Tallybook, type TallybookOptions } from "./client.js";
+import { type Config, intentBudgetMs, Tallybook, type TallybookOptions } from "./client.js";
 import { ServerUnavailable } from "./errors.js";
-import { canonical, type Json } from "./records.js";
+import { canonical, fingerprint, type Json } from "./records.js";
 import { Spool } from "./spool.js";
 import { type Channel, type Response, Retry } from "./transport.js";
 
@@ -56,6 +55,7 @@ export const TAKES: Record<string, [string[], string[]]> = {
   ],
   "/api/v1/failures": [["key", "error"], ["definitive"]],
   "/api/v1/timeouts": [["key", "reason"], []],
+  "/api/v1/events": [["events"], []],
 };
 
 const now = (): string => new Date().toISOString();
@@ -146,12 +146,23 @@ export class FakeServer implements Channel {
       "/api/v1/receipts": (b) => this.receiptIn(b),
       "/api/v1/failures": (b) => this.report(b.key, b.definitive ? "failed" : "timed_out"),
       "/api/v1/timeouts": (b) => this.report(b.key, "timed_out"),
+      "/api/v1/events": (b) => this.eventsIn(b),
     };
     const handler = handlers[path];
     if (method !== "POST" || handler === undefined) {
       return { status: 404, body: { error: `the fake has no ${method} ${path}` } };
     }
     return refused(path, given) ?? handler(given);
+  }
+
+  /** The runs' latest status by run id, from the run events received. */
+  readonly runs = new Map<string, string>();
+
+  private eventsIn(body: Json): Response {
+    for (const event of body.events ?? []) {
+      if (event.type === "run" && event.status) this.runs.set(event.run_id, event.status);
+    }
+    return { status: 202, body: { accepted: (body.events ?? []).length } };
   }
 
   private intent(intent: Json): Response {
@@ -520,7 +531,7 @@ function claimOf(intent: Json): Json {
 }
 
 function fingerprintOf(value: unknown): string {
-  return createHash("sha256").update(canonical(value)).digest("hex");
+  return fingerprint(value);
 }
 
 /** A `Tallybook` whose server is a `FakeServer` (`tb.fake`), with a spool of its own. */
@@ -542,7 +553,7 @@ export class FakeTallybook extends Tallybook {
       channel: this.fake,
       spool,
       failOpen: this.options.failOpen ?? false,
-      intentBudgetMs: this.options.intentBudgetMs ?? 2000,
+      intentBudgetMs: intentBudgetMs(this.options),
     };
   }
 

@@ -10,7 +10,8 @@ import { describe, test } from "node:test";
 import { generateText, stepCountIs, tool } from "ai";
 import { MockLanguageModelV4 } from "ai/test";
 import { z } from "zod";
-import { durableTool, durableTools, run } from "../src/ai.js";
+import { type DurableToolOptions, durableTool, durableTools, run } from "../src/ai.js";
+import type { Json } from "../src/index.js";
 import { backends } from "./backends.js";
 
 const usage = {
@@ -229,5 +230,30 @@ for (const make of backends()) {
 
 /** The default key: the tool, the run and the arguments' fingerprint. */
 function keyFor(run: string, input: unknown): string {
-  return `refund:${run}:${createHash("sha256").update(JSON.stringify(input)).digest("hex").slice(0, 16)}`;
+  return `refund:${run}:${createHash("sha256").update(JSON.stringify(input)).digest("hex").slice(0, 32)}`;
 }
+
+test("a durableTool declaration is checked when it is made: each mistake names the tool and the field", () => {
+  const refund = tool({ inputSchema: z.object({ order: z.number() }), execute: async () => ({ id: "re_1" }) });
+  const mistakes: Array<[Json, RegExp]> = [
+    [{ replay: "sometimes" }, /durableTool refund: replay "sometimes" must be one of never, safe/],
+    [{ key: "refund:{orderId}" }, /durableTool refund: key .* names orderId, which the tool's input does not have/],
+    [{ key: "refund:{}" }, /durableTool refund: key .* names an empty field/],
+    [{ key: 42 }, /durableTool refund: key 42 must be a template/],
+    [{ receipt: 7 }, /durableTool refund: receipt 7 must be the result's field/],
+    [{ receipt: "" }, /durableTool refund: receipt "" must be/],
+    [{ kind: "" }, /durableTool refund: kind "" must be a non-empty string/],
+    [{ waitInDoubtMs: "5s" }, /durableTool refund: waitInDoubtMs "5s" must be a positive number/],
+    [{ definitiveOn: ["TypeError"] }, /durableTool refund: definitiveOn .* must be a list of error classes/],
+    [{ recipt: "id" }, /durableTool refund: unknown option\(s\) recipt/],
+  ];
+  for (const [options, told] of mistakes) {
+    assert.throws(() => durableTool(refund, { name: "refund", ...options } as DurableToolOptions), told);
+    assert.throws(() => durableTool(refund, { name: "refund", ...options } as DurableToolOptions), TypeError);
+  }
+  // Right: a template of the schema's fields or of the run, a field or a function receipt.
+  durableTool(refund, { name: "refund", key: "refund:{order}:{runId}", receipt: "id", replay: "reconcile" });
+  durableTool(refund, { name: "refund", receipt: (r: unknown) => ({ system: "s", externalId: String(r) }) });
+  // A schema that does not say its fields (a function of the input): the template is not refused.
+  durableTool({ execute: async () => 1 }, { name: "other", key: "other:{anything}" });
+});

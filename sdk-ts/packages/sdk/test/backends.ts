@@ -24,6 +24,15 @@ export interface Backend {
 
 /** Quick retries, so that a test of a server that is away takes a second, not a minute. */
 export const FAST = { retries: 2, backoffMs: 50, maxBackoffMs: 500, timeoutMs: 5000 };
+/**
+ * The live server may answer slowly on a loaded machine: a generous wait per request and an
+ * intent budget of $TALLYBOOK_INTENT_BUDGET (30 s under pytest), else 30 s.
+ */
+export const LIVE_CLIENT = {
+  ...FAST,
+  timeoutMs: 30_000,
+  intentBudgetMs: Number(process.env.TALLYBOOK_INTENT_BUDGET || 30) * 1000,
+};
 
 const made: string[] = [];
 process.on("exit", () => {
@@ -59,7 +68,7 @@ export const LIVE = process.env.TALLYBOOK_TEST_LIVE === "1";
 export function live(): Backend {
   const operatorUrl = process.env.TALLYBOOK_TEST_OPERATOR as string;
   const grants = (process.env.TALLYBOOK_TEST_GRANTS ?? "0,0").split(",").map(Number) as [number, number];
-  const tb = new Tallybook({ spool: spoolRoot(), ...FAST });
+  const tb = new Tallybook({ spool: spoolRoot(), ...LIVE_CLIENT });
   return {
     name: "server",
     tb,

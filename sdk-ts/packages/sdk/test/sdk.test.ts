@@ -1,12 +1,15 @@
 /** The client's rules, on the fake: fail closed, the spool, tools, runs and recovery. */
 
 import assert from "node:assert/strict";
-import { readdirSync } from "node:fs";
+import { readdirSync, readFileSync } from "node:fs";
 import { test } from "node:test";
+import { intentBudgetMs } from "../src/client.js";
 import {
+  canonical,
   EffectDenied,
   EffectInDoubt,
   EffectUnsettled,
+  fingerprint,
   IntentNotRecorded,
   type Json,
   ReceiptConflict,
@@ -248,5 +251,44 @@ test("approvals: waitForApprovalMs runs the block once a person approves", async
     return fx.decision;
   });
   assert.equal(decision, "proceed");
+  await tb.close();
+});
+
+test("the intent budget is the option, else $TALLYBOOK_INTENT_BUDGET in seconds, else 2 s", () => {
+  const before = process.env.TALLYBOOK_INTENT_BUDGET;
+  try {
+    delete process.env.TALLYBOOK_INTENT_BUDGET;
+    assert.equal(intentBudgetMs({}), 2000);
+    process.env.TALLYBOOK_INTENT_BUDGET = "30";
+    assert.equal(intentBudgetMs({}), 30_000);
+    assert.equal(intentBudgetMs({ intentBudgetMs: 500 }), 500);
+    process.env.TALLYBOOK_INTENT_BUDGET = "0.5";
+    assert.equal(intentBudgetMs({}), 500);
+    process.env.TALLYBOOK_INTENT_BUDGET = "soon";
+    assert.throws(() => intentBudgetMs({}), /TALLYBOOK_INTENT_BUDGET=soon/);
+  } finally {
+    if (before === undefined) delete process.env.TALLYBOOK_INTENT_BUDGET;
+    else process.env.TALLYBOOK_INTENT_BUDGET = before;
+  }
+});
+
+test("the arguments' fingerprint is Python's (tests/sdk/fingerprints.json, computed by Python)", () => {
+  const vectors = JSON.parse(
+    readFileSync(new URL("../../../../../tests/sdk/fingerprints.json", import.meta.url), "utf8"),
+  ) as Array<{ args: unknown; fingerprint: string }>;
+  assert.ok(vectors.length > 5);
+  for (const { args, fingerprint: expected } of vectors) {
+    assert.equal(fingerprint(args), expected, `${canonical(args)}`);
+  }
+});
+
+test("a run event says the run goes, then that it ended, sent in the background", async () => {
+  const tb = new FakeTallybook();
+  tb.runEvent("ticket-7", "running", { workflow: "pi", agent: "pi" });
+  assert.ok(await tb.flush());
+  assert.equal(tb.fake.runs.get("ticket-7"), "running");
+  tb.runEvent("ticket-7", "ok", { workflow: "pi" });
+  assert.ok(await tb.flush());
+  assert.equal(tb.fake.runs.get("ticket-7"), "ok");
   await tb.close();
 });
