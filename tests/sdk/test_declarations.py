@@ -69,3 +69,37 @@ def test_the_proxy_refuses_to_start_with_a_wrong_declaration(tmp_path: Path):
     )
     assert done.returncode == 2
     assert "tallybook.json: effects[0].target is required" in done.stderr, done.stderr
+
+
+def test_an_attempts_deadline_is_the_projects_unless_declared():
+    declared = parse(
+        {
+            "effects": [
+                {**PUSH, "target": "github"},
+                {**PUSH, "tool": "Sh", "target": "x", "timeout_s": 60},
+            ]
+        }
+    )
+    default = declared.call("Bash", {"command": "git push origin main"}, "a1")
+    named = declared.call("Sh", {"command": "git push origin main"}, "a1")
+    assert default is not None and named is not None
+    assert "timeout_s" not in default.options()
+    assert named.options()["timeout_s"] == 60
+
+
+def test_the_proxy_without_the_mcp_extra_says_how_to_install_it():
+    # The `mcp` package made unimportable, as it is without the extra.
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; sys.modules['mcp'] = None; "
+            "from tallybook.integrations._mcp_command import main; sys.exit(main(['--help']))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "pip install 'tallybook-sdk[mcp]'" in done.stderr
+    assert "Traceback" not in done.stderr, done.stderr

@@ -1,9 +1,10 @@
 """`tallybook-hook` under the real Letta Code (the `letta` wheel, its own runtime), offline: a
 fake OpenAI-compatible model asks for `git push` to a local remote. The push is an effect with
 its commit as the receipt; a second run of the same task is told it was done and does not push
-again; a refused push's reason reaches the model; a PermissionRequest for a push that needs a
-person's approval waits for it in the desk. Claude Code's format is covered by replaying its
-documented hook input through the script."""
+again, and a new commit under a task run of its own is pushed; a refused push's reason reaches
+the model; a PermissionRequest for a push that needs a person's approval waits for it in the
+desk. Claude Code's format is covered by replaying its documented hook input through the
+script; a hook that cannot record the intent blocks the push."""
 
 from __future__ import annotations
 
@@ -140,9 +141,10 @@ def test_a_push_is_an_effect_with_its_commit_and_a_second_run_is_told_it_was_don
     tmp_path, repo, env
 ):
     first = repo.commit("release notes")
-    script = [call("Bash", PUSH), say("Pushed."), call("Bash", PUSH), say("Pushed.")]
+    script = [call("Bash", PUSH), say("Pushed.")] * 3
     with FakeModel(script) as model:
-        agent = Letta(tmp_path, repo.folder, model, env)
+        # One run per task, named for what it pushes (a cron job's `TALLYBOOK_RUN_ID`).
+        agent = Letta(tmp_path, repo.folder, model, {**env, "TALLYBOOK_RUN_ID": f"push-{first}"})
         agent.hooks([PUSH_EFFECT])
 
         said = agent.run("Push the release.")
@@ -152,19 +154,27 @@ def test_a_push_is_an_effect_with_its_commit_and_a_second_run_is_told_it_was_don
         wait_until(lambda: Receipt.objects.filter(effect=effect).exists(), what="the receipt")
         effect.refresh_from_db()
         assert (effect.state, effect.kind, effect.target) == (State.SUCCEEDED, "git_push", "github")
-        assert effect.run_id.startswith("agent-"), "the run is Letta Code's agent"
+        assert effect.run_id == f"push-{first}", "the run is the task"
         assert effect.tool_call_id == "call_1"
         receipt = Receipt.objects.get(effect=effect)
         assert receipt.system == "github" and first.startswith(receipt.external_id)
 
-        # The same task again (a cron job resuming it) with another commit made meanwhile.
-        repo.commit("more notes")
+        # The same task again (a cron job resuming it): told it was done, not pushed again.
         agent.run("Push the release.")
 
         assert repo.pushed == first, "pushed again"
         told = model.tool_results()[-1]
         assert "Already done" in told and receipt.external_id in told, told
         assert Effect.objects.count() == 1
+
+        # A new commit is a new task, under a run of its own: it is pushed.
+        second = repo.commit("more notes")
+        agent.env["TALLYBOOK_RUN_ID"] = f"push-{second}"
+        said = agent.run("Push the release.")
+
+        assert repo.pushed == second, said
+        assert Effect.objects.filter(run_id=f"push-{second}").count() == 1
+        assert Effect.objects.count() == 2
 
 
 def test_a_refused_push_is_not_performed_and_its_reason_reaches_the_model(
@@ -359,3 +369,41 @@ def test_an_mcp_tool_behind_claude_codes_hooks_is_keyed_by_its_arguments(tmp_pat
     wait_until(lambda: Receipt.objects.filter(effect=effect).exists(), what="the receipt")
     receipt = Receipt.objects.get(effect=effect)
     assert (receipt.system, receipt.external_id) == ("acme-pay", "re_7")
+
+
+def claude_push(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
+    """A Claude Code project declaring `git push`, and the PreToolUse of one."""
+    folder = tmp_path / "project"
+    (folder / ".claude").mkdir(parents=True)
+    (folder / ".claude" / "tallybook.json").write_text(json.dumps({"effects": [PUSH_EFFECT]}))
+    pre = {
+        "session_id": "s4",
+        "cwd": str(folder),
+        "tool_name": "Bash",
+        "tool_input": PUSH,
+        "hook_event_name": "PreToolUse",
+        "tool_use_id": "toolu_01",
+    }
+    return folder, pre
+
+
+def test_a_wrong_intent_budget_blocks_the_push_and_says_so(tmp_path, env):
+    folder, pre = claude_push(tmp_path)
+
+    done = hook(pre, {**env, "TALLYBOOK_INTENT_BUDGET": "soon"}, folder)
+
+    assert done.returncode == 2, done.stderr
+    assert "TALLYBOOK_INTENT_BUDGET='soon' must be a positive number" in done.stderr
+    assert not Effect.objects.exists()
+
+
+def test_a_spool_it_cannot_write_blocks_the_push_rather_than_letting_it_run(tmp_path, env):
+    folder, pre = claude_push(tmp_path)
+    not_a_folder = tmp_path / "spool"
+    not_a_folder.write_text("a file where the spool should be")
+
+    done = hook(pre, {**env, "TALLYBOOK_SPOOL_DIR": str(not_a_folder)}, folder)
+
+    assert done.returncode == 2, done.stderr
+    assert "tallybook-hook:" in done.stderr
+    assert not Effect.objects.exists()

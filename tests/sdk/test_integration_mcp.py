@@ -243,7 +243,7 @@ def test_a_denied_call_reaches_the_client_as_the_tools_error(
     assert Effect.objects.get(key=KEY).state == State.DENIED
 
 
-def test_the_proxy_serves_streamable_http_and_names_each_call_by_its_session(
+def test_the_proxy_serves_streamable_http_and_a_new_session_asks_for_the_same_key(
     live_server, api_key, spool_root, tmp_path, ledger
 ):
     server = proxy(live_server, api_key, spool_root, effects_file(tmp_path, key=None))
@@ -264,19 +264,31 @@ def test_the_proxy_serves_streamable_http_and_names_each_call_by_its_session(
 
         wait_until(answers, 60, "the proxy to serve streamable HTTP")
         result = call(url, "refund", {"order": 7})
+        # The client restarted after a crash: a new MCP session, the same call.
+        again = call(url, "refund", {"order": 7})
         offered = anyio.run(offers, url)
+        effect = Effect.objects.get()
+        # The last session closed: the run is ended while the proxy still serves.
+        wait_until(
+            lambda: (
+                Run.objects.filter(run_id=effect.run_id, status="ok").exclude(ended=None).exists()
+            ),
+            what="the run to end with its sessions",
+        )
     finally:
         process.terminate()
         process.wait(15)
 
     assert result.structured_content == {"id": "re_7_1", "status": "succeeded"}
+    assert again.structured_content == result.structured_content
+    assert len(ledger.refunds()) == 1, "the new session refunded again"
     # What else the server offers passes through.
     assert offered == ("1200.00 EUR", "Answer the dispute on order 7.")
-    effect = Effect.objects.get()
-    # No run named: the client's MCP session is the run, and its request names the call.
+    # No run named: the proxy's own (its folder and server), which outlives a session; the
+    # client's MCP session and its request name the call.
     prefix, session, request_id = effect.tool_call_id.split(":")
-    assert (prefix, effect.run_id) == ("mcp", session) and request_id.isdigit()
-    assert effect.key.startswith(f"refund:{session}:")
+    assert prefix == "mcp" and request_id.isdigit() and session
+    assert effect.run_id.startswith("mcp-") and effect.key.startswith(f"refund:{effect.run_id}:")
     wait_until(lambda: Receipt.objects.filter(effect=effect).exists(), what="the receipt")
 
 

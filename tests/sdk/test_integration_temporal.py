@@ -123,16 +123,18 @@ def test_a_result_after_the_timeout_is_a_late_success_and_the_retry_returns_it(
         return {"id": done}
 
     queue = task_queue()
-    try:
-        with temporal.worker(atb, [refund], task_queue=queue):
+    with temporal.worker(atb, [refund], task_queue=queue):
+        # Released before the worker stops, which waits for the activity: a failure here
+        # does not hold the test for the activity's 60 s.
+        try:
             handle = temporal.start(Job(order=7, timeout_s=2), task_queue=queue)
             # Temporal gave up on the first attempt; the retry is told to wait.
             wait_until(lambda: temporal.last_failure(handle) == "EffectInDoubt", 60, "a wait")
             assert _cases("uncertain").filter(closed=None).exists()
             release.set()
             result = temporal.run(handle.result())
-    finally:
-        release.set()
+        finally:
+            release.set()
 
     assert result == {"id": "re_7_1"}, "the retry did not return the late result"
     assert provider.refunds() == ["7"]
@@ -153,14 +155,14 @@ def test_a_retry_that_did_it_again_leaves_a_duplicate_effect(temporal, atb, prov
         return {"id": done}
 
     queue = task_queue()
-    try:
-        with temporal.worker(atb, [slow_first], task_queue=queue):
+    with temporal.worker(atb, [slow_first], task_queue=queue):
+        try:
             handle = temporal.start(Job(order=7, timeout_s=2), task_queue=queue)
             result = temporal.run(handle.result())
             release.set()
             wait_until(lambda: _cases("duplicate_effect").exists(), 60, "the duplicate")
-    finally:
-        release.set()
+        finally:
+            release.set()
 
     assert result == {"id": "re_7_2"}
     assert provider.refunds() == ["7", "7"], "the provider's ledger is the ground truth"

@@ -36,6 +36,7 @@ from typing import (
     Protocol,
     TypedDict,
     TypeVar,
+    get_args,
 )
 from urllib.parse import quote
 
@@ -72,6 +73,7 @@ UNCERTAIN = "uncertain"  # the case of an effect that may or may not have happen
 log = logging.getLogger("tallybook")
 
 ReplayPolicy = Literal["never", "safe", "idempotent", "reconcile"]
+REPLAY_POLICIES: tuple[ReplayPolicy, ...] = get_args(ReplayPolicy)
 Observed = datetime | float | str | None
 R = TypeVar("R")
 T = TypeVar("T")

@@ -20,27 +20,25 @@ the same input, so the key survives it. Everything is checked when the file is r
 
 from __future__ import annotations
 
-import hashlib
 import json
+import math
 import os
 import re
-import string
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from tallybook.client import Base, EffectOptions, ReplayPolicy
+from tallybook.client import REPLAY_POLICIES, Base, EffectOptions, ReplayPolicy
+from tallybook.integrations._tool_calls import (
+    TOOL_CALL,
+    canonical_json,
+    default_key,
+    field_at,
+    template_names,
+)
 
-REPLAY_POLICIES = ("never", "safe", "idempotent", "reconcile")
-# A call still pending after this long is timed out by the server and gets an uncertain
-# case: nothing stays pending without a deadline. The longest a coding agent's shell
-# command runs by default is ten minutes.
-DEFAULT_TIMEOUT_S = 900
-# The receipt's system when a declaration reads no provider id: the receipt then names
-# the effect, and the desk reads it as "no provider id".
-TOOL_CALL = "tool-call"
 FIELDS = frozenset(
     {
         "tool",
@@ -74,7 +72,8 @@ class Declaration:
     input: Mapping[str, re.Pattern[str]] = field(default_factory=dict)
     key: str | None = None
     replay: ReplayPolicy = "never"
-    timeout_s: int = DEFAULT_TIMEOUT_S
+    # The attempt's deadline; None leaves it to the project's (`effect_timeout_s`).
+    timeout_s: int | None = None
     authority: dict[str, Any] | None = None
     amount: dict[str, str] | None = None
     receipt_pattern: re.Pattern[str] | None = None
@@ -92,7 +91,7 @@ class Declaration:
             value = arguments.get(name)
             if value is None:
                 return None
-            found = pattern.search(value if isinstance(value, str) else canonical(value))
+            found = pattern.search(value if isinstance(value, str) else canonical_json(value))
             if found is None:
                 return None
             groups.update({k: v for k, v in found.groupdict().items() if v is not None})
@@ -122,8 +121,7 @@ class Call:
     def key(self) -> str:
         template = self.declaration.key
         if template is None:
-            digest = argument_fingerprint(self.request)[:32]
-            return f"{self.tool}:{self.run_id}:{digest}" if self.run_id else f"{self.tool}:{digest}"
+            return default_key(self.tool, self.run_id, self.request)
         names = {**self.arguments, **self.groups, "tool": self.tool, "run_id": self.run_id}
         try:
             return template.format(**names)
@@ -139,9 +137,10 @@ class Call:
             "kind": d.kind,
             "target": d.target,
             "replay": d.replay,
-            "timeout_s": d.timeout_s,
             "request": self.request,
         }
+        if d.timeout_s is not None:
+            options["timeout_s"] = d.timeout_s
         if tool_call_id:
             options["tool_call_id"] = tool_call_id
         if d.authority is not None:
@@ -157,16 +156,10 @@ class Call:
         result (or of its text read as JSON), else the declared pattern's match in its text."""
         d = self.declaration
         if d.receipt_field is not None:
-            value: Any = structured
-            if value is None:
-                try:
-                    value = json.loads(text)
-                except ValueError:
-                    value = None
-            for part in d.receipt_field.split("."):
-                value = value.get(part) if isinstance(value, Mapping) else None
-            if value not in (None, ""):
-                return str(value)
+            try:
+                return str(field_at(text if structured is None else structured, d.receipt_field))
+            except TypeError:
+                pass  # not there: the pattern, else no provider id
         if d.receipt_pattern is not None:
             found = d.receipt_pattern.search(text)
             if found is not None:
@@ -192,13 +185,15 @@ class Declarations:
     path: Path | None = None
 
     def call(self, tool: str, arguments: Any, run_id: str | None) -> Call | None:
-        """The call as a declared effect, or None when no declaration covers it."""
+        """The call as a declared effect in run `run_id` (the caller's choice: a run the
+        command line or environment names, else `run`, else the agent's), or None when no
+        declaration covers it."""
         if not isinstance(arguments, Mapping):
             arguments = {"input": arguments}
         for declaration in self.effects:
             groups = declaration.matches(tool, arguments)
             if groups is not None:
-                return Call(declaration, tool, arguments, groups, self.run or run_id)
+                return Call(declaration, tool, arguments, groups, run_id)
         return None
 
     @property
@@ -210,7 +205,17 @@ def client_options() -> dict[str, Any]:
     """What the console scripts' clients take from the environment besides the URL, key and
     spool: `TALLYBOOK_INTENT_BUDGET`, the seconds an intent may take (2 by default)."""
     budget = os.environ.get("TALLYBOOK_INTENT_BUDGET")
-    return {"intent_budget": float(budget)} if budget else {}
+    if not budget:
+        return {}
+    try:
+        seconds = float(budget)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise DeclarationError(
+            f"TALLYBOOK_INTENT_BUDGET={budget!r} must be a positive number of seconds"
+        )
+    return {"intent_budget": seconds}
 
 
 def run_event(tb: Base, run_id: str, *, status: str, workflow: str, **fields: Any) -> None:
@@ -222,15 +227,6 @@ def run_event(tb: Base, run_id: str, *, status: str, workflow: str, **fields: An
     event["started" if status == "running" else "ended"] = now
     event["id"] = f"run:{run_id}:{status}:{now}"
     tb._record("events", {"events": [event]})
-
-
-def argument_fingerprint(value: Any) -> str:
-    """SHA-256 of the value's canonical JSON: the server's own request fingerprint."""
-    return hashlib.sha256(canonical(value).encode()).hexdigest()
-
-
-def canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
 def load(path: str | Path) -> Declarations:
@@ -282,8 +278,10 @@ def _declaration(entry: Any, where: str) -> Declaration:
     replay = entry.get("replay", "never")
     if replay not in REPLAY_POLICIES:
         raise DeclarationError(f"{where}.replay must be one of {', '.join(REPLAY_POLICIES)}")
-    timeout = entry.get("timeout_s", DEFAULT_TIMEOUT_S)
-    if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout <= 0:
+    timeout = entry.get("timeout_s")
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int) or timeout <= 0
+    ):
         raise DeclarationError(f"{where}.timeout_s must be a positive number of seconds")
     authority = entry.get("authority")
     if authority is not None and not isinstance(authority, dict):
@@ -343,8 +341,6 @@ def _regex(pattern: str, where: str) -> re.Pattern[str]:
 
 def _template(template: str, where: str) -> None:
     try:
-        fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
-    except ValueError as exc:
-        raise DeclarationError(f"{where} is not a template: {exc}") from None
-    if any(not f or f.isdigit() for f in fields):
-        raise DeclarationError(f"{where} must name its fields ('refund:{{order}}')")
+        template_names(template, where)
+    except TypeError as exc:
+        raise DeclarationError(str(exc)) from None

@@ -38,7 +38,14 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Union
 
 from tallybook import tracing
-from tallybook.client import Base, EffectOptions, ReplayPolicy, polls, still_in_doubt
+from tallybook.client import (
+    REPLAY_POLICIES,
+    Base,
+    EffectOptions,
+    ReplayPolicy,
+    polls,
+    still_in_doubt,
+)
 from tallybook.records import EffectStatus, Receipt
 from tallybook.scope import current_run
 
@@ -51,7 +58,6 @@ if TYPE_CHECKING:
 TOOL_CALL = "tool-call"
 # The names a key template may use besides the tool's arguments.
 CALL_NAMES = ("run_id", "tool_call_id", "tool")
-REPLAY_POLICIES = ("never", "safe", "idempotent", "reconcile")
 KeyFrom = Union[str, Callable[..., str]]  # noqa: UP007 (runs on 3.10)
 ReceiptFrom = Union[str, Callable[[Any], Receipt]]  # noqa: UP007
 
@@ -118,17 +124,11 @@ def check_effect(
         if get(name) is not None and not isinstance(get(name), str):
             raise TypeError(f"{name}={get(name)!r}{of} must be a string")
     if params is not None:
-        known = {*params, *CALL_NAMES}
         if callable(key):
             named = _accepted(key)
-        if unknown := named - known:
-            raise TypeError(
-                f"the key{of} names {', '.join(sorted(unknown))}, which the tool does not take"
-            )
-        if callable(amount) and (unknown := _accepted(amount) - known):
-            raise TypeError(
-                f"the amount{of} names {', '.join(sorted(unknown))}, which the tool does not take"
-            )
+        names_known(f"the key{of}", named, params, CALL_NAMES, "the tool")
+        if callable(amount):
+            names_known(f"the amount{of}", _accepted(amount), params, CALL_NAMES, "the tool")
 
 
 def check_declarations(declarations: Mapping[str, Any] | None, params: Mapping[str, Any]) -> None:
@@ -152,19 +152,33 @@ def check_declarations(declarations: Mapping[str, Any] | None, params: Mapping[s
         check_effect(declaration, tool, params.get(tool))
 
 
-def template_names(template: str) -> set[str]:
-    """The names a str.format key template uses ("{order.id}" uses order)."""
+def template_names(template: str, what: str | None = None) -> set[str]:
+    """The names a str.format key template uses ("{order.id}" uses order); TypeError, saying
+    `what` (by default "the key template '…'"), when it is no template or names no field."""
+    what = what or f"the key template {template!r}"
     names = set()
     try:
         parsed = list(string.Formatter().parse(template))
     except ValueError as exc:
-        raise TypeError(f"the key template {template!r} is not a template: {exc}") from None
+        raise TypeError(f"{what} is not a template: {exc}") from None
     for _, field, _, _ in parsed:
         if field is not None:
             if not field or field.isdigit():
-                raise TypeError(f"the key template {template!r} must name its fields")
+                raise TypeError(f"{what} must name its fields ('refund:{{order}}')")
             names.add(field.split(".")[0].split("[")[0])
     return names
+
+
+def names_known(
+    what: str, names: set[str], params: Any, extra: tuple[str, ...], taker: str = "it"
+) -> None:
+    """Refuse a key or amount (`what`) that names what its tool or activity does not take:
+    TypeError."""
+    if unknown := names - {*params, *extra}:
+        raise TypeError(
+            f"{what} names {', '.join(sorted(unknown))}, which {taker} does not take "
+            f"(its parameters: {', '.join(params) or 'none'}; also {', '.join(extra) or 'none'})"
+        )
 
 
 def _accepted(fn: Callable[..., Any]) -> set[str]:
@@ -178,13 +192,18 @@ def _accepted(fn: Callable[..., Any]) -> set[str]:
     return {p.name for p in accepts}
 
 
-def argument_fingerprint(args: Any) -> str:
-    """SHA-256 of the arguments' canonical JSON (sorted keys, no spaces): the server's own
-    request fingerprint, so a call's key and its intent's fingerprint agree."""
-    canonical = json.dumps(
-        jsonable(args), sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str
+def canonical_json(value: Any) -> str:
+    """The value's canonical JSON: sorted keys, no spaces, UTF-8 unescaped, anything JSON
+    cannot hold as its text."""
+    return json.dumps(
+        jsonable(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str
     )
-    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def argument_fingerprint(args: Any) -> str:
+    """SHA-256 (hex) of the arguments' canonical JSON: the server's own request fingerprint,
+    so a call's key and its intent's fingerprint agree. Keys use its first 32 hex digits."""
+    return hashlib.sha256(canonical_json(args).encode()).hexdigest()
 
 
 def default_key(tool: str, run_id: str | None, args: Any, call_id: str | None = None) -> str:
@@ -346,10 +365,12 @@ def stored_result(receipt: Receipt | None) -> Any:
 
 
 def jsonable(value: Any) -> Any:
-    """The value as JSON can hold it: itself, else its text."""
+    """The value as JSON can hold it: itself, a mapping's values each made so, else its text."""
     try:
         json.dumps(value)
     except (TypeError, ValueError):
+        if isinstance(value, Mapping):
+            return {str(k): jsonable(v) for k, v in value.items()}
         return str(value)
     return value
 

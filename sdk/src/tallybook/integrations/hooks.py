@@ -16,8 +16,9 @@ Each hook reads the event from standard input. PreToolUse (and PermissionRequest
 intent: `proceed` lets the tool run (exit 0); any other decision blocks it (exit 2) with the
 reason and the case's URL on standard error, which the agent reads; `completed` tells it what
 was done before and its receipt. PostToolUse records the receipt read from the output,
-PostToolUseFailure a failure. The run is the agent (Letta Code's `agent_id`, stable per
-working folder) or Claude Code's session, unless the declarations name one.
+PostToolUseFailure a failure. The run is `TALLYBOOK_RUN_ID` (one per task: a new commit
+to push is a new task), else the declarations' `run`, else the agent (Letta Code's
+`agent_id`, stable per working folder for ever) or Claude Code's session.
 """
 
 from __future__ import annotations
@@ -149,15 +150,15 @@ class Attempts:
 def handle(event: Event, declarations: Declarations, attempts: Attempts) -> tuple[int, str]:
     """What the hook answers: an exit code and what to write (stderr when blocking, stdout
     otherwise)."""
+    run_id = os.environ.get("TALLYBOOK_RUN_ID") or declarations.run or event.run_id
     if event.name in ("SessionStart", "SessionEnd"):
-        run_id = declarations.run or event.run_id
         if declarations.effects and run_id:
             status = "running" if event.name == "SessionStart" else "ok"
             named = {"agent": event.raw["agent_name"]} if event.raw.get("agent_name") else {}
             with Tallybook(**client_options()) as tb:
                 run_event(tb, run_id, status=status, workflow=event.agent, **named)
         return ALLOW, ""
-    call = declarations.call(event.tool, event.input, event.run_id)
+    call = declarations.call(event.tool, event.input, run_id)
     if call is None:
         return ALLOW, ""
     try:
@@ -256,6 +257,11 @@ def main(argv: list[str] | None = None) -> int:
         code, said = (BLOCK if blocks else ERROR), f"tallybook-hook: {exc}"
     except TallybookError as exc:
         code, said = (BLOCK if blocks else ERROR), f"tallybook-hook: {exc}"
+    except Exception as exc:
+        # Anything else (a spool folder it cannot write, a bug): the agent reads any exit
+        # but 2 as "carry on", so a tool that could be an effect does not run unrecorded.
+        said = f"tallybook-hook: {type(exc).__name__}: {exc}"
+        code = BLOCK if blocks else ERROR
     if said:
         print(said, file=sys.stderr if code else sys.stdout)
     return code

@@ -145,7 +145,7 @@ class Proxy:
         arguments = params.arguments or {}
         meta = _forwarded(params.meta)
         session = _session_id(ctx)
-        call = self.declarations.call(params.name, arguments, self.run_id or session)
+        call = self.declarations.call(params.name, arguments, self.run_id)
         if call is None:
             return await self.upstream.call_tool(params.name, arguments, meta=meta)
         # The pair that names this call in the client's MCP spans (mcp.session.id and
@@ -233,37 +233,90 @@ def default_run(upstream: str) -> str:
     return f"mcp-{digest}"
 
 
-async def serve(args: argparse.Namespace, declarations: Declarations) -> None:
+async def serve(
+    args: argparse.Namespace, declarations: Declarations, options: dict[str, Any]
+) -> None:
     target: str | StdioServerParameters
     if args.url:
         target, named = args.url, args.url
     else:
         target = StdioServerParameters(command=args.command[0], args=args.command[1:])
         named = shlex.join(args.command)
-    tb = AsyncTallybook(**client_options())
-    run_id = args.run or declarations.run or (None if args.http else default_run(named))
+    tb = AsyncTallybook(**options)
+    # The run outlives a session: a client restarted after a crash opens a new MCP session
+    # (over streamable HTTP) and must ask for the same keys.
+    run_id = args.run or declarations.run or default_run(named)
     async with Client(target, cache=None, mode="legacy") as upstream:
         proxy = Proxy(upstream, declarations, tb, run_id=run_id, workflow=args.workflow)
         server = proxy.server()
-        if run_id:
-            # The run goes on while the agent is connected (over streamable HTTP without
-            # --run, each session is a run of its own, and none is ended).
-            run_event(tb, run_id, status="running", workflow=args.workflow)
+        # The run goes on while an agent is connected, and ends when the last one hangs up.
+        run_event(tb, run_id, status="running", workflow=args.workflow)
         if args.http:
             import uvicorn
 
-            app = server.streamable_http_app(host=args.host)
+            app = Sessions(server.streamable_http_app(host=args.host), tb, run_id, args.workflow)
             config = uvicorn.Config(app, host=args.host, port=args.http, log_level="warning")
             await uvicorn.Server(config).serve()
+            ended = app.ended
         else:
             async with stdio_server() as (read, write):
                 await server.run(read, write, server.create_initialization_options())
-        if run_id:
+            ended = False
+        if not ended:
             run_event(tb, run_id, status="ok", workflow=args.workflow)
-            # An agent gives its server a moment to exit once it hangs up (the mcp package:
-            # two seconds); what is not sent by then waits in the spool for the next proxy.
-            await tb.flush(timeout=1.0)
+        # An agent gives its server a moment to exit once it hangs up (the mcp package:
+        # two seconds); what is not sent by then waits in the spool for the next proxy.
+        await tb.flush(timeout=1.0)
     await tb.aclose(timeout=1.0)
+
+
+class Sessions:
+    """The streamable HTTP app, watching its MCP sessions: the run is `running` while one is
+    open and `ok` once the last closes (its client's DELETE). A session that only idles out
+    ends with the proxy."""
+
+    def __init__(self, app: Any, tb: AsyncTallybook, run_id: str, workflow: str) -> None:
+        self.app, self.tb, self.run_id, self.workflow = app, tb, run_id, workflow
+        self.open: set[str] = set()
+        self.ended = False  # the run reads "ok": no session since the last closed
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        asked = _header(scope.get("headers", ()), b"mcp-session-id")
+        closing = scope.get("method") == "DELETE" and asked is not None
+
+        async def watched(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                status = message.get("status", 500)
+                given = _header(message.get("headers", ()), b"mcp-session-id")
+                if asked is None and given and status < 400:
+                    self.opened(given)
+                elif closing and asked and status < 400:
+                    self.closed(asked)
+            await send(message)
+
+        await self.app(scope, receive, watched)
+
+    def opened(self, session: str) -> None:
+        if not self.open and self.ended:
+            run_event(self.tb, self.run_id, status="running", workflow=self.workflow)
+            self.ended = False
+        self.open.add(session)
+
+    def closed(self, session: str) -> None:
+        self.open.discard(session)
+        if not self.open and not self.ended:
+            run_event(self.tb, self.run_id, status="ok", workflow=self.workflow)
+            self.ended = True
+
+
+def _header(headers: Any, name: bytes) -> str | None:
+    for key, value in headers:
+        if key.lower() == name:
+            return bytes(value).decode("latin-1")
+    return None
 
 
 def parser() -> argparse.ArgumentParser:
@@ -289,11 +342,12 @@ def main(argv: list[str] | None = None) -> int:
         parser().error("give the server's command after --, or --url, not both")
     try:
         declarations = load(args.effects)
+        options = client_options()
     except DeclarationError as exc:
         print(f"tallybook-mcp: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    anyio.run(serve, args, declarations)
+    anyio.run(serve, args, declarations, options)
     return 0
 
 

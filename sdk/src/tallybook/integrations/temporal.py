@@ -53,10 +53,18 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from tallybook import tracing
 from tallybook.aio import AsyncEffect, AsyncTallybook
-from tallybook.client import Base, EffectOptions, ReplayPolicy
+from tallybook.client import REPLAY_POLICIES, Base, EffectOptions, ReplayPolicy
 from tallybook.errors import EffectInterrupted, IntentNotRecorded
+from tallybook.integrations._tool_calls import (
+    TOOL_CALL,
+    _accepted,
+    field_at,
+    jsonable,
+    names_known,
+    template_names,
+)
 from tallybook.records import Json, Receipt
-from tallybook.tools import MAX_RESULT, _template_names
+from tallybook.tools import MAX_RESULT
 
 log = logging.getLogger("tallybook")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -64,10 +72,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 ATTRIBUTE = "__tallybook_effect__"
 # The names a key template may use besides the activity's parameters.
 ACTIVITY_NAMES = ("workflow_id", "activity_id", "activity_type")
-REPLAY_POLICIES = ("never", "safe", "idempotent", "reconcile")
-# The receipt of an activity that declares no provider id names its Temporal attempt under
-# this system; the desk reads it as "no provider id".
-NO_PROVIDER_ID = "tool-call"
 # The longest deadline the server takes for an attempt (timeout_s).
 MAX_TIMEOUT_S = 7 * 24 * 3600
 ReceiptFrom = Union[str, Callable[[Any], Receipt]]  # noqa: UP007 (runs on 3.10)
@@ -98,9 +102,10 @@ class ActivityEffect:
                 f"replay={self.replay!r}{of} must be one of {', '.join(REPLAY_POLICIES)}"
             )
         if isinstance(self.key, str):
-            _names_known(of, "key template", _template_names(self.key), self.params, ACTIVITY_NAMES)
+            named = template_names(self.key)
+            names_known(f"the key template{of}", named, self.params, ACTIVITY_NAMES)
         elif callable(self.key):
-            _names_known(of, "key function", _accepted(self.key), self.params, ACTIVITY_NAMES)
+            names_known(f"the key function{of}", _accepted(self.key), self.params, ACTIVITY_NAMES)
         elif self.key is not None:
             raise TypeError(f"key={self.key!r}{of} must be a template or a function")
         if isinstance(self.receipt, str):
@@ -114,7 +119,7 @@ class ActivityEffect:
                 "or a function of the result returning a tallybook.Receipt"
             )
         if callable(self.amount):
-            _names_known(of, "amount function", _accepted(self.amount), self.params, ())
+            names_known(f"the amount function{of}", _accepted(self.amount), self.params, ())
         elif self.amount is not None and not (
             isinstance(self.amount, Mapping) and {"value", "currency"} <= set(self.amount)
         ):
@@ -354,7 +359,8 @@ class _Call:
             made = None
         if made is None:
             attempt = f"{self.info.workflow_id}/{self.info.activity_id}#{self.info.attempt}"
-            made = Receipt(system=NO_PROVIDER_ID, external_id=attempt)
+            # No provider id: the receipt names the Temporal attempt under TOOL_CALL.
+            made = Receipt(system=TOOL_CALL, external_id=attempt)
         kept: dict[str, Any] = {"result": _json(result)}
         if made.data is not None:
             kept["data"] = made.data
@@ -375,7 +381,7 @@ class _Call:
         if receipt is None:
             return result if isinstance(result, Receipt) else None
         if isinstance(receipt, str):
-            return Receipt(system=self.effect.target, external_id=str(_field(result, receipt)))
+            return Receipt(system=self.effect.target, external_id=str(field_at(result, receipt)))
         made = receipt(result)
         if not isinstance(made, Receipt):
             raise TypeError(f"receipt= returned {type(made).__name__}, not a tallybook.Receipt")
@@ -456,30 +462,7 @@ def _json(value: Any) -> Any:
         return json.loads(payload.data)
     if payload is not None and payload.metadata.get("encoding") == b"binary/null":
         return None
-    if isinstance(value, Mapping):
-        return {str(k): _json(v) for k, v in value.items()}
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError):
-        return str(value)
-    return value
-
-
-def _field(result: Any, path: str) -> Any:
-    value = result
-    for part in path.split("."):
-        value = value.get(part) if isinstance(value, Mapping) else getattr(value, part, None)
-    if value is None or value == "":
-        raise TypeError(f"the result has no {path!r}")
-    return value
-
-
-def _accepted(fn: Callable[..., Any]) -> set[str]:
-    """The names a function takes; none to check when it takes **kwargs."""
-    accepts = inspect.signature(fn).parameters.values()
-    if any(p.kind is p.VAR_KEYWORD for p in accepts):
-        return set()
-    return {p.name for p in accepts}
+    return jsonable(value)
 
 
 def _named(fn: Callable[..., Any], values: dict[str, Any]) -> dict[str, Any]:
@@ -487,16 +470,6 @@ def _named(fn: Callable[..., Any], values: dict[str, Any]) -> dict[str, Any]:
     if any(p.kind is p.VAR_KEYWORD for p in accepts.values()):
         return values
     return {name: value for name, value in values.items() if name in accepts}
-
-
-def _names_known(
-    of: str, role: str, names: set[str], params: tuple[str, ...], extra: tuple[str, ...]
-) -> None:
-    if unknown := names - {*params, *extra}:
-        raise TypeError(
-            f"the {role}{of} names {', '.join(sorted(unknown))}, which it does not take "
-            f"(its parameters: {', '.join(params) or 'none'}; also {', '.join(extra) or 'none'})"
-        )
 
 
 __all__ = ["ActivityEffect", "TallybookInterceptor", "TallybookPlugin", "effect", "refusal"]
