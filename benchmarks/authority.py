@@ -141,6 +141,7 @@ def build(db: str, effects: int) -> dict[str, Any]:
 
 def intents_measure(data: dict[str, Any], effects: int, intents: int) -> dict[str, list[float]]:
     """The times of `intents` intents through the state machine under each kind of authority."""
+    from durability.api.commands import intent_of
     from durability.api.schemas import IntentIn
     from durability.ledger import intents as ledger_intents
     from durability.models import Project
@@ -171,7 +172,7 @@ def intents_measure(data: dict[str, Any], effects: int, intents: int) -> dict[st
         def intent(i: int, prefix: str = f"a{n}", fields: dict[str, Any] = fields) -> None:
             body = {"key": f"{prefix}:{i}", "kind": "payment", "target": "stripe", **fields}
             ledger_intents.intent_record(
-                project=data["project"], actor="bench", intent=IntentIn(**body)
+                project=data["project"], actor="bench", intent=intent_of(IntentIn(**body))
             )
 
         measured[label] = _times(intent, intents)

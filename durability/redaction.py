@@ -13,10 +13,10 @@ import json
 import logging
 import math
 import re
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, get_args
+from typing import TYPE_CHECKING, Any, cast, get_args
 
 import re2
 from django.utils.crypto import salted_hmac
@@ -24,6 +24,8 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
     from durability.models import Project
 
 # A compiled project pattern (google-re2's class is generic only in its stubs).
@@ -400,36 +402,68 @@ def redact(value: Any, extras: Extras = NONE) -> Any:
     return value
 
 
-def redact_input[M: BaseModel](model: M, extras: Extras = NONE) -> M:
-    """A copy of a validated input with no secret left in any field.
+def _redacted(name: str, value: Any, extras: Extras, limit: int | None) -> Any:
+    """One field of an input, named `name`, redacted (`redact_input`); `limit`: its texts'
+    declared length."""
+    if isinstance(value, str):
+        if is_secret_key(name, extras):
+            return REDACTED
+        return distinct(value, extras, limit)
+    if type(value) in (dict, list):
+        # A JSON value's field name is the schema's or one scrubbed below: only its
+        # content is redacted.
+        return value if _nothing_to_redact(value, extras) else redact(value, extras)
+    if _is_scalar(value) and is_secret_key(name, extras):
+        return REDACTED
+    return redact(value, extras)
+
+
+def redact_input[M: BaseModel | DataclassInstance](model: M, extras: Extras = NONE) -> M:
+    """A copy of a validated input (a pydantic model, or a command: a dataclass) with no
+    secret left in any field.
 
     Its own text fields are identities or short reports (a key, an external id, an error)
-    and get `distinct`, within the field's declared length (its column's); JSON values (a
-    request, a receipt's data) get `redact`; nested inputs the same, recursively, and the
-    names of their free extra fields too. Not validated again: redaction keeps texts within
-    their declared length, or replaces values with text where any JSON was allowed.
+    and get `distinct`, within the field's declared length (its column's: a model's
+    constraints, a command field's `max_length` metadata); JSON values (a request, a
+    receipt's data) get `redact`; nested inputs the same, recursively, and the names of
+    their free extra fields too (a command's mapping field with `keys` metadata, the named
+    keys' lengths, has only free extra fields beside those). Not validated again: redaction
+    keeps texts within their declared length, or replaces values with text where any JSON
+    was allowed.
     """
+    if not isinstance(model, BaseModel):
+        return cast(M, _command_redacted(model, extras))
     schema = type(model)
 
     def redacted(name: str, value: Any) -> Any:
         if isinstance(value, BaseModel):
             return redact_input(value, extras)
-        if isinstance(value, str):
-            if is_secret_key(name, extras):
-                return REDACTED
-            return distinct(value, extras, _max_length(schema, name))
-        if type(value) in (dict, list):
-            # A JSON value's field name is the schema's or one scrubbed below: only its
-            # content is redacted.
-            return value if _nothing_to_redact(value, extras) else redact(value, extras)
-        if _is_scalar(value) and is_secret_key(name, extras):
-            return REDACTED
-        return redact(value, extras)
+        return _redacted(name, value, extras, _max_length(schema, name))
 
     values = {name: redacted(name, value) for name, value in model.__dict__.items()}
     for name, value in (model.model_extra or {}).items():
         values[scrub_text(name, extras)] = redacted(name, value)
-    return model.model_construct(_fields_set=model.model_fields_set, **values)
+    return cast(M, model.model_construct(_fields_set=model.model_fields_set, **values))
+
+
+def _command_redacted(command: DataclassInstance, extras: Extras) -> DataclassInstance:
+    values: dict[str, Any] = {}
+    for each in fields(command):
+        value = getattr(command, each.name)
+        if is_dataclass(value) and not isinstance(value, type):
+            values[each.name] = _command_redacted(value, extras)
+        elif (keys := each.metadata.get("keys")) is not None and isinstance(value, Mapping):
+            values[each.name] = {
+                (name if name in keys else scrub_text(name, extras)): _redacted(
+                    name, item, extras, keys.get(name)
+                )
+                for name, item in value.items()
+            }
+        else:
+            values[each.name] = _redacted(
+                name=each.name, value=value, extras=extras, limit=each.metadata.get("max_length")
+            )
+    return replace(command, **values)
 
 
 def _nothing_to_redact(value: dict[str, Any] | list[Any], extras: Extras) -> bool:

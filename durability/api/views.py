@@ -11,6 +11,7 @@ from pydantic import BaseModel
 
 from durability import inbound, redaction
 from durability.api import schemas, signals
+from durability.api.commands import failure_of, intent_of, receipt_of, timeout_of
 from durability.api.decorators import (
     ApiRequest,
     ItemRefused,
@@ -68,7 +69,9 @@ def _receipt(receipt: Receipt | None) -> ReceiptOut | None:
 @require_POST
 @authorize(schema=IntentIn, keys_ahead=True)
 def intents(request: PayloadRequest[IntentIn]) -> JsonResponse:
-    outcome = intent_record(project=request.project, actor=request.actor, intent=request.payload)
+    outcome = intent_record(
+        project=request.project, actor=request.actor, intent=intent_of(request.payload)
+    )
     return answer(
         DecisionOut(
             decision=cast(DecisionName, outcome.decision),
@@ -83,7 +86,9 @@ def intents(request: PayloadRequest[IntentIn]) -> JsonResponse:
 
 def _receipt_recorded(request: ApiRequest, receipt: ReceiptIn) -> tuple[ReceiptResultOut, int]:
     """Record one receipt (its own transaction); the answer and its status."""
-    outcome = evidence.receipt_record(project=request.project, actor=request.actor, receipt=receipt)
+    outcome = evidence.receipt_record(
+        project=request.project, actor=request.actor, receipt=receipt_of(receipt)
+    )
     return (
         ReceiptResultOut(
             receipt=ReceiptOut.of(outcome.receipt),
@@ -143,7 +148,7 @@ def _changed(body: EffectResultOut | ErrorOut, status: int) -> JsonResponse:
 def _failure(request: ApiRequest, failure: FailureIn) -> tuple[EffectResultOut | ErrorOut, int]:
     return _effect_change(
         lambda: evidence.failure_record(
-            project=request.project, actor=request.actor, failure=failure
+            project=request.project, actor=request.actor, failure=failure_of(failure)
         )
     )
 
@@ -176,7 +181,7 @@ def timeouts(request: PayloadRequest[TimeoutIn]) -> JsonResponse:
     return _changed(
         *_effect_change(
             lambda: evidence.timeout_record(
-                project=request.project, actor=request.actor, timeout=request.payload
+                project=request.project, actor=request.actor, timeout=timeout_of(request.payload)
             )
         )
     )

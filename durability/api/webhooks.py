@@ -27,9 +27,11 @@ from django.views.decorators.http import require_POST
 from pydantic import ValidationError
 
 from durability import inbound, redaction
+from durability.api.commands import receipt_of
 from durability.api.decorators import MiB, Refused, answer, body_within, error, field_errors
 from durability.api.schemas import CaseOut, EffectOut, HookDeliveryOut, HookReceiptOut, ReceiptIn
 from durability.ledger import evidence
+from durability.ledger.commands import ReceiptEvidence
 from durability.models import (
     GONE_UNDER_A_WRITE,
     Strength,
@@ -146,12 +148,14 @@ def _text(value: Any) -> str | None:
     return inbound.storable_text(value)
 
 
-def _receipt(fields: dict[str, Any], paths: Mapping[str, str]) -> ReceiptIn:
+def _receipt(fields: dict[str, Any], paths: Mapping[str, str]) -> ReceiptEvidence:
     """The receipt `fields` describe, or a 422 naming each bad field by its path in the
     payload (`paths`: receipt field -> payload path), which is what its sender knows."""
     try:
-        return ReceiptIn.model_validate(
-            {k: v for k, v in fields.items() if v is not None}, strict=False
+        return receipt_of(
+            ReceiptIn.model_validate(
+                {k: v for k, v in fields.items() if v is not None}, strict=False
+            )
         )
     except ValidationError as exc:
         errors = {paths.get(loc, loc): message for loc, message in field_errors(exc).items()}
@@ -167,7 +171,7 @@ def _mapped[T](paths: Mapping[str, str], field: str, convert: Callable[..., T], 
         raise Rejected(422, "The payload does not map to a receipt", {path: str(exc)}) from None
 
 
-def _generic(source: WebhookSource, payload: Any, delivery: str) -> list[ReceiptIn]:
+def _generic(source: WebhookSource, payload: Any, delivery: str) -> list[ReceiptEvidence]:
     mapping: dict[str, Any] = source.mapping
     paths = {name: mapping[name] for name in GENERIC_FIELDS if mapping.get(name)}
     found = {name: inbound.json_path(payload, path) for name, path in paths.items()}
@@ -216,7 +220,7 @@ def _trailer(message: str, name: str) -> str | None:
 
 def _github(
     source: WebhookSource, payload: Any, headers: Mapping[str, str], delivery: str
-) -> tuple[list[ReceiptIn], int]:
+) -> tuple[list[ReceiptEvidence], int]:
     """One receipt per pushed commit whose message names its effect in a trailer."""
     if headers.get(GITHUB_EVENT) != "push":
         return [], 0
@@ -276,7 +280,7 @@ RECEIVED_ALREADY = DeliveryOutcome([], duplicate=True)
 
 
 def webhook_receive(
-    *, source: WebhookSource, verified: Verified, receipts: list[ReceiptIn], ignored: int
+    *, source: WebhookSource, verified: Verified, receipts: list[ReceiptEvidence], ignored: int
 ) -> DeliveryOutcome:
     """Record a verified delivery once and its receipts as provider-confirmed evidence.
 

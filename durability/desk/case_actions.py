@@ -21,10 +21,10 @@ from django.utils import timezone
 
 from durability import audit
 from durability.accounts.timezones import distance
-from durability.api.schemas import ReceiptIn
 from durability.desk import notifications
 from durability.ledger import machine, settling
 from durability.ledger.cases import case_close
+from durability.ledger.commands import ReceiptEvidence
 from durability.models import (
     ACKNOWLEDGED,
     AuditAction,
@@ -179,9 +179,9 @@ def _claim(*, project: Project, case_id: int, version: int) -> Case:
     return case
 
 
-def _evidence_receipt(effect: Effect, evidence: Evidence) -> ReceiptIn:
+def _evidence_receipt(effect: Effect, evidence: Evidence) -> ReceiptEvidence:
     data = {k: v for k, v in (("link", evidence.link), ("note", evidence.note)) if v}
-    return ReceiptIn(
+    return ReceiptEvidence(
         key=effect.key,
         system=evidence.system,
         external_id=evidence.external_id,

@@ -9,17 +9,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from decimal import Decimal
 from functools import cache
 from typing import cast
 
 from django.utils import timezone
 
 from durability import audit, rows
-from durability.api.schemas import FailureIn, ReceiptIn, TimeoutIn
 from durability.audit import Trail
 from durability.ledger import grant_check
 from durability.ledger.cases import case_close, case_open, open_case_of, uncertain_case_open
+from durability.ledger.commands import Failure, ReceiptEvidence, Timeout
 from durability.ledger.decisions import when
 from durability.ledger.machine import Event, KeyLock, apply, locked
 from durability.ledger.signals import effect_recorded
@@ -81,7 +80,7 @@ def receipt_record(
     *,
     project: Project,
     actor: str,
-    receipt: ReceiptIn,
+    receipt: ReceiptEvidence,
     strength: Strength = Strength.AGENT_REPORTED,
 ) -> ReceiptOutcome:
     """Store evidence that an effect happened and settle the effect if it can be.
@@ -98,7 +97,7 @@ def receipt_record(
 def receipt_row(
     project: Project,
     effect: Effect | None,
-    receipt: ReceiptIn,
+    receipt: ReceiptEvidence,
     strength: Strength,
     *,
     attempt: int | None,
@@ -112,7 +111,7 @@ def receipt_row(
         external_id=receipt.external_id,
         observed_at=aware(receipt.observed_at),
         data=receipt.data,
-        amount=Decimal(receipt.amount.value) if receipt.amount else None,
+        amount=receipt.amount.value if receipt.amount else None,
         currency=receipt.amount.currency if receipt.amount else "",
         target=receipt.target or "",
         strength=strength,
@@ -138,7 +137,7 @@ def _sent_before_sql() -> str:
 
 
 def _receipt_store(
-    *, project: Project, actor: str, receipt: ReceiptIn, strength: Strength
+    *, project: Project, actor: str, receipt: ReceiptEvidence, strength: Strength
 ) -> ReceiptOutcome:
     # Before anything is looked up, stored or hashed: the redacted key and external id are
     # what earlier receipts were stored under.
@@ -369,7 +368,7 @@ def _receipt_apply(
 # -- failures, timeouts, deadlines ---------------------------------------------------------
 
 
-def failure_record(*, project: Project, actor: str, failure: FailureIn) -> EffectOutcome:
+def failure_record(*, project: Project, actor: str, failure: Failure) -> EffectOutcome:
     """A failed attempt: definitive (nothing happened) or uncertain (treated as a timeout)."""
     failure = redact_input(failure, extras_of(project))
     with audit.trail(project.pk, actor) as trail:
@@ -392,7 +391,7 @@ def failure_record(*, project: Project, actor: str, failure: FailureIn) -> Effec
     return EffectOutcome(effect, case, changed=True)
 
 
-def timeout_record(*, project: Project, actor: str, timeout: TimeoutIn) -> EffectOutcome:
+def timeout_record(*, project: Project, actor: str, timeout: Timeout) -> EffectOutcome:
     """The agent makes its timeout authoritative: the outcome is now uncertain."""
     timeout = redact_input(timeout, extras_of(project))
     with audit.trail(project.pk, actor) as trail:

@@ -19,7 +19,7 @@ from babel.numbers import format_currency, format_decimal
 from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
-from durability.api.schemas import IntentIn
+from durability.ledger.commands import Intent
 from durability.ledger.decisions import UNREAD, Unread
 from durability.models import (
     AuthorityPolicy,
@@ -94,9 +94,9 @@ def claimed_amount(value: Decimal, currency: str) -> str:
     return f"{value.normalize():f} {currency}"
 
 
-def _principals(intent: IntentIn) -> list[str]:
+def _principals(intent: Intent) -> list[str]:
     """The names an intent acts under: its context's agent and workflow."""
-    context = intent.context.model_dump(exclude_none=True) if intent.context else {}
+    context = intent.context
     return [v for k in ("agent", "workflow") if isinstance(v := context.get(k), str) and v]
 
 
@@ -132,7 +132,7 @@ def _deny(rule: Rule, why: str, grant: Grant | None = None) -> Check:
 def authority_check(
     *,
     project: Project,
-    intent: IntentIn,
+    intent: Intent,
     now: datetime | None = None,
     named: Grant | None | Unread = UNREAD,
 ) -> Check:
@@ -195,7 +195,7 @@ def authority_check(
         or grant.max_daily_amount is not None
         or grant.second_approval_above is not None
     )
-    value = Decimal(intent.amount.value) if intent.amount else None
+    value = intent.amount.value if intent.amount else None
     if limited and intent.amount is None:
         return _deny(Rule.AMOUNT_MISSING, "it limits amounts and the intent names none", grant)
     if limited and intent.amount is not None and intent.amount.currency != grant.currency:
@@ -250,7 +250,7 @@ def authority_check(
 # -- the claim an intent makes -------------------------------------------------------------
 
 
-def claim_of(intent: IntentIn) -> dict[str, Any]:
+def claim_of(intent: Intent) -> dict[str, Any]:
     """What an intent claims besides its request: everything the grant check and an
     approval read of it but the principal (a resumed attempt may run under another context).
 
@@ -263,7 +263,7 @@ def claim_of(intent: IntentIn) -> dict[str, Any]:
         "kind": intent.kind,
         "target": intent.target,
         "authority": intent.authority,
-        "amount": claimed_amount(Decimal(amount.value), amount.currency) if amount else None,
+        "amount": claimed_amount(amount.value, amount.currency) if amount else None,
     }
 
 

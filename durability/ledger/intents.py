@@ -29,16 +29,15 @@ from __future__ import annotations
 import hashlib
 import json
 from datetime import timedelta
-from decimal import Decimal
 from typing import Any, cast
 
 from django.utils import timezone
 
 from durability import audit, rows
-from durability.api.schemas import IntentIn
 from durability.audit import Trail
 from durability.ledger import evidence, grant_check
 from durability.ledger.cases import case_close, case_open, open_case_of, uncertain_case_open
+from durability.ledger.commands import Intent
 from durability.ledger.decisions import (
     UNREAD,
     Outcome,
@@ -126,7 +125,7 @@ def context_drift(previous: Attempt, current: Attempt) -> dict[str, list[Any]]:
     }
 
 
-def intent_record(*, project: Project, actor: str, intent: IntentIn) -> Outcome:
+def intent_record(*, project: Project, actor: str, intent: Intent) -> Outcome:
     """Record an intent and answer with a decision. Idempotent on the key.
 
     Locks the effect row; concurrent intents for one key are serialised on it, so
@@ -137,7 +136,7 @@ def intent_record(*, project: Project, actor: str, intent: IntentIn) -> Outcome:
     return outcome
 
 
-def _intent_store(*, project: Project, actor: str, intent: IntentIn) -> Outcome:
+def _intent_store(*, project: Project, actor: str, intent: Intent) -> Outcome:
     # The fingerprint and the claim are taken from the intent as sent, so that two requests
     # differing only in a secret are still two requests (a conflict); from here on only the
     # redacted intent is seen, so nothing stored or hashed into the audit chain holds a secret.
@@ -172,7 +171,7 @@ def _intent_store(*, project: Project, actor: str, intent: IntentIn) -> Outcome:
     return outcome
 
 
-def effect_interrupt(*, project: Project, pk: int, by: IntentIn) -> Effect | None:
+def effect_interrupt(*, project: Project, pk: int, by: Intent) -> Effect | None:
     """The effect's pending attempt was interrupted: the same run asked for the same tool
     call from another worker, under another key. Times the attempt out with an `uncertain`
     case; None when the effect no longer waits for that (a receipt, the sweep came first)."""
@@ -211,7 +210,7 @@ class _Read:
     it, its latest attempt and first receipt, whether its target has a reconciler, and the
     run's pending effects that look like the same tool call under another key."""
 
-    def __init__(self, project: Project, intent: IntentIn, fingerprint: str) -> None:
+    def __init__(self, project: Project, intent: Intent, fingerprint: str) -> None:
         self.project = project
         self.lock = lock = KeyLock(project, intent.key, _BESIDE)
         self.drawn = lock.key_drawn_if_new()
@@ -289,7 +288,7 @@ class _Read:
 
 
 def _effect_new(
-    project: Project, intent: IntentIn, fingerprint: str, claim: str, trail: Trail, read: _Read
+    project: Project, intent: Intent, fingerprint: str, claim: str, trail: Trail, read: _Read
 ) -> Outcome:
     """Record a new effect as its grant check rules (the key is locked: no other writer
     can record it meanwhile)."""
@@ -308,7 +307,7 @@ def _effect_new(
         timeout_s=intent.timeout_s or project.effect_timeout_s,
         authority=intent.authority,
         grant=check.grant,
-        amount=Decimal(intent.amount.value) if intent.amount else None,
+        amount=intent.amount.value if intent.amount else None,
         currency=intent.amount.currency if intent.amount else "",
     )
     attempt: Attempt | None = None
@@ -333,7 +332,7 @@ def _effect_new(
 
 def _ruled(
     effect: Effect,
-    intent: IntentIn,
+    intent: Intent,
     check: grant_check.Check,
     attempt: Attempt | None,
     authority: dict[str, Any],
@@ -424,7 +423,7 @@ def _reconciler_missing(effect: Effect, read: _Read) -> str:
 
 
 def _answer(
-    effect: Effect, intent: IntentIn, fingerprint: str, claim: str, trail: Trail, read: _Read
+    effect: Effect, intent: Intent, fingerprint: str, claim: str, trail: Trail, read: _Read
 ) -> Outcome:
     """An intent for a recorded effect: the decision rule's answer, acted on."""
     if effect.fingerprint != fingerprint or effect.claim != claim:
@@ -444,7 +443,7 @@ def _answer(
     return _retry(effect, latest, intent, trail)
 
 
-def _conflict(effect: Effect, intent: IntentIn, fingerprint: str, trail: Trail) -> Outcome:
+def _conflict(effect: Effect, intent: Intent, fingerprint: str, trail: Trail) -> Outcome:
     """The key was first recorded with another request or another authority claim: what
     was checked and approved is not what this intent would perform."""
     recorded, asked = grant_check.claim_recorded(effect), grant_check.claim_of(intent)
@@ -453,7 +452,7 @@ def _conflict(effect: Effect, intent: IntentIn, fingerprint: str, trail: Trail) 
         amount = intent.amount
         differs["amount"] = [
             None if effect.amount is None else grant_check.money(effect.amount, effect.currency),
-            None if amount is None else grant_check.money(Decimal(amount.value), amount.currency),
+            None if amount is None else grant_check.money(amount.value, amount.currency),
         ]
     if effect.fingerprint != fingerprint:
         # Both requests as stored (redacted): the fields that differ, or the fingerprints
@@ -490,7 +489,7 @@ def _conflict(effect: Effect, intent: IntentIn, fingerprint: str, trail: Trail) 
 
 
 def _attempt_resumed(
-    effect: Effect, current: Attempt, intent: IntentIn, trail: Trail
+    effect: Effect, current: Attempt, intent: Intent, trail: Trail
 ) -> Outcome | None:
     """An intent while an attempt is in progress: its own worker carries on with it (the
     answer); the same run in another process interrupted it (the effect times out, and
@@ -517,7 +516,7 @@ def _attempt_resumed(
     return None
 
 
-def _first_attempt(effect: Effect, intent: IntentIn, trail: Trail) -> Outcome:
+def _first_attempt(effect: Effect, intent: Intent, trail: Trail) -> Outcome:
     """The first intent after an approval makes the attempt the approval allowed."""
     attempt = _attempt_begin(effect, intent)
     effect.updated = attempt.started
@@ -527,7 +526,7 @@ def _first_attempt(effect: Effect, intent: IntentIn, trail: Trail) -> Outcome:
     return Outcome(Decision.PROCEED, effect, "Approved: perform the effect, then send the receipt.")
 
 
-def _retry(effect: Effect, previous: Attempt | None, intent: IntentIn, trail: Trail) -> Outcome:
+def _retry(effect: Effect, previous: Attempt | None, intent: Intent, trail: Trail) -> Outcome:
     """A new attempt at an effect whose last one failed, did not happen or may be replayed."""
     was = effect.state
     effect.late = False
@@ -559,11 +558,11 @@ def _retry(effect: Effect, previous: Attempt | None, intent: IntentIn, trail: Tr
 # -- attempts ------------------------------------------------------------------------------
 
 
-def _context_of(intent: IntentIn) -> dict[str, Any]:
-    return intent.context.model_dump(exclude_none=True) if intent.context else {}
+def _context_of(intent: Intent) -> dict[str, Any]:
+    return dict(intent.context)
 
 
-def _place(effect: Effect, intent: IntentIn) -> None:
+def _place(effect: Effect, intent: Intent) -> None:
     """Where in a run and trace the intent was made, and who made it (the agent named, else
     the workflow), copied onto the effect's open cases if that changed; the caller saves
     the effect."""
@@ -585,7 +584,7 @@ def _named(value: Any) -> str:
     return value[:255] if isinstance(value, str) else ""
 
 
-def _attempt_begin(effect: Effect, intent: IntentIn) -> Attempt:
+def _attempt_begin(effect: Effect, intent: Intent) -> Attempt:
     """Number, time and place the next attempt; the caller saves the effect."""
     now = timezone.now()
     effect.attempt_count += 1

@@ -9,8 +9,8 @@ from __future__ import annotations
 from django.utils import timezone
 
 from durability import audit
-from durability.api.schemas import ReceiptIn
 from durability.ledger.cases import case_close, open_case_of
+from durability.ledger.commands import ReceiptEvidence
 from durability.ledger.evidence import EffectOutcome, receipt_row
 from durability.ledger.machine import Event, IllegalTransition, apply, can, locked_by_id
 from durability.models import Approval, ApprovalStatus, Project, Reason, State, Strength
@@ -39,7 +39,7 @@ def effect_settle(
     actor: str,
     event: Event,
     note: str,
-    evidence: ReceiptIn | None = None,
+    evidence: ReceiptEvidence | None = None,
 ) -> EffectOutcome:
     """An operator's or a reconciler's verdict on an effect, closing the cases it settles.
 

@@ -8,6 +8,7 @@ probe panel shows, for its views and for the case page's `{% probe_panel %}` tag
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -15,12 +16,11 @@ from typing import Any
 
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
-from pydantic import ValidationError
 
-from durability import audit, redaction
+from durability import audit, inbound, redaction
 from durability.accounts.roles import Access, Perm
-from durability.api.schemas import ReceiptIn
 from durability.ledger import settling
+from durability.ledger.commands import ReceiptEvidence
 from durability.ledger.machine import Event
 from durability.models import (
     AuditAction,
@@ -140,14 +140,12 @@ def effect_probe(*, effect_id: int, requested_by: str = SCAN_ACTOR) -> Probe | N
         return None
     started = timezone.now()
     answer = _ask(config, effect)
-    receipt: ReceiptIn | None = None
+    receipt: ReceiptEvidence | None = None
     if isinstance(answer, Found):
         try:
             receipt = _receipt_of(effect, answer)
-        except ValidationError as exc:
-            answer = Unknown(
-                f"the {config.kind} reconciler's answer cannot be recorded: {_why(exc)}"
-            )
+        except ValueError as exc:
+            answer = Unknown(f"the {config.kind} reconciler's answer cannot be recorded: {exc}")
     probe = Probe(
         project_id=effect.project_id,
         effect=effect,
@@ -187,29 +185,55 @@ def effect_probe(*, effect_id: int, requested_by: str = SCAN_ACTOR) -> Probe | N
     return probe
 
 
-def _receipt_of(effect: Effect, answer: Found) -> ReceiptIn:
-    """The receipt a found answer is recorded as; ValidationError if it cannot be one (a
-    a plug-in's time out of range): the answer is then unknown."""
-    return ReceiptIn(
+def _receipt_of(effect: Effect, answer: Found) -> ReceiptEvidence:
+    """The receipt a found answer is recorded as; ValueError naming the field if it cannot
+    be one (a plug-in's time out of range, a text PostgreSQL cannot store): the answer is
+    then unknown."""
+    system = _text("system", answer.system, 100, strip=True)
+    external_id = _text("external_id", answer.external_id, 255)
+    observed_at = answer.observed_at
+    if observed_at is not None:
+        if not isinstance(observed_at, datetime):
+            raise ValueError("observed_at: expected a datetime")
+        try:
+            observed_at = inbound.instant(observed_at)
+        except ValueError as exc:
+            raise ValueError(f"observed_at: {exc}") from None
+    if (found := inbound.unstorable_at(answer.data)) is not None:
+        raise ValueError(f"data: {found[2]}")
+    try:
+        json.dumps(answer.data, allow_nan=False, default=str)
+    except ValueError:
+        raise ValueError("data: numbers must be finite") from None
+    return ReceiptEvidence(
         key=effect.key,
-        system=answer.system[:100],
-        external_id=answer.external_id,
-        observed_at=answer.observed_at,
+        system=system,
+        external_id=external_id,
+        observed_at=observed_at,
         data=answer.data,
     )
 
 
-def _why(exc: ValidationError) -> str:
-    return "; ".join(
-        f"{'.'.join(map(str, e['loc'])) or 'receipt'}: {e['msg']}" for e in exc.errors()
-    )
+def _text(name: str, value: Any, longest: int, *, strip: bool = False) -> str:
+    """A plug-in's text for a receipt's field: a string of 1 to `longest` characters that
+    PostgreSQL can store (`system` is cut to its length, and stripped, as before)."""
+    if not isinstance(value, str):
+        raise ValueError(f"{name}: expected a string")
+    if strip:
+        value = value[:longest].strip()
+    if not 1 <= len(value) <= longest:
+        raise ValueError(f"{name}: must have 1 to {longest} characters")
+    try:
+        return inbound.storable_text(value)
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}") from None
 
 
 def _apply(
     effect: Effect,
     config: ReconcilerConfig,
     answer: Answer,
-    evidence: ReceiptIn | None,
+    evidence: ReceiptEvidence | None,
     probe: Probe,
 ) -> None:
     """Settle the locked, still timed-out effect if the answer allows it."""

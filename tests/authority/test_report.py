@@ -15,9 +15,9 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from durability import tallies
-from durability.api.schemas import AmountIn, ReceiptIn
 from durability.authority.report import PAGE_SIZE
 from durability.ledger import evidence
+from durability.ledger.commands import Amount, ReceiptEvidence
 from durability.models import Case as LedgerCase
 from durability.models import Effect, Project, Receipt, Strength
 from tests.authority.support import grant, under
@@ -31,11 +31,11 @@ def _provider(project: Project, key: str, external_id: str, amount: str | None =
     evidence.receipt_record(
         project=project,
         actor="webhook:test",
-        receipt=ReceiptIn(
+        receipt=ReceiptEvidence(
             key=key,
             system="stripe",
             external_id=external_id,
-            amount=AmountIn(value=amount, currency="EUR") if amount else None,
+            amount=Amount(Decimal(amount), "EUR") if amount else None,
         ),
         strength=Strength.PROVIDER_CONFIRMED,
     )

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 from typing import Any
 
 from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 
-from durability.api.schemas import AmountIn, ReceiptIn
 from durability.ledger import evidence
+from durability.ledger.commands import Amount, ReceiptEvidence
 from durability.models import Case, Grant, Membership, Project, Reason, Role, State
 from tests.ledger import support as ledger
 
@@ -84,11 +85,11 @@ def exceeding_case(project: Project, key: str = "refund:42") -> Case:
     evidence.receipt_record(
         project=project,
         actor=ledger.ACTOR,
-        receipt=ReceiptIn(
+        receipt=ReceiptEvidence(
             key=key,
             system="stripe",
             external_id="re_400",
-            amount=AmountIn(value="400", currency="EUR"),
+            amount=Amount(Decimal("400"), "EUR"),
         ),
     )
     return Case.objects.get(effect__key=key, reason=Reason.AUTHORITY_EXCEEDED)

@@ -112,15 +112,15 @@ def test_verifyaudit_can_check_one_project_and_rejects_unknown_names(project):
 
 
 def test_entries_show_the_effects_key_and_name_an_api_key_by_its_name(project, desk):
-    from durability.api.schemas import IntentIn
     from durability.ledger import intents
+    from durability.ledger.commands import Intent
     from durability.models import ApiKey
 
     key, _ = ApiKey.issue(project, name="demo agents")
     intents.intent_record(
         project=project,
         actor=f"api:{key.prefix}",
-        intent=IntentIn(
+        intent=Intent(
             key="refund:H-1",
             kind="refund",
             target="stripe",

@@ -12,11 +12,11 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from durability.api.schemas import FailureIn
 from durability.desk import queue
 from durability.desk.queue import QueueQuery, groups_page, open_cases
 from durability.ledger import evidence
 from durability.ledger.cases import cause_of, group_key_of
+from durability.ledger.commands import Failure
 from durability.models import AuditAction, AuditEntry, Case, Grant, Reason, Severity, State
 from tests.desk.support import late_success_case, logged_in, search, uncertain_case
 from tests.ledger import support as ledger
@@ -44,7 +44,7 @@ def _failed(project, key: str, error: str, **intent_fields) -> Case:
     evidence.failure_record(
         project=project,
         actor=ledger.ACTOR,
-        failure=FailureIn(key=key, error=error, definitive=False),
+        failure=Failure(key=key, error=error, definitive=False),
     )
     return Case.objects.get(effect__key=key, reason=Reason.UNCERTAIN, closed=None)
 

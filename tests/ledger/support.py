@@ -9,8 +9,10 @@ from django.db import connection
 from django.utils import timezone
 
 from durability.accounts import members
-from durability.api.schemas import FailureIn, IntentIn, ReceiptIn, TimeoutIn
+from durability.api.commands import intent_of
+from durability.api.schemas import IntentIn
 from durability.ledger import evidence, intents, settling
+from durability.ledger.commands import Failure, ReceiptEvidence, Timeout
 from durability.ledger.decisions import Outcome
 from durability.ledger.evidence import EffectOutcome, ReceiptOutcome
 from durability.ledger.machine import Event
@@ -50,14 +52,14 @@ def intent(project: Project, key: str = "k1", **fields: Any) -> Outcome:
     body.setdefault("request", {"amount": 1})
     body.update(fields)
     body.setdefault("authority", {"grant": everything(project).pk})
-    return intents.intent_record(project=project, actor=ACTOR, intent=IntentIn(**body))
+    return intents.intent_record(project=project, actor=ACTOR, intent=intent_of(IntentIn(**body)))
 
 
 def receipt(project: Project, key: str = "k1", external_id: str = "ext-1") -> ReceiptOutcome:
     return evidence.receipt_record(
         project=project,
         actor=ACTOR,
-        receipt=ReceiptIn(key=key, system="stripe", external_id=external_id),
+        receipt=ReceiptEvidence(key=key, system="stripe", external_id=external_id),
     )
 
 
@@ -65,13 +67,13 @@ def failure(project: Project, key: str = "k1", *, definitive: bool) -> EffectOut
     return evidence.failure_record(
         project=project,
         actor=ACTOR,
-        failure=FailureIn(key=key, error="HTTP 502", definitive=definitive),
+        failure=Failure(key=key, error="HTTP 502", definitive=definitive),
     )
 
 
 def timeout(project: Project, key: str = "k1") -> EffectOutcome:
     return evidence.timeout_record(
-        project=project, actor=ACTOR, timeout=TimeoutIn(key=key, reason="no answer in 30s")
+        project=project, actor=ACTOR, timeout=Timeout(key=key, reason="no answer in 30s")
     )
 
 
@@ -83,7 +85,9 @@ def settle(project: Project, key: str, event: Event, *, evidence: str = "") -> E
         actor=OPERATOR,
         event=event,
         note="checked the provider's dashboard",
-        evidence=ReceiptIn(key=key, system="stripe", external_id=evidence) if evidence else None,
+        evidence=ReceiptEvidence(key=key, system="stripe", external_id=evidence)
+        if evidence
+        else None,
     )
 
 

@@ -9,8 +9,8 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from durability.api.schemas import ReceiptIn
 from durability.ledger import evidence
+from durability.ledger.commands import ReceiptEvidence
 from durability.models import Attempt, AuditEntry, Case, Effect, Probe, Receipt, ReconcilerConfig
 from durability.reconcilers.base import Found, NotFound, ProbeConfig, Reconciler, Unknown
 from durability.reconcilers.reconciling import effect_probe
@@ -393,7 +393,7 @@ def test_an_answer_that_comes_after_the_effect_was_settled_changes_nothing(
         evidence.receipt_record(
             project=project,
             actor="agent",
-            receipt=ReceiptIn(key=effect.key, system="stripe", external_id="re_agent"),
+            receipt=ReceiptEvidence(key=effect.key, system="stripe", external_id="re_agent"),
         )
 
     monkeypatch.setattr(scripted, "meanwhile", staticmethod(receipt_arrives))

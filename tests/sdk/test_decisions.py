@@ -34,6 +34,7 @@ from durability.api.schemas import (
     TimeoutIn,
 )
 from durability.ledger import settling
+from durability.ledger.commands import ReceiptEvidence
 from durability.ledger.machine import Event
 from durability.models import Effect
 from tests.authority.support import grant
@@ -95,7 +96,7 @@ def _settle(what: str) -> None:
         "happened": Event.ATTEST_HAPPENED,
         "abandon": Event.ABANDON,
     }[what]
-    evidence = ReceiptIn(key=KEY, system="fakepay", external_id="seen-by-alice")
+    evidence = ReceiptEvidence(key=KEY, system="fakepay", external_id="seen-by-alice")
     settling.effect_settle(
         project=effect.project,
         effect_id=effect.pk,

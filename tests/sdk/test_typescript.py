@@ -20,8 +20,8 @@ from django.db import connection
 from tallybook.spool import Spool, spool_dir
 from tallybook.transport import Retry, Transport
 
-from durability.api.schemas import ReceiptIn
 from durability.ledger import settling
+from durability.ledger.commands import ReceiptEvidence
 from durability.ledger.machine import Event
 from durability.models import Effect
 from tests.authority.support import grant
@@ -41,7 +41,7 @@ VERDICTS = {
 def settle(key: str, what: str) -> None:
     """What a person at the desk does to an effect in doubt."""
     effect = Effect.objects.get(key=key)
-    evidence = ReceiptIn(key=key, system="fakepay", external_id="seen-by-alice")
+    evidence = ReceiptEvidence(key=key, system="fakepay", external_id="seen-by-alice")
     settling.effect_settle(
         project=effect.project,
         effect_id=effect.pk,

@@ -12,6 +12,7 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from decimal import Decimal
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -24,11 +25,11 @@ from django.db import transaction
 from django.utils import timezone
 
 from durability.accounts.members import apikey_create, project_policy_set
-from durability.api.schemas import FailureIn, IntentIn, ReceiptIn, TimeoutIn
 from durability.authority import approvals, grants
 from durability.demo import DEMO_DIR, PROVIDER_PORT, repository
 from durability.demo.telemetry import MODEL
 from durability.ledger import evidence, intents, machine, settling
+from durability.ledger.commands import Amount, Failure, Intent, ReceiptEvidence, Timeout
 from durability.models import (
     Approval,
     AuthorityPolicy,
@@ -114,9 +115,7 @@ class History:
         }
         fields.update(extra)
         self.later(random.uniform(1, 4))
-        outcome = intents.intent_record(
-            project=self.project, actor=ACTOR, intent=IntentIn.model_validate(fields)
-        )
+        outcome = intents.intent_record(project=self.project, actor=ACTOR, intent=Intent(**fields))
         return outcome.effect
 
     def trajectory(self, run_id: str, agent: str, tool: str, arguments: dict[str, Any]) -> str:
@@ -220,17 +219,21 @@ class History:
         self.later(random.uniform(1, 3))
         fields = {"key": key, "system": system, "external_id": external_id, **extra}
         evidence.receipt_record(
-            project=self.project, actor=ACTOR, receipt=ReceiptIn.model_validate(fields)
+            project=self.project, actor=ACTOR, receipt=ReceiptEvidence(**fields)
         )
 
     def timeout(self, key: str) -> None:
         self.later(30)
         evidence.timeout_record(
-            project=self.project, actor=ACTOR, timeout=TimeoutIn(key=key, reason="no answer")
+            project=self.project, actor=ACTOR, timeout=Timeout(key=key, reason="no answer")
         )
 
     def settle(
-        self, effect: Effect, event: machine.Event, note: str, evidence: ReceiptIn | None = None
+        self,
+        effect: Effect,
+        event: machine.Event,
+        note: str,
+        evidence: ReceiptEvidence | None = None,
     ) -> None:
         settling.effect_settle(
             project=self.project,
@@ -353,7 +356,7 @@ class History:
         evidence.failure_record(
             project=self.project,
             actor=ACTOR,
-            failure=FailureIn(key="refund:H-101", error="card_closed", definitive=True),
+            failure=Failure(key="refund:H-101", error="card_closed", definitive=True),
         )
 
     def uncertain_reply(self) -> None:
@@ -381,7 +384,7 @@ class History:
     def attested(self) -> None:
         effect = self.refund(116)
         self.timeout("refund:H-116")
-        found = ReceiptIn(key="refund:H-116", system="payments", external_id="re_h116")
+        found = ReceiptEvidence(key="refund:H-116", system="payments", external_id="re_h116")
         self.settle(effect, machine.Event.ATTEST_HAPPENED, "Found in the dashboard.", found)
 
     def compensated(self) -> None:
@@ -419,7 +422,7 @@ class History:
         evidence.failure_record(
             project=self.project,
             actor=ACTOR,
-            failure=FailureIn(key="reply:H-110", error="HTTP 502", definitive=True),
+            failure=Failure(key="reply:H-110", error="HTTP 502", definitive=True),
         )
         self.reply(110, context={"workflow": "support-bot", "workflow_version": "1.1.0"})
         self.receipt("reply:H-110", "chat", "msg_h110")
@@ -458,10 +461,8 @@ class History:
         self.receipt("email:H-114", "mailer", "mail_h114")
 
     def exceeded(self) -> None:
-        self.refund(115, amount={"value": "40.00", "currency": "EUR"})
-        self.receipt(
-            "refund:H-115", "payments", "re_h115", amount={"value": "400.00", "currency": "EUR"}
-        )
+        self.refund(115, amount=Amount(Decimal("40.00"), "EUR"))
+        self.receipt("refund:H-115", "payments", "re_h115", amount=Amount(Decimal("400.00"), "EUR"))
 
 
 def repository_fresh(path: Path) -> None:
