@@ -217,13 +217,19 @@ def worker_connections(server: ServerProcess) -> list[http.client.HTTPConnection
     log = server.access_log
     assert log is not None, "the server keeps no access log"
     kept: dict[str, http.client.HTTPConnection] = {}
-    for _ in range(200):
-        seen = len(access_lines(log))
+    for n in range(200):
+        # A path of its own, so that its line is found whatever else the log holds (a line
+        # of another request, the server's start for one, may be written after this one's).
+        probe = f"/api/v1/worker-probe-{n}"
         connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
-        connection.request("GET", "/api/v1/openapi.json")
+        connection.request("GET", probe)
         connection.getresponse().read()
-        wait_until(lambda: len(access_lines(log)) > seen, 30, "the access log")  # noqa: B023
-        pid = access_lines(log)[seen][0]
+
+        def answered(probe: str = probe) -> list[str]:
+            return [line[0] for line in access_lines(log) if line[2:3] == [probe]]
+
+        wait_until(lambda: answered() != [], 30, "the access log")  # noqa: B023
+        pid = answered()[0]
         if pid in kept:
             connection.close()
         else:
