@@ -53,7 +53,7 @@ def main() -> None:
     from django.test import Client
     from django.test.utils import CaptureQueriesContext
 
-    from durability import models
+    from durability.models import keys
     from durability.models import ApiKey, Project
 
     call_command("migrate", verbosity=0)
@@ -65,14 +65,14 @@ def main() -> None:
         return ApiKey.authenticate(raw)
 
     def looked_up() -> object:
-        models._authenticated.clear()
+        keys._authenticated.clear()
         return ApiKey.authenticate(raw)
 
     def request_cached() -> object:
         return client.get("/api/v1/effects", {"key": "nope"}, secure=True)
 
     def request_looked_up() -> object:
-        models._authenticated.clear()
+        keys._authenticated.clear()
         return request_cached()
 
     kinds = {

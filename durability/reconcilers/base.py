@@ -13,15 +13,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 from urllib.parse import quote
 
-from django.conf import settings
-from django.utils.module_loading import import_string
 from pydantic import BaseModel, ConfigDict
 
-if TYPE_CHECKING:
-    from durability.models import Effect
+from durability.models import Effect, reconciler_class
 
 
 @dataclass(frozen=True)
@@ -76,28 +73,13 @@ class Reconciler[C: ProbeConfig](ABC):
         """Look the effect up; never raise for a failure of the external system."""
 
 
-def _plugins() -> dict[str, str]:
-    plugins: dict[str, str] = settings.TALLYBOOK_RECONCILERS
-    return plugins
-
-
-class UnknownKind(LookupError):
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
-        known = ", ".join(sorted(_plugins()))
-        super().__init__(f"no reconciler of kind {kind!r}; known: {known}")
-
-
 def reconciler_for(kind: str, config: Mapping[str, Any]) -> Reconciler[Any]:
     """A ready reconciler; raises UnknownKind or pydantic.ValidationError for a bad config.
 
     The class is found by its dotted path in settings.TALLYBOOK_RECONCILERS and imported
-    on first use, so nothing loads the plug-ins before a probe needs one.
+    on first use (`reconciler_class`), so nothing loads the plug-ins before a probe needs one.
     """
-    path = _plugins().get(kind)
-    if path is None:
-        raise UnknownKind(kind)
-    cls: type[Reconciler[Any]] = import_string(path)
+    cls: type[Reconciler[Any]] = reconciler_class(kind)
     return cls(cls.Config.model_validate(dict(config)))
 
 

@@ -31,7 +31,7 @@ from durability.models import (
     State,
     Strength,
 )
-from durability.reconcilers.base import Answer, Found, NotFound, Unknown
+from durability.reconcilers.base import Answer, Found, NotFound, Unknown, reconciler_for
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ def _ask(config: ReconcilerConfig, effect: Effect) -> Answer:
     """
     answer: Answer
     try:
-        answer = config.reconciler().probe(effect)
+        answer = reconciler_for(config.kind, config.config).probe(effect)
     except Exception as exc:
         logger.exception("the %s reconciler failed on effect %s", config.kind, effect.pk)
         answer = Unknown(f"the {config.kind} reconciler failed: {exc}")

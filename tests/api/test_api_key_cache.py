@@ -7,7 +7,7 @@ from __future__ import annotations
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from durability import models
+from durability.models import keys
 from durability.accounts.members import apikey_revoke, member_add, project_policy_set
 from durability.models import ApiKey, AuthorityPolicy, KeysVersion, Project, Role
 
@@ -19,7 +19,7 @@ def _statements(api, path: str) -> list[str]:
 
 
 def test_a_cached_key_costs_one_primary_key_read_and_no_key_lookup(api):
-    models._authenticated.clear()
+    keys._authenticated.clear()
     first = _statements(api, "effects?key=nope")
     again = _statements(api, "effects?key=nope")
     # The first request looks the key up by digest with its project and the keys version,
