@@ -56,6 +56,7 @@ CORE = tuple(
         "exports",
     )
 )
+MODELS = ("durability.models",)
 LEDGER = ("durability.ledger",)
 ACCOUNTS = ("durability.accounts",)
 
@@ -78,11 +79,14 @@ class Room:
 
 
 ROOMS = (
+    # The models are the floor every room stands on: they import no room, nor the rest of
+    # the core (a plug-in they need is named in settings and imported by dotted path).
+    Room("models", ("durability/models/",), (), "Django, the standard library, each other"),
     Room(
         "shared core",
-        tuple(f"{module.replace('.', '/')}.py" for module in CORE),
-        (),
-        "Django, the standard library, each other (models: also reconcilers.base)",
+        tuple(f"{module.replace('.', '/')}.py" for module in CORE if module not in MODELS),
+        MODELS,
+        "Django, the standard library, each other, models",
     ),
     Room("accounts", ("durability/accounts/",), CORE, "shared core"),
     Room("retention", ("durability/retention/",), CORE, "shared core"),
@@ -155,14 +159,10 @@ ROOMS = (
         "shared core, accounts",
     ),
 )
-# The exceptions to a row, by file. models.py imports the reconciler plug-in interface:
-# ReconcilerConfig.reconciler() asks base.reconciler_for for the class named by dotted path
-# in settings.TALLYBOOK_RECONCILERS, which imports the plug-in on first use; base.py imports
-# models only under TYPE_CHECKING, so the core loads nothing of the rooms but that interface.
-# The demo's seed stores its agents' trajectories as the events API does (the events ingest
-# and the links it makes), so that seeded cases have runs and spans as live ones do.
+# The exceptions to a row, by file. The demo's seed stores its agents' trajectories as the
+# events API does (the events ingest and the links it makes), so that seeded cases have runs
+# and spans as live ones do.
 EXCEPTIONS = {
-    "durability/models.py": ("durability.reconcilers.base",),
     "durability/management/commands/demo.py": ("trajectories.ingest", "trajectories.links"),
 }
 # Across every room: a page view (a `views` module) is imported only by its own room (its
@@ -187,11 +187,15 @@ def _within(module: str, packages: tuple[str, ...]) -> bool:
 
 
 def _model_names(app: str, root: Path) -> set[str]:
-    models = root / app / "models.py"
-    if not models.exists():
-        return set()
-    tree = ast.parse(models.read_text())
-    return {node.name.lower() for node in tree.body if isinstance(node, ast.ClassDef)}
+    """The classes of the app's models: its models.py, or every module of its models/."""
+    found = [root / app / "models.py", *sorted((root / app / "models").glob("*.py"))]
+    return {
+        node.name.lower()
+        for models in found
+        if models.exists()
+        for node in ast.parse(models.read_text()).body
+        if isinstance(node, ast.ClassDef)
+    }
 
 
 def _is_module(path: Path) -> bool:
@@ -271,7 +275,12 @@ def test_the_layout_check_sees_every_kind_of_import(tmp_path):
 
 def test_a_violation_names_the_file_the_import_and_the_rule(tmp_path):
     files = {
-        "durability/models.py": "class Effect: ...\n",
+        "durability/models/effects.py": (
+            "class Effect: ...\n"
+            "from durability.models.projects import Project\n"  # allowed
+            "from durability.reconcilers.base import Reconciler\n"
+        ),
+        "durability/models/projects.py": "class Project: ...\n",
         "durability/ledger/probe.py": (
             "from durability.models import Effect\n"  # allowed
             "def later():\n"
@@ -294,6 +303,8 @@ def test_a_violation_names_the_file_the_import_and_the_rule(tmp_path):
         "durability/elsewhere.py sits in no room of the table",
         "durability/ledger/probe.py:3 imports durability.api.decorators.authorize:"
         " ledger may import shared core",
+        "durability/models/effects.py:3 imports durability.reconcilers.base.Reconciler:"
+        " models may import Django, the standard library, each other",
         "durability/templatetags/probes.py:1 imports durability.reconcilers.views.PANEL:"
         " a room never imports another room's page views",
     ]
