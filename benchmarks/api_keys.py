@@ -53,8 +53,7 @@ def main() -> None:
     from django.test import Client
     from django.test.utils import CaptureQueriesContext
 
-    from durability.models import keys
-    from durability.models import ApiKey, Project
+    from durability.models import ApiKey, Project, keys
 
     call_command("migrate", verbosity=0)
     logging.getLogger("django.request").setLevel(logging.ERROR)  # each request is a 404

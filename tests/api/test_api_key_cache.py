@@ -7,9 +7,8 @@ from __future__ import annotations
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from durability.models import keys
 from durability.accounts.members import apikey_revoke, member_add, project_policy_set
-from durability.models import ApiKey, AuthorityPolicy, KeysVersion, Project, Role
+from durability.models import ApiKey, AuthorityPolicy, KeysVersion, Project, Role, keys
 
 
 def _statements(api, path: str) -> list[str]:
