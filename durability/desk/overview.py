@@ -23,7 +23,7 @@ from django.views.decorators.http import require_GET
 from durability.accounts.access import AuthedRequest, project_access
 from durability.accounts.roles import Perm
 from durability.desk.effect_filter import effects_url
-from durability.desk.queue import QueueQuery
+from durability.desk.queue import QueueQuery, awake, snoozed
 from durability.models import Case, Effect, Project, Reason, Severity, State
 from durability.tallies import (
     PROBLEM_CASES,
@@ -101,15 +101,25 @@ class ReasonRow:
     cells: list[Number]
 
 
-def open_cases_table(project: Project) -> tuple[list[ReasonRow], list[Number]]:
-    """Open cases by reason and severity (one GROUP BY), and the column totals."""
+def open_cases_table(
+    project: Project, now: datetime
+) -> tuple[list[ReasonRow], list[Number], Number, int]:
+    """Open cases by reason and severity (one GROUP BY), the column totals, the snoozed ones
+    and every open case. The table counts the cases awake at `now`, as the queue each cell
+    links to shows them; the snoozed ones are counted beside it (with the queue's snoozed
+    view), and the backlog's line starts from every open case."""
     found = (
         Case.objects.filter(project=project, closed=None)
         .values_list("reason", "severity")
-        .annotate(n=Count("id"))
+        .annotate(n=Count("id"), asleep=Count("id", filter=snoozed(now)))
         .order_by()
     )
-    counts: dict[tuple[str, int], int] = {(r, s): n for r, s, n in found}
+    counts: dict[tuple[str, int], int] = {}
+    asleep = every = 0
+    for reason, severity, n, snoozed_n in found:
+        counts[(reason, severity)] = n - snoozed_n
+        asleep += snoozed_n
+        every += n
 
     def at_least(severity: int, reason: str | None = None) -> int:
         return sum(n for (r, s), n in counts.items() if s >= severity and reason in (None, r))
@@ -124,13 +134,15 @@ def open_cases_table(project: Project) -> tuple[list[ReasonRow], list[Number]]:
         if at_least(Severity.LOW, reason)
     ]
     rows.sort(key=lambda row: [-c.n for c in row.cells])
-    return rows, [cell(s) for s, _ in SEVERITY_COLUMNS]
+    totals = [cell(s) for s, _ in SEVERITY_COLUMNS]
+    return rows, totals, Number(asleep, queue_url(snoozed=True)), every
 
 
-def oldest_open_case(project: Project) -> Case | None:
-    """Walks case_queue_open_idx."""
+def oldest_open_case(project: Project, now: datetime) -> Case | None:
+    """The oldest case awake at `now` (a snoozed one waits by an operator's choice); walks
+    case_queue_open_idx."""
     return (
-        Case.objects.filter(project=project, closed=None)
+        Case.objects.filter(awake(now), project=project, closed=None)
         .select_related("effect")
         .order_by("opened", "id")
         .first()
@@ -551,7 +563,7 @@ def index(request: AuthedRequest) -> HttpResponse:
         range_name = default_range(project, now)
     day_ago = now - DAY
     tallied = tallied_until(project)
-    reasons, severity_totals = open_cases_table(project)
+    reasons, severity_totals, asleep, every_open = open_cases_table(project, now)
     effects = last_day_effects(project, day_ago, tallied)
     context = {
         "project": project,
@@ -559,11 +571,12 @@ def index(request: AuthedRequest) -> HttpResponse:
         "severity_columns": [label for _, label in SEVERITY_COLUMNS],
         "severity_totals": severity_totals,
         "open_total": severity_totals[-1],
-        "oldest": oldest_open_case(project),
+        "snoozed_total": asleep,
+        "oldest": oldest_open_case(project, now),
         "chart": effects_chart(
             project, range_name, now, tallied, problems=request.GET.get("show") == "problems"
         ),
-        "backlog": backlog(project, range_name, now, tallied, severity_totals[-1].n),
+        "backlog": backlog(project, range_name, now, tallied, every_open),
         "last_day": last_day(project, day_ago),
         "strengths": effects.strengths,
         "agents": effects.agents,

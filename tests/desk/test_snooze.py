@@ -172,3 +172,23 @@ def test_the_snoozed_view_walks_its_index_and_the_queue_its_own(project, alice):
 
     assert "case_snoozed_idx" in scanned({"snoozed": "1"})
     assert "case_queue_open_idx" in scanned({})
+
+
+def test_the_overview_counts_the_cases_the_queue_shows_and_the_snoozed_ones_beside_them(
+    desk, project
+):
+    sleeper = uncertain_case(project, "refund-1")
+    awake = uncertain_case(project, "refund-2")
+    Case.objects.filter(pk=sleeper.pk).update(opened=timezone.now() - timedelta(hours=3))
+    desk.post(f"/cases/{sleeper.pk}/snooze/", {"version": sleeper.version, "snooze": "1h"})
+
+    overview = desk.get("/")
+
+    # The tile, the table and the oldest case: what the queue they link to shows.
+    assert overview.context["open_total"].n == 1 == len(_shown(desk.get("/queue/")))
+    assert overview.context["oldest"].pk == awake.pk
+    snoozed = overview.context["snoozed_total"]
+    assert snoozed.n == 1 and _shown(desk.get(snoozed.url)) == {sleeper.pk}
+    assert f'<a href="{snoozed.url}">1</a> snoozed' in overview.content.decode()
+    # The backlog's line starts from every open case, snoozed or not.
+    assert overview.context["backlog"].bars[-1].still_open == 2
