@@ -12,9 +12,11 @@
  * `tallybook.testing` does: a new key proceeds, a receipt completes it, an outcome nobody knows
  * is in doubt until an operator (`tb.fake.settle(...)`) says what happened, a key reused for
  * another request or another claim (kind, target, authority or amount) is a conflict.
- * Authority is granted unless `new FakeServer({ approval, denied })` names the kind. Tallybook's
- * own tests run one table of cases (tests/sdk/decisions.json) against this fake and the real
- * server, so the two agree.
+ * Authority is granted unless `new FakeServer({ approval, denied })` names the kind. The
+ * multi-status routes answer one result per item, as the server's: the batches of receipts and
+ * failures the sender sends, and run and span events (kept by id in `fake.events`, each run's
+ * latest status in `fake.runs`). Tallybook's own tests run one table of cases
+ * (tests/sdk/decisions.json) against this fake and the real server, so the two agree.
  */
 
 import { mkdtempSync, rmSync } from "node:fs";

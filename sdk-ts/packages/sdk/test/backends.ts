@@ -10,7 +10,7 @@ import * as path from "node:path";
 import type { Config } from "../src/client.js";
 import { Tallybook } from "../src/index.js";
 import { FakeTallybook } from "../src/testing.js";
-import type { Channel, Response } from "../src/transport.js";
+import { type Channel, NO_RETRY, type Response, Transport } from "../src/transport.js";
 
 export type Verdict = "not_happened" | "happened" | "abandon";
 
@@ -21,6 +21,8 @@ export interface Backend {
   state(key: string): Promise<string>;
   /** Two grants' ids (the fake grants any). */
   grants: [number, number];
+  /** The API itself, as the client speaks to it (no retries). */
+  api: Channel;
   close(): Promise<void>;
 }
 
@@ -61,6 +63,7 @@ export function fake(): Backend {
       return tb.fake.state(key);
     },
     grants: [1, 2],
+    api: tb.fake,
     close: () => tb.close(),
   };
 }
@@ -82,6 +85,13 @@ export function live(): Backend {
       return (await tb.status(key)).state;
     },
     grants,
+    api: new Transport(
+      process.env.TALLYBOOK_URL as string,
+      process.env.TALLYBOOK_API_KEY as string,
+      30_000,
+      NO_RETRY,
+      "tests",
+    ),
     close: () => tb.close(),
   };
 }
