@@ -799,11 +799,13 @@ export class Tallybook {
    * 405), or one that refuses the batch whole, gets them one by one. An item the server could
    * not take now (429, 5xx) stays, and the pass ends as if the server were away.
    */
-  private async deliverBatch(entries: Entry[]): Promise<void> {
+  private async deliverBatch(collected: Entry[]): Promise<void> {
+    // One an intent began to send meanwhile (its key's events go first) is its to finish.
+    const entries = collected.filter((entry) => !this.inFlight.has(entry.path));
     const [only] = entries;
-    if (only !== undefined && entries.length === 1) {
+    if (only === undefined || entries.length === 1) {
       try {
-        await this.deliverOnce(only, NO_RETRY);
+        if (only !== undefined) await this.deliverOnce(only, NO_RETRY);
       } catch (error) {
         if (!(error instanceof RequestRejected)) throw error;
       }
@@ -889,7 +891,9 @@ export class Tallybook {
       this.settled(entry, refused.status, response.body);
       throw rejected(refused.status, refused.body ?? refused);
     }
-    if (!this.settled(entry, response.status, response.body)) throw rejected(response.status, response.body);
+    if (this.settled(entry, response.status, response.body)) return;
+    if (transient(response.status)) throw new ServerUnavailable(`${entry.endpoint}: HTTP ${response.status}`);
+    throw rejected(response.status, response.body);
   }
 
   /**

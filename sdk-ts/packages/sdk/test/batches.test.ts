@@ -177,6 +177,35 @@ describe("batches, answers the fake gives as a server might", () => {
     await tb.close();
   });
 
+  test("an intent waits for its key's receipt while the sender has it in a batch, and is answered completed", async () => {
+    const tb = new FakeTallybook();
+    const pay = { kind: "payment", target: "fakepay" };
+    const first = await tb.fake.request("POST", "/api/v1/intents", { key: "pay:1", ...pay, worker: tb.worker });
+    assert.equal(first.body.decision, "proceed");
+    let release!: () => void;
+    const held = new Promise<void>((done) => {
+      release = done;
+    });
+    const sent = intercept(tb, async (path, _body, send) => {
+      if (path.endsWith("/batch")) await held;
+      return send();
+    });
+    leftInSpool(tb, [{ key: "pay:1", system: "fakepay", external_id: "re_1" }, receipt(2, "held"), receipt(3, "held")]);
+    const flushed = tb.flush(60_000); // the batch is on its way now, its answer held
+    const again = tb.effect("pay:1", pay, (fx) => fx.completed);
+    release();
+    assert.equal(await again, true);
+    assert.ok(await flushed);
+    assert.deepEqual(
+      sent.map((s) => [s.path, s.status]),
+      [
+        ["/api/v1/receipts/batch", 207],
+        ["/api/v1/intents", 200],
+      ],
+    );
+    await tb.close();
+  });
+
   test("a server without the batch routes is sent one by one from then on", async () => {
     const tb = new FakeTallybook();
     const sent = intercept(tb, async (path, _body, send) =>
