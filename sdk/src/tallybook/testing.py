@@ -554,7 +554,8 @@ def _event_problem(event: Any) -> Json | None:
     """Why the server would reject this event (its error and fields); None when it takes it."""
     if not isinstance(event, dict):
         return {"error": "An event must be an object", "fields": {"": "Expected an object"}}
-    requires = EVENT_REQUIRES.get(event.get("type")) if isinstance(event.get("type"), str) else None
+    kind = event.get("type")
+    requires = EVENT_REQUIRES.get(kind) if isinstance(kind, str) else None
     if requires is None:
         return {"error": "Unknown event type", "fields": {"type": "Expected 'run' or 'span'"}}
     fields = {name: "This field is required" for name in ("id", *requires) if name not in event}
