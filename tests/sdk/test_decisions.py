@@ -17,6 +17,7 @@ from tallybook import (
     EffectDenied,
     EffectInDoubt,
     EffectUnsettled,
+    ServerUnavailable,
     Tallybook,
     testing,
 )
@@ -46,11 +47,16 @@ TABLE = json.loads((Path(__file__).parent / "decisions.json").read_text())
 KEY = TABLE["key"]
 RAISES = {"wait": EffectInDoubt, "denied": EffectDenied, "conflict": EffectConflict}
 
-# (what the agent or the operator does, the decision the block is given, the state after)
-CASES: dict[str, tuple[dict[str, Any], list[tuple[str, str | None, str]]]] = {
-    name: (case["options"], [tuple(step) for step in case["steps"]])
+# (what the agent or the operator does, the decision the block is given, the state after,
+# and, where the table gives them, the reasons of the effect's open cases after)
+Step = tuple[str, str | None, str, list[str] | None]
+CASES: dict[str, tuple[dict[str, Any], list[Step]]] = {
+    name: (case["options"], [(*step, None)[:4] for step in case["steps"]])
     for name, case in TABLE["cases"].items()
 }
+# The spool's steps: what a process that died before sending left in the spool with the key's
+# own report, and sends in one batch (the table's "steps" says each).
+SPOOL_STEPS = ("batch", "batch_refused", "batch_lost", "fail_batch")
 
 
 @dataclass
@@ -117,6 +123,15 @@ def _act(backend: Backend, what: str, options: dict[str, Any], n: int) -> str | 
         tb.receipt(KEY, system="fakepay", external_id=f"re_late_{n}")
         return None
     request = {"order": 42, "other": what == "other"}
+    if what == "die":
+        intent = {"key": KEY, "kind": "payment", "target": "fakepay", "request": request}
+        intent |= {"worker": "a process that died", **options}
+        answer = backend.api.request("POST", "/api/v1/intents", intent)
+        assert answer.status == 201, answer.body
+        return str(answer.body["decision"])
+    if what in SPOOL_STEPS:
+        _left_in_spool(backend, what, n)
+        return None
     block = tb.effect(KEY, kind="payment", target="fakepay", request=request, **options)
     try:
         with block as fx:
@@ -135,13 +150,58 @@ def _act(backend: Backend, what: str, options: dict[str, Any], n: int) -> str | 
     return fx.decision
 
 
+def _left_in_spool(backend: Backend, what: str, n: int) -> None:
+    """The key's report and two others, written to the spool as a process that died before
+    sending them left them; the client sends them in one batch (flushed by the caller)."""
+    spool = backend.tb.spool
+    keys = (KEY, f"{KEY}:step{n}:1", f"{KEY}:step{n}:2")
+    endpoint = "failures" if what == "fail_batch" else "receipts"
+    bodies: list[dict[str, Any]] = [
+        {"key": key, "error": "declined", "definitive": True}
+        if endpoint == "failures"
+        else {"key": key, "system": "fakepay", "external_id": f"re_{n}"}
+        for key in keys
+    ]
+    if what == "batch_refused":
+        bodies[1]["colour"] = "red"
+    if what == "batch_lost":
+        _lose_an_answer(backend)
+    # Locked until all are written, so that the sender finds the three together.
+    for entry in [spool.put(endpoint, body) for body in bodies]:
+        spool.release(entry)
+
+
+def _lose_an_answer(backend: Backend) -> None:
+    """The next batch reaches the server, which records it; its answer is lost on the way."""
+    transport = backend.tb._configured().transport
+    send = transport.request
+    lost: list[str] = []
+
+    def losing(method: str, path: str, body: Any = None, **options: Any) -> Any:
+        answer = send(method, path, body, **options)
+        if path.endswith("/batch") and not lost:
+            lost.append(path)
+            raise ServerUnavailable(f"{method} {path}: the connection was reset")
+        return answer
+
+    transport.request = losing  # type: ignore[method-assign]
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_fake_and_the_server_decide_alike(backend, case):
     options, steps = CASES[case]
-    for n, (what, decision, state) in enumerate(steps):
+    refused = 0
+    for n, (what, decision, state, cases) in enumerate(steps):
         assert _act(backend, what, options, n) == decision, (case, n, what)
         assert backend.tb.flush()
         assert backend.state() == state, (case, n, what)
+        detail = backend.api.request("GET", f"/api/v1/effects?key={KEY}").body
+        if cases is not None:
+            assert sorted(c["reason"] for c in detail["cases"]) == cases, (case, n, what)
+        if what == "batch_lost":
+            assert len(detail["receipts"]) == 1, (case, n, what)
+        refused += what == "batch_refused"
+        assert len(list(backend.tb.spool.rejected.glob("*.json"))) == refused, (case, n, what)
 
 
 # A later intent for the key claiming otherwise than the first (kind, target, grant, amount)
@@ -343,3 +403,65 @@ def test_the_fake_refuses_a_field_the_server_refuses(backend):
         400,
         {"external_id": "This field is required"},
     )
+
+
+def test_the_fake_answers_batches_and_events_as_the_server_does(backend):
+    """The multi-status routes the SDK's sender reads one result at a time: the batches of
+    receipts and failures, and run and span events, each item answered on its own."""
+    api = backend.api
+    intent = {"key": KEY, "request": REQUEST, **_claim(backend, {})}
+    assert api.request("POST", "/api/v1/intents", intent).status == 201
+
+    receipt = {"key": KEY, "system": "fakepay", "external_id": "re_1"}
+    receipts = [receipt, receipt | {"colour": "red"}, receipt]
+    batch = api.request("POST", "/api/v1/receipts/batch", {"receipts": receipts})
+    assert batch.status == 207
+    results = batch.body["results"]
+    assert [(r["index"], r["status"]) for r in results] == [(0, 201), (1, 400), (2, 200)]
+    assert results[0]["body"]["effect"]["state"] == "succeeded"
+    assert results[1]["body"] == {"error": "Invalid request", "fields": {"colour": "Unknown field"}}
+    assert results[2]["body"]["created"] is False
+
+    failures = [{"key": KEY, "error": "declined"}, {"key": "refund:none", "error": "declined"}]
+    batch = api.request("POST", "/api/v1/failures/batch", {"failures": failures})
+    assert batch.status == 207
+    assert [r["status"] for r in batch.body["results"]] == [409, 404]
+    for empty in ({"receipts": []}, {"receipts": [receipt] * 101}, {"failures": "all"}):
+        path = f"/api/v1/{next(iter(empty))}/batch"
+        assert api.request("POST", path, empty).status == 400, empty
+
+    run = {"type": "run", "id": "ev-1", "run_id": "run-1", "status": "running"}
+    events = [run, {"type": "run", "id": "ev-2"}, {"type": "trace", "id": "ev-3"}]
+    first = api.request("POST", "/api/v1/events", {"events": events})
+    again = api.request("POST", "/api/v1/events", {"events": [run]})
+    assert (first.status, again.status) == (207, 207)
+    assert {k: first.body[k] for k in ("stored", "duplicates", "rejected")} == {
+        "stored": 1,
+        "duplicates": 0,
+        "rejected": 2,
+    }
+    assert first.body["results"] == [
+        {"index": 0, "id": "ev-1", "status": 201, "result": "stored"},
+        {
+            "index": 1,
+            "id": "ev-2",
+            "status": 400,
+            "result": "rejected",
+            "error": "Invalid event",
+            "fields": {"run_id": "This field is required"},
+        },
+        {
+            "index": 2,
+            "id": "ev-3",
+            "status": 400,
+            "result": "rejected",
+            "error": "Unknown event type",
+            "fields": {"type": "Expected 'run' or 'span'"},
+        },
+    ]
+    assert again.body == {
+        "stored": 0,
+        "duplicates": 1,
+        "rejected": 0,
+        "results": [{"index": 0, "id": "ev-1", "status": 200, "result": "duplicate"}],
+    }

@@ -17,8 +17,10 @@ Authority is granted unless `FakeServer(approval=..., denied=...)` names the kin
 approvals are given with `tb.fake.approve(key)`. It takes the fields the API takes (an
 unknown or a missing one is a 400, as there) and answers the fields the API answers, amounts
 and grants included; a grant's limits are not checked (`grant` names any grant, one with
-no limits). Tallybook's own tests run one table of cases against this fake and the real
-server, so the two agree.
+no limits). The multi-status routes answer one result per item, as the server's: the batches
+of receipts and failures the sender sends, and run and span events (kept by id in
+`fake.events`, each run's latest status in `fake.runs`). Tallybook's own tests run one table
+of cases against this fake and the real server, so the two agree.
 """
 
 from __future__ import annotations
@@ -73,10 +75,14 @@ TAKES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     ),
     "/api/v1/failures": (FAILURE, ("definitive",)),
     "/api/v1/timeouts": (("key", "reason"), ()),
+    "/api/v1/events": (("events",), ()),
 }
 # The batch routes of the reports the SDK spools, and the field that holds their items.
 BATCHES = {"/api/v1/receipts/batch": "receipts", "/api/v1/failures/batch": "failures"}
 MAX_BATCH = 100
+MAX_EVENTS = 1000
+# What each event type requires besides its id (as the server's schemas).
+EVENT_REQUIRES = {"run": ("run_id",), "span": ("trace_id", "span_id", "name", "start")}
 
 
 def _now() -> str:
@@ -168,6 +174,8 @@ class FakeServer:
         self.effects: dict[str, FakeEffect] = {}
         self.closed_cases: list[Json] = []
         self.orphans: list[Json] = []  # receipts for a key no intent recorded
+        self.events: dict[str, Json] = {}  # run and span events by id, as received
+        self.runs: dict[str, str] = {}  # the runs' latest status, from their run events
         self._ids = 0
         self._lock = threading.Lock()
 
@@ -224,6 +232,7 @@ class FakeServer:
                 "/api/v1/receipts": self._receipt_in,
                 "/api/v1/failures": self._failure,
                 "/api/v1/timeouts": self._timeout,
+                "/api/v1/events": self._events_in,
             }.get(path.removesuffix("/batch") if path in BATCHES else path)
             if method != "POST" or handler is None:
                 return Response(404, {"error": f"the fake has no {method} {path}"})
@@ -238,13 +247,47 @@ class FakeServer:
         batch itself refused (400) only when it is no batch of 1 to MAX_BATCH items."""
         items = body.get(BATCHES[path]) if isinstance(body, dict) else None
         if not isinstance(items, list) or not 1 <= len(items) <= MAX_BATCH or len(body) != 1:
-            return Response(400, {"error": "Invalid request", "fields": {BATCHES[path]: "?"}})
+            fields = {BATCHES[path]: f"A list of 1 to {MAX_BATCH} items"}
+            return Response(400, {"error": "Invalid request", "fields": fields})
         single = path.removesuffix("/batch")
         results = []
         for index, item in enumerate(items):
             answer = _refused(single, item) or handler(item)
             results.append({"index": index, "status": answer.status, "body": answer.body})
         return Response(207, {"results": results})
+
+    def _events_in(self, body: Json) -> Response:
+        """Run and span events: each stored, a duplicate (an id seen before) or rejected on
+        its own (207), as the server answers them."""
+        events = body["events"]
+        if not isinstance(events, list) or not 1 <= len(events) <= MAX_EVENTS:
+            fields = {"events": f"A list of 1 to {MAX_EVENTS} events"}
+            return Response(400, {"error": "Invalid request", "fields": fields})
+        counts = dict.fromkeys(("stored", "duplicate", "rejected"), 0)
+        results: list[Json] = []
+        for index, event in enumerate(events):
+            event_id = event.get("id") if isinstance(event, dict) else None
+            result: Json = {"index": index, "id": event_id if isinstance(event_id, str) else None}
+            if (problem := _event_problem(event)) is not None:
+                result |= {"status": 400, "result": "rejected", **problem}
+            elif event["id"] in self.events:
+                result |= {"status": 200, "result": "duplicate"}
+            else:
+                self.events[event["id"]] = event
+                if event["type"] == "run" and event.get("status"):
+                    self.runs[event["run_id"]] = event["status"]
+                result |= {"status": 201, "result": "stored"}
+            counts[result["result"]] += 1
+            results.append(result)
+        return Response(
+            207,
+            {
+                "stored": counts["stored"],
+                "duplicates": counts["duplicate"],
+                "rejected": counts["rejected"],
+                "results": results,
+            },
+        )
 
     def close(self) -> None:
         """Nothing to close: the transport's interface."""
@@ -505,6 +548,18 @@ class FakeServer:
     def _next_id(self) -> int:
         self._ids += 1
         return self._ids
+
+
+def _event_problem(event: Any) -> Json | None:
+    """Why the server would reject this event (its error and fields); None when it takes it."""
+    if not isinstance(event, dict):
+        return {"error": "An event must be an object", "fields": {"": "Expected an object"}}
+    kind = event.get("type")
+    requires = EVENT_REQUIRES.get(kind) if isinstance(kind, str) else None
+    if requires is None:
+        return {"error": "Unknown event type", "fields": {"type": "Expected 'run' or 'span'"}}
+    fields = {name: "This field is required" for name in ("id", *requires) if name not in event}
+    return {"error": "Invalid event", "fields": fields} if fields else None
 
 
 def _refused(path: str, body: Any) -> Response | None:

@@ -36,6 +36,12 @@ import { type Channel, NO_RETRY, Retry, sleep, Transport } from "./transport.js"
 export const VERSION = "0.1.0";
 export const DEFAULT_URL = "http://127.0.0.1:8000";
 const MAX_ERROR = 4000; // what the server keeps of a failure's error
+/**
+ * The spooled reports the sender sends in batches (`POST /api/v1/<endpoint>/batch`), as the
+ * Python SDK does, and the most a batch holds (the server's MAX_BATCH).
+ */
+export const BATCHED = ["receipts", "failures"];
+export const BATCH_ITEMS = 100;
 const APPROVAL = "approval_required";
 const UNCERTAIN = "uncertain";
 /** A tool's result larger than this (as JSON) is not kept with its receipt; the receipt is. */
@@ -371,6 +377,28 @@ function rejected(status: number, body: unknown): RequestRejected {
   return new RequestRejected(status, String(body));
 }
 
+interface ItemResult {
+  status: number;
+  body?: unknown;
+}
+
+/** A multi-status answer's results, one an item in order; null when it has not `count` of them. */
+function itemResults(body: unknown, count: number): ItemResult[] | null {
+  const results = body && typeof body === "object" ? (body as Json).results : undefined;
+  if (!Array.isArray(results) || results.length !== count) return null;
+  const fine = results.every((r) => r && typeof r === "object" && Number.isInteger(r.status));
+  return fine ? (results as ItemResult[]) : null;
+}
+
+/** An item's status that says "not now" rather than "never": it is sent again. */
+function transient(status: number): boolean {
+  return status === 429 || status >= 500;
+}
+
+function itemsLater(endpoint: string, later: number, of: number): ServerUnavailable {
+  return new ServerUnavailable(`${later} of ${of} ${endpoint} could not be taken now; they stay in the spool`);
+}
+
 /**
  * Effects inside `fn` belong to this run, whichever client records them; `fn` is given its id.
  * Give a stable `runId` (a ticket id, a job id) so that a restarted process resumes the run.
@@ -394,6 +422,8 @@ export class Tallybook {
   private failing = false;
   private readonly inFlight = new Map<string, Promise<void>>();
   private interrupt: (() => void) | null = null;
+  /** The server answered a batch 404 (or 405): an older one, sent one by one from then on. */
+  private noBatches = false;
 
   constructor(protected readonly options: TallybookOptions = {}) {
     this.worker = options.worker ?? newWorker();
@@ -642,6 +672,9 @@ export class Tallybook {
       // This effect's spooled events go first: its receipt must not arrive after a later
       // intent for it, which would be answered as if it had none.
       for (const entry of config.spool.pendingFor(key)) {
+        // The sender may be sending it right now (alone or in a batch): that first.
+        await this.inFlight.get(entry.path)?.catch(() => undefined);
+        if (config.spool.read(entry.path) === null) continue; // delivered, or set aside
         try {
           await this.deliverOnce(entry, undefined, deadline - Date.now());
         } catch (error) {
@@ -712,15 +745,7 @@ export class Tallybook {
     while (!this.closed) {
       this.again = false;
       try {
-        for (const file of spool.pending()) {
-          const entry = spool.read(file);
-          if (entry === null) continue;
-          try {
-            await this.deliverOnce(entry, NO_RETRY);
-          } catch (error) {
-            if (!(error instanceof RequestRejected)) throw error;
-          }
-        }
+        await this.sendPending();
         failures = 0;
       } catch (error) {
         if (!(error instanceof ServerUnavailable)) console.error("Tallybook spool delivery failed", error);
@@ -730,6 +755,96 @@ export class Tallybook {
       if (!failures && !this.again && !spool.pending().length) return;
       if (failures) await this.pause(channel.retry.delay(Math.min(failures, 16)));
     }
+  }
+
+  /**
+   * One pass of the sender: the spool's events oldest first, each tried once; runs of receipts
+   * (or of failures) go in batches of up to BATCH_ITEMS, in the spool's order. An event this
+   * client is sending already (an intent sends its key's first) is waited for, not sent again.
+   */
+  private async sendPending(): Promise<void> {
+    const { spool } = this.configured();
+    const elsewhere: Promise<void>[] = [];
+    let batch: Entry[] = [];
+    for (const file of spool.pending()) {
+      const sending = this.inFlight.get(file);
+      if (sending !== undefined) {
+        elsewhere.push(sending.catch(() => undefined));
+        continue;
+      }
+      const entry = spool.read(file);
+      if (entry === null) continue;
+      const first = batch[0];
+      if (first !== undefined && (entry.endpoint !== first.endpoint || batch.length === BATCH_ITEMS)) {
+        await this.deliverBatch(batch);
+        batch = [];
+      }
+      if (BATCHED.includes(entry.endpoint) && !this.noBatches) {
+        batch.push(entry);
+        continue;
+      }
+      try {
+        await this.deliverOnce(entry, NO_RETRY);
+      } catch (error) {
+        if (!(error instanceof RequestRejected)) throw error;
+      }
+    }
+    if (batch.length) await this.deliverBatch(batch);
+    await Promise.all(elsewhere);
+  }
+
+  /**
+   * Send one endpoint's entries in one request; each leaves the spool once its own result says
+   * the server has it, as the Python SDK's sender does. A server without the batch route (404,
+   * 405), or one that refuses the batch whole, gets them one by one. An item the server could
+   * not take now (429, 5xx) stays, and the pass ends as if the server were away.
+   */
+  private async deliverBatch(collected: Entry[]): Promise<void> {
+    // One an intent began to send meanwhile (its key's events go first) is its to finish.
+    const entries = collected.filter((entry) => !this.inFlight.has(entry.path));
+    const [only] = entries;
+    if (only === undefined || entries.length === 1) {
+      try {
+        if (only !== undefined) await this.deliverOnce(only, NO_RETRY);
+      } catch (error) {
+        if (!(error instanceof RequestRejected)) throw error;
+      }
+      return;
+    }
+    const sending = this.sendBatch(entries).finally(() => {
+      for (const entry of entries) this.inFlight.delete(entry.path);
+    });
+    for (const entry of entries) this.inFlight.set(entry.path, sending);
+    await sending;
+  }
+
+  private async sendBatch(entries: Entry[]): Promise<void> {
+    const { channel } = this.configured();
+    const endpoint = (entries[0] as Entry).endpoint;
+    // A lost answer (a connection reset, a timeout) leaves every entry in the spool: sent
+    // again, each is answered as recorded before.
+    const response = await channel.request(
+      "POST",
+      `/api/v1/${endpoint}/batch`,
+      { [endpoint]: entries.map((entry) => entry.body) },
+      { retry: NO_RETRY },
+    );
+    const results = response.status === 207 ? itemResults(response.body, entries.length) : null;
+    if (results === null) {
+      if ([404, 405].includes(response.status)) this.noBatches = true;
+      for (const entry of entries) {
+        try {
+          await this.deliver(entry, NO_RETRY);
+        } catch (error) {
+          if (!(error instanceof RequestRejected)) throw error;
+        }
+      }
+      return;
+    }
+    const later = entries.filter(
+      (entry, n) => !this.settled(entry, (results[n] as ItemResult).status, results[n]?.body),
+    );
+    if (later.length) throw itemsLater(endpoint, later.length, entries.length);
   }
 
   /** A backoff pause that does not keep the process alive, and that close() cuts short. */
@@ -756,23 +871,51 @@ export class Tallybook {
   }
 
   private async deliver(entry: Entry, retry?: Retry, budgetMs?: number): Promise<void> {
-    const { channel, spool } = this.configured();
+    const { channel } = this.configured();
     const response = await channel.request("POST", `/api/v1/${entry.endpoint}`, entry.body, {
       retry,
       budgetMs: budgetMs === undefined ? undefined : Math.max(1, budgetMs),
     });
-    if (response.status < 300 || (entry.endpoint === "intents" && response.status === 409)) {
-      spool.done(entry);
-      return;
+    if (response.status === 207) {
+      // Events are answered one result each: the entry is delivered once every one is.
+      const events = Array.isArray(entry.body.events) ? entry.body.events.length : 0;
+      const results = itemResults(response.body, events);
+      if (results === null) throw new ServerUnavailable(`an answer to ${entry.endpoint} without its results`);
+      const later = results.filter((result) => transient(result.status)).length;
+      if (later) throw itemsLater(entry.endpoint, later, results.length);
+      const refused = results.find((result) => result.status >= 300);
+      if (refused === undefined) {
+        this.configured().spool.done(entry);
+        return;
+      }
+      this.settled(entry, refused.status, response.body);
+      throw rejected(refused.status, refused.body ?? refused);
     }
-    if (entry.endpoint === "failures" && [404, 409].includes(response.status)) {
-      // The server settled the effect some other way first; it knows better.
-      console.warn(`Tallybook did not apply the failure of '${entry.body.key}': ${JSON.stringify(response.body)}`);
-      spool.done(entry);
-      return;
-    }
-    spool.reject(entry, JSON.stringify(response.body));
+    if (this.settled(entry, response.status, response.body)) return;
+    if (transient(response.status)) throw new ServerUnavailable(`${entry.endpoint}: HTTP ${response.status}`);
     throw rejected(response.status, response.body);
+  }
+
+  /**
+   * Act on the server's answer to one entry (alone, or its result in a batch): done with it
+   * (the server has it, or settled the effect some other way first), set aside as refused
+   * (false), or kept for the next pass when the server could not take it now (false).
+   */
+  private settled(entry: Entry, status: number, body: unknown): boolean {
+    const { spool } = this.configured();
+    if (status < 300 || (entry.endpoint === "intents" && status === 409)) {
+      spool.done(entry);
+      return true;
+    }
+    if (entry.endpoint === "failures" && [404, 409].includes(status)) {
+      // The server settled the effect some other way first; it knows better.
+      console.warn(`Tallybook did not apply the failure of '${entry.body.key}': ${JSON.stringify(body)}`);
+      spool.done(entry);
+      return true;
+    }
+    if (transient(status)) return false;
+    spool.reject(entry, JSON.stringify(body));
+    return false;
   }
 
   private async flushWithin(timeoutMs: number, unlessAway: boolean): Promise<boolean> {

@@ -12,9 +12,11 @@
  * `tallybook.testing` does: a new key proceeds, a receipt completes it, an outcome nobody knows
  * is in doubt until an operator (`tb.fake.settle(...)`) says what happened, a key reused for
  * another request or another claim (kind, target, authority or amount) is a conflict.
- * Authority is granted unless `new FakeServer({ approval, denied })` names the kind. Tallybook's
- * own tests run one table of cases (tests/sdk/decisions.json) against this fake and the real
- * server, so the two agree.
+ * Authority is granted unless `new FakeServer({ approval, denied })` names the kind. The
+ * multi-status routes answer one result per item, as the server's: the batches of receipts and
+ * failures the sender sends, and run and span events (kept by id in `fake.events`, each run's
+ * latest status in `fake.runs`). Tallybook's own tests run one table of cases
+ * (tests/sdk/decisions.json) against this fake and the real server, so the two agree.
  */
 
 import { mkdtempSync, rmSync } from "node:fs";
@@ -56,6 +58,19 @@ export const TAKES: Record<string, [string[], string[]]> = {
   "/api/v1/failures": [["key", "error"], ["definitive"]],
   "/api/v1/timeouts": [["key", "reason"], []],
   "/api/v1/events": [["events"], []],
+};
+
+/** The batch routes of the reports the SDK spools, and the field that holds their items. */
+export const BATCHES: Record<string, string> = {
+  "/api/v1/receipts/batch": "receipts",
+  "/api/v1/failures/batch": "failures",
+};
+export const MAX_BATCH = 100;
+export const MAX_EVENTS = 1000;
+/** What each event type requires besides its id (as the server's schemas). */
+const EVENT_REQUIRES: Record<string, string[]> = {
+  run: ["run_id"],
+  span: ["trace_id", "span_id", "name", "start"],
 };
 
 const now = (): string => new Date().toISOString();
@@ -148,21 +163,76 @@ export class FakeServer implements Channel {
       "/api/v1/timeouts": (b) => this.report(b.key, "timed_out"),
       "/api/v1/events": (b) => this.eventsIn(b),
     };
-    const handler = handlers[path];
+    const single = BATCHES[path] === undefined ? path : path.slice(0, -"/batch".length);
+    const handler = handlers[single];
     if (method !== "POST" || handler === undefined) {
       return { status: 404, body: { error: `the fake has no ${method} ${path}` } };
     }
+    if (single !== path) return this.batch(path, given, handler);
     return refused(path, given) ?? handler(given);
+  }
+
+  /**
+   * A batch of reports: each answered as its single route would, in order (207); the batch
+   * itself refused (400) only when it is no batch of 1 to MAX_BATCH items.
+   */
+  private batch(path: string, body: unknown, handler: (body: Json) => Response): Response {
+    const name = BATCHES[path] as string;
+    const items = body && typeof body === "object" ? (body as Json)[name] : undefined;
+    if (
+      !Array.isArray(items) ||
+      items.length < 1 ||
+      items.length > MAX_BATCH ||
+      Object.keys(body as Json).length !== 1
+    ) {
+      return {
+        status: 400,
+        body: { error: "Invalid request", fields: { [name]: `A list of 1 to ${MAX_BATCH} items` } },
+      };
+    }
+    const single = path.slice(0, -"/batch".length);
+    const results = items.map((item, index) => {
+      const answer = refused(single, item) ?? handler(item);
+      return { index, status: answer.status, body: answer.body };
+    });
+    return { status: 207, body: { results } };
   }
 
   /** The runs' latest status by run id, from the run events received. */
   readonly runs = new Map<string, string>();
+  /** The ids of the events received: one sent again is a duplicate, as on the server. */
+  readonly events = new Map<string, Json>();
 
+  /** Run and span events: each stored, a duplicate or rejected on its own (207), as the server. */
   private eventsIn(body: Json): Response {
-    for (const event of body.events ?? []) {
-      if (event.type === "run" && event.status) this.runs.set(event.run_id, event.status);
+    const events = body.events;
+    if (!Array.isArray(events) || events.length < 1 || events.length > MAX_EVENTS) {
+      return {
+        status: 400,
+        body: { error: "Invalid request", fields: { events: `A list of 1 to ${MAX_EVENTS} events` } },
+      };
     }
-    return { status: 202, body: { accepted: (body.events ?? []).length } };
+    const counts = { stored: 0, duplicate: 0, rejected: 0 };
+    const results = events.map((event: unknown, index: number) => {
+      const problem = eventProblem(event);
+      const id =
+        event && typeof event === "object" && typeof (event as Json).id === "string" ? (event as Json).id : null;
+      if (problem !== null) {
+        counts.rejected += 1;
+        return { index, id, status: 400, result: "rejected", ...problem };
+      }
+      const given = event as Json;
+      if (this.events.has(given.id)) {
+        counts.duplicate += 1;
+        return { index, id, status: 200, result: "duplicate" };
+      }
+      this.events.set(given.id, given);
+      if (given.type === "run" && given.status) this.runs.set(given.run_id, given.status);
+      counts.stored += 1;
+      return { index, id, status: 201, result: "stored" };
+    });
+    const { stored, duplicate: duplicates, rejected } = counts;
+    return { status: 207, body: { stored, duplicates, rejected, results } };
   }
 
   private intent(intent: Json): Response {
@@ -475,6 +545,19 @@ function toJson(effect: FakeEffect): Json {
     updated,
     url: `${URL}/effects/${id}/`,
   };
+}
+
+/** Why the server would reject this event (its error and fields); null when it takes it. */
+function eventProblem(event: unknown): { error: string; fields: Record<string, string> } | null {
+  if (!event || typeof event !== "object" || Array.isArray(event)) {
+    return { error: "An event must be an object", fields: { "": "Expected an object" } };
+  }
+  const given = event as Json;
+  const requires = typeof given.type === "string" ? EVENT_REQUIRES[given.type] : undefined;
+  if (requires === undefined) return { error: "Unknown event type", fields: { type: "Expected 'run' or 'span'" } };
+  const fields: Record<string, string> = {};
+  for (const name of ["id", ...requires]) if (!(name in given)) fields[name] = "This field is required";
+  return Object.keys(fields).length ? { error: "Invalid event", fields } : null;
 }
 
 /** The server's 400 for a body without a field it requires or with one it does not take. */

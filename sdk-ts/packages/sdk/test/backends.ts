@@ -7,8 +7,10 @@
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import * as path from "node:path";
+import type { Config } from "../src/client.js";
 import { Tallybook } from "../src/index.js";
 import { FakeTallybook } from "../src/testing.js";
+import { type Channel, NO_RETRY, type Response, Transport } from "../src/transport.js";
 
 export type Verdict = "not_happened" | "happened" | "abandon";
 
@@ -19,6 +21,8 @@ export interface Backend {
   state(key: string): Promise<string>;
   /** Two grants' ids (the fake grants any). */
   grants: [number, number];
+  /** The API itself, as the client speaks to it (no retries). */
+  api: Channel;
   close(): Promise<void>;
 }
 
@@ -59,6 +63,7 @@ export function fake(): Backend {
       return tb.fake.state(key);
     },
     grants: [1, 2],
+    api: tb.fake,
     close: () => tb.close(),
   };
 }
@@ -80,6 +85,13 @@ export function live(): Backend {
       return (await tb.status(key)).state;
     },
     grants,
+    api: new Transport(
+      process.env.TALLYBOOK_URL as string,
+      process.env.TALLYBOOK_API_KEY as string,
+      30_000,
+      NO_RETRY,
+      "tests",
+    ),
     close: () => tb.close(),
   };
 }
@@ -87,4 +99,38 @@ export function live(): Backend {
 /** The backends to run a table against: the fake, and the live server when there is one. */
 export function backends(): Array<() => Backend> {
   return LIVE ? [fake, live] : [fake];
+}
+
+/** What the client speaks to (the fake, or the Transport to the live server), configured. */
+export function channelOf(tb: Tallybook): Channel {
+  return (tb as unknown as { configured(): Config }).configured().channel;
+}
+
+export interface Sent {
+  path: string;
+  body: unknown;
+  status: number | null;
+}
+
+/**
+ * Put `between` between the client and its server: it is given each request and the server's
+ * own `request`, and answers in its place (or throws, as a transport does). What was sent, and
+ * the status it had back (null: none came), is recorded in the list returned.
+ */
+export function intercept(
+  tb: Tallybook,
+  between?: (path: string, body: unknown, send: () => Promise<Response>) => Promise<Response>,
+): Sent[] {
+  const channel = channelOf(tb);
+  const send = channel.request.bind(channel);
+  const sent: Sent[] = [];
+  channel.request = async (method, path, body, options) => {
+    const seen: Sent = { path, body, status: null };
+    sent.push(seen);
+    const forward = () => send(method, path, body, options);
+    const answer = await (between ? between(path, body, forward) : forward());
+    seen.status = answer.status;
+    return answer;
+  };
+  return sent;
 }

@@ -4,13 +4,26 @@
  */
 
 import assert from "node:assert/strict";
-import { readFileSync } from "node:fs";
+import { readdirSync, readFileSync } from "node:fs";
 import { describe, test } from "node:test";
-import { type Effect, EffectConflict, EffectInterrupted, EffectUnsettled, type Json } from "../src/index.js";
-import { type Backend, backends, type Verdict } from "./backends.js";
+import {
+  type Effect,
+  EffectConflict,
+  EffectInterrupted,
+  EffectUnsettled,
+  type Json,
+  ServerUnavailable,
+} from "../src/index.js";
+import { type Backend, backends, intercept, type Verdict } from "./backends.js";
 
 const TABLE = JSON.parse(readFileSync(new URL("../../../../../tests/sdk/decisions.json", import.meta.url), "utf8"));
-type Step = [string, string | null, string];
+/** [what, the decision, the state after, and where given the reasons of the open cases after] */
+type Step = [string, string | null, string, string[]?];
+/**
+ * The spool's steps: what a process that died before sending left in the spool with the key's
+ * own report, and sends in one batch (the table's "steps" says each).
+ */
+const SPOOL_STEPS = ["batch", "batch_refused", "batch_lost", "fail_batch"];
 
 class ProviderHungUp extends Error {}
 
@@ -25,6 +38,16 @@ async function act(b: Backend, key: string, what: string, options: Json, n: numb
     return null;
   }
   const request = { order: 42, other: what === "other" };
+  if (what === "die") {
+    const intent = { key, kind: "payment", target: "fakepay", request, worker: "a process that died", ...options };
+    const answer = await b.api.request("POST", "/api/v1/intents", intent);
+    assert.equal(answer.status, 201, JSON.stringify(answer.body));
+    return answer.body.decision;
+  }
+  if (SPOOL_STEPS.includes(what)) {
+    leftInSpool(b, key, what, n);
+    return null;
+  }
   let given: Effect | undefined;
   try {
     await b.tb.effect(key, { kind: "payment", target: "fakepay", request, ...options }, async (fx) => {
@@ -38,6 +61,38 @@ async function act(b: Backend, key: string, what: string, options: Json, n: numb
     if (!(error instanceof ProviderHungUp || error instanceof EffectUnsettled)) throw error;
   }
   return given?.decision ?? null;
+}
+
+/**
+ * The key's report and two others, written to the spool as a process that died before sending
+ * them left them; the client sends them in one batch (flushed by the caller).
+ */
+function leftInSpool(b: Backend, key: string, what: string, n: number): void {
+  const keys = [key, `${key}:step${n}:1`, `${key}:step${n}:2`];
+  const endpoint = what === "fail_batch" ? "failures" : "receipts";
+  const bodies: Json[] = keys.map((k) =>
+    endpoint === "failures"
+      ? { key: k, error: "declined", definitive: true }
+      : { key: k, system: "fakepay", external_id: `re_${n}` },
+  );
+  if (what === "batch_refused") (bodies[1] as Json).colour = "red";
+  if (what === "batch_lost") {
+    // The next batch reaches the server, which records it; its answer is lost on the way.
+    let lost = false;
+    intercept(b.tb, async (path, _body, send) => {
+      const answer = await send();
+      if (path.endsWith("/batch") && !lost) {
+        lost = true;
+        throw new ServerUnavailable(`POST ${path}: the connection was reset`);
+      }
+      return answer;
+    });
+  }
+  for (const body of bodies) b.tb.spool.put(endpoint, body);
+}
+
+function rejectedCount(b: Backend): number {
+  return readdirSync(b.tb.spool.rejected).filter((name) => name.endsWith(".json")).length;
 }
 
 /** The first intent's claim with `change`; a grant is the index of one of the backend's. */
@@ -55,11 +110,20 @@ for (const make of backends()) {
         const b = make();
         const key = `${TABLE.key}:${b.name}:${n++}`;
         const { options, steps } = TABLE.cases[name] as { options: Json; steps: Step[] };
+        let refused = 0;
         try {
-          for (const [i, [what, decision, state]] of steps.entries()) {
-            assert.equal(await act(b, key, what, options, i), decision, `${name}, step ${i}: ${what}`);
+          for (const [i, [what, decision, state, cases]] of steps.entries()) {
+            const where = `${name}, step ${i}: ${what}`;
+            assert.equal(await act(b, key, what, options, i), decision, where);
             assert.ok(await b.tb.flush());
-            assert.equal(await b.state(key), state, `${name}, step ${i}: ${what}`);
+            assert.equal(await b.state(key), state, where);
+            const detail = (await b.api.request("GET", `/api/v1/effects?key=${encodeURIComponent(key)}`)).body;
+            if (cases !== undefined) {
+              assert.deepEqual(detail.cases.map((c: Json) => c.reason).sort(), cases, where);
+            }
+            if (what === "batch_lost") assert.equal(detail.receipts.length, 1, where);
+            if (what === "batch_refused") refused += 1;
+            assert.equal(rejectedCount(b), refused, where);
           }
         } finally {
           await b.close();
