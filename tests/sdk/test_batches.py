@@ -16,6 +16,7 @@ import pytest
 from django.core.signals import request_started
 from tallybook import Tallybook
 from tallybook.testing import FakeTallybook
+from tallybook.transport import Response
 
 from durability.models import Effect, Receipt
 from tests.sdk.support import FAST
@@ -114,3 +115,62 @@ def test_a_receipt_acknowledged_in_a_batch_survives_the_server_killed_after_the_
     assert sorted(Receipt.objects.values_list("external_id", flat=True)) == [
         f"msg-{n}" for n in range(5)
     ]
+
+
+def _answering_once(tb: FakeTallybook, answer: Any) -> list[str]:
+    """The fake answers its first POST with `answer(path, body, request)`, then as itself;
+    the paths asked, in order."""
+    paths: list[str] = []
+    request = tb.fake.request
+
+    def first(method: str, path: str, body: Any = None, **options: Any) -> Any:
+        paths.append(path)
+        if len(paths) == 1:
+            return answer(path, body, lambda p, b: request(method, p, b, **options))
+        return request(method, path, body, **options)
+
+    tb.fake.request = first
+    return paths
+
+
+def test_an_item_a_batch_refuses_for_now_stays_in_the_spool_and_goes_again():
+    tb = FakeTallybook()
+
+    def busy_on_the_second(path: str, body: Any, send: Any) -> Response:
+        # The server took the first and third receipts and was too busy for the second.
+        first, second, third = body["receipts"]
+        taken = send(path, {"receipts": [first, third]}).body["results"]
+        busy = {"index": 1, "status": 503, "body": {"error": "busy"}}
+        return Response(207, {"results": [taken[0], busy, {**taken[1], "index": 2}]})
+
+    paths = _answering_once(tb, busy_on_the_second)
+    for n in (1, 2, 3):
+        tb.spool.release(tb.spool.put("receipts", _receipt(n)))
+    assert tb.flush(10)
+    tb.close()
+    assert sorted(r["external_id"] for r in tb.fake.orphans) == ["msg-1", "msg-2", "msg-3"]
+    assert not list((tb.spool.directory / "rejected").iterdir())
+    assert paths == ["/api/v1/receipts/batch", "/api/v1/receipts"]
+
+
+def _event(n: int, **fields: Any) -> dict[str, Any]:
+    return {"id": f"run-{n}", "type": "run", "run_id": f"ticket-{n}", **fields}
+
+
+def test_an_event_the_server_refuses_is_set_aside_and_one_refused_for_now_goes_again():
+    tb = FakeTallybook()
+
+    def busy(path: str, body: Any, send: Any) -> Response:
+        result = {"index": 0, "id": body["events"][0]["id"], "status": 503, "result": "busy"}
+        return Response(207, {"stored": 0, "duplicates": 0, "rejected": 0, "results": [result]})
+
+    paths = _answering_once(tb, busy)
+    tb.spool.release(tb.spool.put("events", {"events": [_event(1)]}))
+    tb.spool.release(tb.spool.put("events", {"events": [{"id": "run-2", "type": "comet"}]}))
+    assert tb.flush(10)
+    tb.close()
+    assert list(tb.fake.events) == ["run-1"]
+    rejected = sorted((tb.spool.directory / "rejected").iterdir())
+    assert [p.suffix for p in rejected] == [".answer", ".json"]
+    assert "Unknown event type" in rejected[0].read_text()
+    assert paths == ["/api/v1/events"] * 3

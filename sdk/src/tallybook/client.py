@@ -600,8 +600,15 @@ class Base:
 
     def _settled(self, entry: Entry, status: int, body: Any) -> bool:
         """Act on the server's answer to one entry: done with it (the server has it, or
-        settled the effect some other way), or set aside as refused (False)."""
+        settled the effect some other way), set aside as refused (False), or, refused for now
+        (429 or 5xx: a batch's item, an event of a 207), left in the spool for the sender's
+        next pass, raising ServerUnavailable so that it backs off."""
         spool = self._configured().spool
+        if entry.endpoint == "events" and status == 207:
+            status = _events_status(body)
+        if status == 429 or status >= 500:
+            spool.release(entry)
+            raise ServerUnavailable(f"Tallybook answered {status} for {entry.path.name}: {body}")
         if status < 300 or (entry.endpoint == "intents" and status == 409):
             spool.done(entry)
             return True
@@ -675,8 +682,14 @@ class Base:
                         config.spool.release(rest)
                     raise
             return
+        busy: ServerUnavailable | None = None
         for entry, result in zip(entries, results, strict=True):
-            self._settled(entry, result["status"], result["body"])
+            try:
+                self._settled(entry, result["status"], result["body"])
+            except ServerUnavailable as exc:
+                busy = exc  # that item stays; the others are settled all the same
+        if busy is not None:
+            raise busy
 
     def _sender_start(self) -> None:
         with self._sender_lock:
@@ -798,6 +811,24 @@ def _close_open_clients() -> None:
 
 def _new_worker() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+def _events_status(body: Any) -> int:
+    """What a 207 to `POST /api/v1/events` means for the spooled entry: each event has its own
+    result; one refused for now (429, 5xx) keeps the entry for another try (the server counts
+    an event it has already stored as a duplicate), one refused for good sets it aside."""
+    results = body.get("results") if isinstance(body, dict) else None
+    statuses: list[int] = [
+        r["status"]
+        for r in results or ()
+        if isinstance(r, dict) and isinstance(r.get("status"), int)
+    ]
+    if not statuses:
+        return 502  # not an answer the sender can read: try again later
+    for status in statuses:
+        if status == 429 or status >= 500:
+            return status
+    return next((status for status in statuses if status >= 300), 201)
 
 
 def _rejected(status: int, body: Any) -> RequestRejected:
