@@ -203,12 +203,14 @@ def _bound_waits() -> list[Statement]:
 
 
 @contextmanager
-def _ingest_transaction() -> Iterator[None]:
+def _ingest_transaction() -> Iterator[bool]:
     """A transaction, whose first statement must be `_bound_waits`; Overloaded (503) when
-    the database is too slow."""
+    the database is too slow. Yields whether it is the outermost: its last statements then
+    carry its COMMIT (`rows.send(commit=True)`), in their round trip."""
+    outermost = not connection.in_atomic_block
     try:
         with transaction.atomic():
-            yield
+            yield outermost
     except OperationalError as exc:
         raise Overloaded(DATABASE_AWAY, status=503, retry_after=DATABASE_RETRY_AFTER) from exc
 
@@ -818,16 +820,22 @@ def _hint(spans: list[SpanData], name: str) -> str:
 
 
 def _spans_store(
-    project: Project, spans: list[SpanData], touched: Touched, held: Slot | None = None
+    project: Project,
+    spans: list[SpanData],
+    touched: Touched,
+    held: Slot | None = None,
+    *,
+    commit: bool = False,
 ) -> None:
     """Store spans in the transaction begun, and let go of the slot `held` with the last
-    statements.
+    statements; with them too the transaction's COMMIT if `commit` (its outermost block
+    ends with them).
 
     On PostgreSQL in two pipelines (`rows.send`), two round trips, whatever the number of
     spans: the waits' bounds with the look-ups of the traces' runs and of the runs holding
     spans sent again; then the runs, the traces they claim, the spans, the runs' aggregates
-    (with those of the runs that lost spans to others) and the slot. Merging an inferred run
-    into a named one, rare, costs a few more.
+    (with those of the runs that lost spans to others), the slot and the COMMIT. Merging an
+    inferred run into a named one, rare, costs a few more.
     """
     if not spans:
         return
@@ -876,7 +884,7 @@ def _spans_store(
             target = Run.objects.get(project=project, run_id=target_key)
             _run_merge(project, trace_id=trace_id, source_key=source_key, target=target)
             touched.run_keys.add(source_key)
-    _spans_write(ahead, project, values, spans, hints, losing, resent, extras, held)
+    _spans_write(ahead, project, values, spans, hints, losing, resent, extras, held, commit)
     if held is not None:
         held.key = None  # the unlock has run: nothing left for `slot` to do
 
@@ -891,9 +899,10 @@ def _spans_write(
     resent: bool,
     extras: Extras,
     held: Slot | None,
+    commit: bool,
 ) -> None:
-    """Send the statements `ahead`, the spans' upsert, the runs' refresh and the slot's
-    unlock (if `held`): on PostgreSQL one pipeline."""
+    """Send the statements `ahead`, the spans' upsert, the runs' refresh, the slot's unlock
+    (if `held`) and the COMMIT (if `commit`): on PostgreSQL one pipeline."""
     upsert = _spans_upsert(project, values, spans, sorted(hints.keys() | losing), resent)
     if upsert is None:
         # Elsewhere (SQLite, the demo) the ORM writes the spans, after the statements ahead.
@@ -904,7 +913,7 @@ def _spans_write(
         ahead = [*ahead, upsert]
     # A run that lost spans has no hints of its own: its names are kept.
     refresh = _runs_refresh(project, {**{key: [] for key in losing}, **hints}, extras)
-    rows.send([*ahead, *refresh, *(held.give_back() if held is not None else [])])
+    rows.send([*ahead, *refresh, *(held.give_back() if held is not None else [])], commit=commit)
 
 
 def spans_ingest(*, project: Project, spans: list[SpanData], slot: Slot | None = None) -> Touched:
@@ -914,8 +923,8 @@ def spans_ingest(*, project: Project, spans: list[SpanData], slot: Slot | None =
     slots, `slot`, which is let go with the batch's last statements (before its COMMIT).
     """
     touched = Touched()
-    with _ingest_transaction():
-        _spans_store(project, spans, touched, slot)
+    with _ingest_transaction() as outermost:
+        _spans_store(project, spans, touched, slot, commit=outermost)
     return touched
 
 
@@ -1089,13 +1098,16 @@ def events_ingest(*, project: Project, events: list[Any]) -> EventsOutcome:
         else:
             valid[checked.id] = (index, checked)
     touched = Touched()
-    with _ingest_transaction():
+    with _ingest_transaction() as outermost:
         rows.send(_bound_waits())
         new = _events_claim(project, list(valid))
         fresh = [event for event_id, (_, event) in valid.items() if event_id in new]
         _run_events_store(project, [e for e in fresh if isinstance(e, RunEventIn)], touched)
         _spans_store(
-            project, [_span_of_event(e) for e in fresh if isinstance(e, SpanEventIn)], touched
+            project,
+            [_span_of_event(e) for e in fresh if isinstance(e, SpanEventIn)],
+            touched,
+            commit=outermost,
         )
     for event_id, (index, _) in valid.items():
         results[index] = _result(index, event_id, "stored" if event_id in new else "duplicate")
