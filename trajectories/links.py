@@ -8,8 +8,10 @@ model span before the tool call in the same trace.
 
 Ordering: the effect side commits the effect's keys into its EffectLink and then reads
 spans; the span side commits spans and then reads EffectLinks. Whichever commits last
-sees the other's rows, and resolving holds the link's row lock, so the last resolution
-reads everything committed before it.
+sees the other's rows, and resolving locks the links first and reads the spans after, in a
+statement of its own (LINKS_LOCK, then LINKS_RESOLVE), so the last resolution reads
+everything committed before it. Either side resolves any number of links in one round trip
+(`links_resolve`, `links_refresh`).
 """
 
 from __future__ import annotations
@@ -384,7 +386,7 @@ def _model_span(link: EffectLink, tool: Span | None, anchor: Span | None) -> Spa
 # link follows its span to another run in the batch's transaction, and in its round trip (a
 # data-modifying CTE). Such a link names one of the batch's traces or tool call ids (its own
 # span and tool span are in its trace, or its tool span runs its tool call id, or its model
-# span asked for it), found as LINKS_WAITING finds them: link_trace_idx, link_tool_call_idx.
+# span asked for it), found as LINKS_LOCK finds them: link_trace_idx, link_tool_call_idx.
 # Parameters: `links_follow_params`.
 LINKS_FOLLOW = (
     ", followed AS (UPDATE trajectories_effectlink link SET run_id = stored.run_id FROM stored "
