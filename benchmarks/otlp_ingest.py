@@ -337,7 +337,7 @@ def _in_process(dsn: str, batches: int) -> None:
 
     django.setup()
     from durability.models import Project
-    from trajectories import ingest, jobs, otlp
+    from trajectories import ingest, links, otlp
 
     project = Project.objects.get(name="bench-http")
     warm_up = 5
@@ -347,7 +347,7 @@ def _in_process(dsn: str, batches: int) -> None:
         start = time.process_time()
         decoded = otlp.decode(body, otlp.PROTOBUF)
         touched = ingest.spans_ingest(project=project, spans=decoded.spans)
-        jobs.links_refresh(project_id=project.pk, touched=touched)
+        links.links_refresh(project_id=project.pk, touched=touched)
         otlp.export_response(otlp.PROTOBUF, decoded)
         times.append(time.process_time() - start)
     times = sorted(times[warm_up:])

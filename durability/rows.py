@@ -299,18 +299,23 @@ class Batch:
             raise Stale(pending.sql)
 
 
-def send(statements: Sequence[pipeline.Statement]) -> None:
+def send(statements: Sequence[pipeline.Statement], *, commit: bool = False) -> None:
     """Send `statements` together, in the transaction begun (if any), and put each one's rows
     in its `rows`: on PostgreSQL as one pipeline, one round trip (`durability.pipeline`,
     after the BEGIN psycopg or `begun_lazily` would send); on SQLite one after the other.
     Errors are raised as Django's; on PostgreSQL, the first one met, once every answer is
     read (the statements after it did not run). The connection's execute wrappers
     (`connection.execute_wrapper`) see each statement as it is queued, as they would see it
-    executed."""
+    executed.
+
+    `commit`: the caller's outermost `transaction.atomic()` ends with these statements; on
+    PostgreSQL its COMMIT goes in their round trip (Django's commit at the block's end then
+    finds the transaction closed, and sends nothing); on SQLite Django's commit does it."""
     db = _db()
     if db.vendor == "postgresql":
+        assert not commit or len(db.atomic_blocks) == 1, "commit: in the outermost block only"
         db.ensure_connection()
-        _sent(db, [statement for statement in statements if _wrapped(db, statement)])
+        _sent(db, [statement for statement in statements if _wrapped(db, statement)], commit=commit)
         return
     with db.cursor() as cursor:
         for statement in statements:

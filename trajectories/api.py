@@ -6,7 +6,7 @@ from django.http import HttpResponse, JsonResponse
 from django.views.decorators.http import require_POST
 
 from durability.api.decorators import ApiRequest, PayloadRequest, authorize, error
-from trajectories import ingest, jobs, otlp
+from trajectories import ingest, links, otlp
 from trajectories.schemas import EventBatchIn
 
 EVENTS_MAX_BODY = 3_500_000
@@ -25,7 +25,7 @@ def events(request: PayloadRequest[EventBatchIn]) -> JsonResponse:
             outcome = ingest.events_ingest(project=request.project, events=request.payload.events)
     except ingest.Overloaded as exc:
         return error(str(exc), exc.status, retry_after=exc.retry_after)
-    jobs.links_refresh(project_id=request.project.pk, touched=outcome.touched)
+    links.links_refresh(project_id=request.project.pk, touched=outcome.touched)
     return JsonResponse(outcome.to_dict(), status=207)
 
 
@@ -55,5 +55,5 @@ def traces(request: ApiRequest) -> HttpResponse:
             touched = ingest.spans_ingest(project=request.project, spans=decoded.spans, slot=held)
     except ingest.Overloaded as exc:
         return otlp.status_response(content_type, exc.status, str(exc), exc.retry_after)
-    jobs.links_refresh(project_id=request.project.pk, touched=touched)
+    links.links_refresh(project_id=request.project.pk, touched=touched)
     return otlp.export_response(content_type, decoded)

@@ -203,12 +203,14 @@ def _bound_waits() -> list[Statement]:
 
 
 @contextmanager
-def _ingest_transaction() -> Iterator[None]:
+def _ingest_transaction() -> Iterator[bool]:
     """A transaction, whose first statement must be `_bound_waits`; Overloaded (503) when
-    the database is too slow."""
+    the database is too slow. Yields whether it is the outermost: its last statements then
+    carry its COMMIT (`rows.send(commit=True)`), in their round trip."""
+    outermost = not connection.in_atomic_block
     try:
         with transaction.atomic():
-            yield
+            yield outermost
     except OperationalError as exc:
         raise Overloaded(DATABASE_AWAY, status=503, retry_after=DATABASE_RETRY_AFTER) from exc
 
@@ -528,24 +530,43 @@ def _spans_create(project: Project, values: list[tuple[Any, ...]], spans: list[S
 # `_runs_write` lists them. A run losing spans is never created: `_holders` found it unlocked,
 # and retention or a merge may have deleted it since (committed before this statement, or
 # while it waits for the row); the EXISTS locks it first, and is false for a row gone.
-RUNS_UPSERT = (
+# On PostgreSQL one statement of fixed text for all the runs, from arrays in key order (the
+# order their rows are locked in); elsewhere (SQLite, the demo) one per run, where a
+# transaction writes alone from its start: nothing to lock.
+_RUNS_COLUMNS = (
     "INSERT INTO trajectories_run (project_id, run_id, inferred, agent, workflow, "
     "workflow_version, conversation_id, status, started, attributes, span_count, "
     "error_count, input_tokens, output_tokens, updated) "
-    "WITH run (project_id, run_id, inferred, started, updated, losing) AS (VALUES {rows}) "
-    "SELECT project_id, run_id, inferred, '', '', '', '', 'running', started, '{{}}', "
-    "0, 0, 0, 0, updated FROM run WHERE NOT losing OR EXISTS (SELECT 1 FROM trajectories_run "
-    "held WHERE held.project_id = run.project_id AND held.run_id = run.run_id {lock}) "
+)
+RUNS_UPSERT = (
+    _RUNS_COLUMNS + "SELECT %s, run.run_id, run.inferred, '', '', '', '', 'running', "
+    "run.started, '{}', 0, 0, 0, 0, %s FROM unnest(%s::text[], %s::boolean[], "
+    "%s::timestamptz[], %s::boolean[]) AS run (run_id, inferred, started, losing) "
+    "WHERE NOT run.losing OR EXISTS (SELECT 1 FROM trajectories_run held "
+    "WHERE held.project_id = %s AND held.run_id = run.run_id FOR UPDATE) "
     "ON CONFLICT (project_id, run_id) DO UPDATE SET updated = EXCLUDED.updated"
 )
-_RUN_ROW = "(%s, %s, %s, %s, %s, %s)"
+RUN_UPSERT_ONE = (
+    _RUNS_COLUMNS + "SELECT %s, %s, %s, '', '', '', '', 'running', %s, '{}', 0, 0, 0, 0, %s "
+    "WHERE NOT %s OR EXISTS (SELECT 1 FROM trajectories_run held "
+    "WHERE held.project_id = %s AND held.run_id = %s) "
+    "ON CONFLICT (project_id, run_id) DO UPDATE SET updated = EXCLUDED.updated"
+)
 # A trace joins the run its key names unless it has one already.
 # The trace's day is today's, once: a trace claimed before keeps the day it was first seen.
+# On PostgreSQL from arrays, elsewhere one statement per trace.
 TRACES_CLAIM = (
-    "INSERT INTO trajectories_runtrace (project_id, trace_id, day, run_id) VALUES {rows} "
+    "INSERT INTO trajectories_runtrace (project_id, trace_id, day, run_id) "
+    "SELECT %s, claim.trace_id, %s, (SELECT id FROM trajectories_run "
+    "WHERE project_id = %s AND run_id = claim.run_key) "
+    "FROM unnest(%s::text[], %s::text[]) AS claim (trace_id, run_key) "
     "ON CONFLICT (project_id, trace_id) DO NOTHING"
 )
-_CLAIM_ROW = "(%s, %s, %s, (SELECT id FROM trajectories_run WHERE project_id = %s AND run_id = %s))"
+TRACE_CLAIM_ONE = (
+    "INSERT INTO trajectories_runtrace (project_id, trace_id, day, run_id) VALUES (%s, %s, %s, "
+    "(SELECT id FROM trajectories_run WHERE project_id = %s AND run_id = %s)) "
+    "ON CONFLICT (project_id, trace_id) DO NOTHING"
+)
 
 
 def _runs_write(
@@ -554,29 +575,36 @@ def _runs_write(
     inferred: set[str],
     now: datetime,
     losing: set[str],
-) -> Statement:
-    """The statement creating the runs {key: first start} that are new (`inferred` those
+) -> list[Statement]:
+    """The statements creating the runs {key: first start} that are new (`inferred` those
     named after their trace), and locking them all with the runs `losing` spans to them
-    that still exist, in key order."""
-    params: list[Any] = []
+    that still exist, in key order: one on PostgreSQL."""
     keys = sorted(first_start.keys() | losing)
-    for key in keys:
-        start, only_losing = first_start.get(key, now), key not in first_start
-        params += [project.pk, key, key in inferred, start, now, only_losing]
-    # Elsewhere (SQLite, the demo) a transaction writes alone from its start: nothing to lock.
-    lock = "FOR UPDATE" if connection.vendor == "postgresql" else ""
-    return _statement(RUNS_UPSERT.format(rows=", ".join([_RUN_ROW] * len(keys)), lock=lock), params)
+    starts = [first_start.get(key, now) for key in keys]
+    only_losing = [key not in first_start for key in keys]
+    named = [key in inferred for key in keys]
+    if connection.vendor == "postgresql":
+        params = [project.pk, now, keys, named, starts, only_losing, project.pk]
+        return [_statement(RUNS_UPSERT, params)]
+    return [
+        _statement(RUN_UPSERT_ONE, [project.pk, key, flag, start, now, lose, project.pk, key])
+        for key, flag, start, lose in zip(keys, named, starts, only_losing, strict=True)
+    ]
 
 
-def _traces_claim(project: Project, claims: dict[str, str]) -> Statement:
-    """The statement giving each trace {trace_id: run key} (at least one) to that run, unless
-    the trace has a run already."""
+def _traces_claim(project: Project, claims: dict[str, str]) -> list[Statement]:
+    """The statements giving each trace {trace_id: run key} (at least one) to that run,
+    unless the trace has a run already: one on PostgreSQL."""
     assert claims, "no trace to claim"
-    params: list[Any] = []
     day = today()
-    for trace_id, key in sorted(claims.items()):
-        params += [project.pk, trace_id, day, project.pk, key]
-    return _statement(TRACES_CLAIM.format(rows=", ".join([_CLAIM_ROW] * len(claims))), params)
+    traces = sorted(claims)
+    if connection.vendor == "postgresql":
+        keys = [claims[trace_id] for trace_id in traces]
+        return [_statement(TRACES_CLAIM, [project.pk, day, project.pk, traces, keys])]
+    return [
+        _statement(TRACE_CLAIM_ONE, [project.pk, trace_id, day, project.pk, claims[trace_id]])
+        for trace_id in traces
+    ]
 
 
 def _owners(project: Project, traces: Iterable[str]) -> Statement:
@@ -659,15 +687,36 @@ def _run_merge(project: Project, *, trace_id: str, source_key: str, target: Run)
     if not Span.objects.filter(run=source).exists():
         source.delete()
     else:
-        rows.send([_runs_refresh(project, {source_key: []})])
+        rows.send(_runs_refresh(project, {source_key: []}))
 
 
-# Aggregates of runs over their spans. A run inferred from spans takes its end and status
-# from its root spans; a named run keeps what its run events said. Blank names are filled
-# from what the spans just stored say about their run (the `hint` rows, by run key). A run
-# left with no spans (all moved to other runs) counts none and has no days; it is kept, as a
-# run event's run before its spans, and retention deletes it once it is old.
-RUNS_REFRESH = """UPDATE trajectories_run SET
+_FILLS = ",\n    ".join(
+    f"{name} = CASE WHEN trajectories_run.{name} = '' THEN hint.{name} "
+    f"ELSE trajectories_run.{name} END"
+    for name in RUN_HINTS
+)
+# The days a refresh reads spans of, when it is given traces (`bounded`): those of the runs
+# (first_day, last_day, as of their last refresh), of the traces of the batch (a new trace's
+# spans, or a trace merged into one of the runs) and today (the day the span upsert gives a
+# span whose trace has no row, one retention deleted meanwhile). Scalar subqueries, computed
+# once before the scan: PostgreSQL then reads only the span partitions of those days, not
+# every partition's index for every run. (Not bounded, the constant condition is planned
+# away: every partition.)
+_DAYS = """ AND (NOT %s::boolean OR (span.day >= (SELECT LEAST(min(r.first_day), (SELECT min(t.day)
+        FROM trajectories_runtrace t WHERE t.project_id = %s AND t.trace_id = ANY(%s::text[])),
+        %s::date)
+    FROM trajectories_run r WHERE r.project_id = %s AND r.run_id = ANY(%s::text[]))
+    AND span.day <= (SELECT GREATEST(max(r.last_day), (SELECT max(t.day)
+        FROM trajectories_runtrace t WHERE t.project_id = %s AND t.trace_id = ANY(%s::text[])),
+        %s::date)
+    FROM trajectories_run r WHERE r.project_id = %s AND r.run_id = ANY(%s::text[]))))"""
+
+
+def _refresh(*, days: str, runs: str, hints: str) -> str:
+    """The text of a refresh of runs: `days` bounds the spans read, `runs` names the runs and
+    `hints` is the relation `hint` of their names' hints (`run` its key)."""
+    return (
+        """UPDATE trajectories_run SET
     span_count = agg.n,
     error_count = agg.errors,
     input_tokens = agg.tokens_in,
@@ -681,7 +730,9 @@ RUNS_REFRESH = """UPDATE trajectories_run SET
         ELSE 'running' END,
     first_day = agg.first_day,
     last_day = agg.last_day,
-    {fills},
+    """
+        + _FILLS
+        + """,
     updated = %s
 FROM (
     SELECT run.id AS run_id, run.run_id AS run_key,
@@ -697,63 +748,67 @@ FROM (
             THEN 1 END) AS roots_ended,
         count(CASE WHEN span.parent_span_id = '' AND span.status = 'error'
             THEN 1 END) AS root_errors
-    FROM trajectories_run run LEFT JOIN trajectories_span span ON span.run_id = run.id {days}
-    WHERE run.project_id = %s AND {runs} GROUP BY run.id, run.run_id
-) AS agg JOIN ({hints}) AS hint ON hint.run = agg.run_key
+    FROM trajectories_run run LEFT JOIN trajectories_span span ON span.run_id = run.id"""
+        + days
+        + """
+    WHERE run.project_id = %s AND """
+        + runs
+        + """ GROUP BY run.id, run.run_id
+) AS agg JOIN """
+        + hints
+        + """ ON hint.run = agg.run_key
 WHERE trajectories_run.id = agg.run_id
 """
-_FILLS = ",\n    ".join(
-    f"{name} = CASE WHEN trajectories_run.{name} = '' THEN hint.{name} "
-    f"ELSE trajectories_run.{name} END"
-    for name in RUN_HINTS
+    )
+
+
+# Aggregates of runs over their spans. A run inferred from spans takes its end and status
+# from its root spans; a named run keeps what its run events said. Blank names are filled
+# from what the spans just stored say about their run (the `hint` rows, by run key). A run
+# left with no spans (all moved to other runs) counts none and has no days; it is kept, as a
+# run event's run before its spans, and retention deletes it once it is old. On PostgreSQL
+# one statement for all the runs, from arrays; elsewhere (SQLite, the demo) one per run.
+RUNS_REFRESH = _refresh(
+    days=_DAYS,
+    runs="run.run_id = ANY(%s::text[])",
+    hints=f"unnest(%s::text[], {', '.join(['%s::text[]'] * len(RUN_HINTS))}) "
+    f"AS hint (run, {', '.join(RUN_HINTS)})",
 )
-_HINT_ROW = "SELECT %s AS run, " + ", ".join(f"%s AS {name}" for name in RUN_HINTS)
-# The days a refresh reads spans of: those of the runs (first_day, last_day, as of their last
-# refresh), of the traces of the batch (a new trace's spans, or a trace merged into one of
-# the runs) and today (the day the span upsert gives a span whose trace has no row, one
-# retention deleted meanwhile). Scalar subqueries, computed once before the scan: PostgreSQL
-# then reads only the span partitions of those days, not every partition's index for every
-# run.
-_DAYS = """AND span.day >= (SELECT LEAST(min(r.first_day), (SELECT min(t.day)
-        FROM trajectories_runtrace t WHERE t.project_id = %s AND {traces}), %s::date)
-    FROM trajectories_run r WHERE r.project_id = %s AND {bound_runs})
-    AND span.day <= (SELECT GREATEST(max(r.last_day), (SELECT max(t.day)
-        FROM trajectories_runtrace t WHERE t.project_id = %s AND {traces}), %s::date)
-    FROM trajectories_run r WHERE r.project_id = %s AND {bound_runs})"""
+RUN_REFRESH_ONE = _refresh(
+    days="",
+    runs="run.run_id = %s",
+    hints=f"(SELECT %s AS run, {', '.join(f'%s AS {name}' for name in RUN_HINTS)}) AS hint",
+)
 
 
 def _runs_refresh(
     project: Project, hints: dict[str, list[SpanData]], extras: Extras = NONE
-) -> Statement:
-    """The statement recomputing the aggregates of the runs {key: spans just stored in it
-    (none: a run that lost spans)}, at least one, from their spans; it fills blank names
+) -> list[Statement]:
+    """The statements recomputing the aggregates of the runs {key: spans just stored in it
+    (none: a run that lost spans)}, at least one, from their spans; they fill blank names
     from those spans' hints.
 
-    One statement. Rescans each run's spans (one index range per run), so counts stay
-    right however often a span is re-sent. Given spans, on PostgreSQL, it reads only the
+    One statement on PostgreSQL. Rescans each run's spans (one index range per run), so
+    counts stay right however often a span is re-sent. Given spans, it reads only the
     partitions of the days of those runs and of those spans' traces (_DAYS); without (a
     merge of runs, rare), every partition.
     """
     assert hints, "no run to refresh"
-    hint_values: list[Any] = []
+    rows_of: list[list[str]] = []
     for key, spans in hints.items():
         # Roots and agent spans speak for the run before the spans below them.
         ordered = sorted(
             spans, key=lambda s: (bool(s.parent_span_id), s.kind != SpanKind.AGENT, s.start)
         )
-        hint_values += [key, *(distinct(_hint(ordered, name), extras)[:255] for name in RUN_HINTS)]
-    runs, keys = _in("run.run_id", hints)
-    traces = {s.trace_id for spans in hints.values() for s in spans}
-    days, day_values = "", []
-    if traces and connection.vendor == "postgresql":
-        in_traces, trace_values = _in("t.trace_id", traces)
-        bound_runs, _ = _in("r.run_id", hints)
-        days = _DAYS.format(traces=in_traces, bound_runs=bound_runs)
-        day_values = [project.pk, *trace_values, today(), project.pk, *keys] * 2
-    sql = RUNS_REFRESH.format(
-        fills=_FILLS, runs=runs, days=days, hints=" UNION ALL ".join([_HINT_ROW] * len(hints))
-    )
-    return _statement(sql, [timezone.now(), *day_values, project.pk, *keys, *hint_values])
+        rows_of.append([key, *(distinct(_hint(ordered, name), extras)[:255] for name in RUN_HINTS)])
+    now = timezone.now()
+    if connection.vendor != "postgresql":
+        return [_statement(RUN_REFRESH_ONE, [now, project.pk, row[0], *row]) for row in rows_of]
+    keys = [row[0] for row in rows_of]
+    traces = sorted({s.trace_id for spans in hints.values() for s in spans})
+    days = [bool(traces), *([project.pk, traces, today(), project.pk, keys] * 2)]
+    columns = [list(column) for column in zip(*rows_of, strict=True)]
+    return [_statement(RUNS_REFRESH, [now, *days, project.pk, keys, *columns])]
 
 
 def _hint(spans: list[SpanData], name: str) -> str:
@@ -765,16 +820,22 @@ def _hint(spans: list[SpanData], name: str) -> str:
 
 
 def _spans_store(
-    project: Project, spans: list[SpanData], touched: Touched, held: Slot | None = None
+    project: Project,
+    spans: list[SpanData],
+    touched: Touched,
+    held: Slot | None = None,
+    *,
+    commit: bool = False,
 ) -> None:
     """Store spans in the transaction begun, and let go of the slot `held` with the last
-    statements.
+    statements; with them too the transaction's COMMIT if `commit` (its outermost block
+    ends with them).
 
     On PostgreSQL in two pipelines (`rows.send`), two round trips, whatever the number of
     spans: the waits' bounds with the look-ups of the traces' runs and of the runs holding
     spans sent again; then the runs, the traces they claim, the spans, the runs' aggregates
-    (with those of the runs that lost spans to others) and the slot. Merging an inferred run
-    into a named one, rare, costs a few more.
+    (with those of the runs that lost spans to others), the slot and the COMMIT. Merging an
+    inferred run into a named one, rare, costs a few more.
     """
     if not spans:
         return
@@ -812,9 +873,9 @@ def _spans_store(
     losing = holders - first_start.keys()
     # Spans stored before, in some run: the links taking their run from them follow them.
     resent = bool(holders)
-    ahead = [_runs_write(project, first_start, inferred, now, losing)]
+    ahead = _runs_write(project, first_start, inferred, now, losing)
     if claims:
-        ahead.append(_traces_claim(project, claims))
+        ahead += _traces_claim(project, claims)
     if merges:
         # Rare: the merges read what the statements above wrote.
         rows.send(ahead)
@@ -823,7 +884,7 @@ def _spans_store(
             target = Run.objects.get(project=project, run_id=target_key)
             _run_merge(project, trace_id=trace_id, source_key=source_key, target=target)
             touched.run_keys.add(source_key)
-    _spans_write(ahead, project, values, spans, hints, losing, resent, extras, held)
+    _spans_write(ahead, project, values, spans, hints, losing, resent, extras, held, commit)
     if held is not None:
         held.key = None  # the unlock has run: nothing left for `slot` to do
 
@@ -838,9 +899,10 @@ def _spans_write(
     resent: bool,
     extras: Extras,
     held: Slot | None,
+    commit: bool,
 ) -> None:
-    """Send the statements `ahead`, the spans' upsert, the runs' refresh and the slot's
-    unlock (if `held`): on PostgreSQL one pipeline."""
+    """Send the statements `ahead`, the spans' upsert, the runs' refresh, the slot's unlock
+    (if `held`) and the COMMIT (if `commit`): on PostgreSQL one pipeline."""
     upsert = _spans_upsert(project, values, spans, sorted(hints.keys() | losing), resent)
     if upsert is None:
         # Elsewhere (SQLite, the demo) the ORM writes the spans, after the statements ahead.
@@ -851,7 +913,7 @@ def _spans_write(
         ahead = [*ahead, upsert]
     # A run that lost spans has no hints of its own: its names are kept.
     refresh = _runs_refresh(project, {**{key: [] for key in losing}, **hints}, extras)
-    rows.send([*ahead, refresh, *(held.give_back() if held is not None else [])])
+    rows.send([*ahead, *refresh, *(held.give_back() if held is not None else [])], commit=commit)
 
 
 def spans_ingest(*, project: Project, spans: list[SpanData], slot: Slot | None = None) -> Touched:
@@ -861,8 +923,8 @@ def spans_ingest(*, project: Project, spans: list[SpanData], slot: Slot | None =
     slots, `slot`, which is let go with the batch's last statements (before its COMMIT).
     """
     touched = Touched()
-    with _ingest_transaction():
-        _spans_store(project, spans, touched, slot)
+    with _ingest_transaction() as outermost:
+        _spans_store(project, spans, touched, slot, commit=outermost)
     return touched
 
 
@@ -1008,13 +1070,13 @@ def _run_events_store(project: Project, events: list[RunEventIn], touched: Touch
             ).values_list("trace_id", "run__run_id", "run__inferred")
         }
         if claims := {t: run.run_id for t in event.trace_ids if t not in owners}:
-            rows.send([_traces_claim(project, claims)])
+            rows.send(_traces_claim(project, claims))
         for trace_id, (owner, inferred) in owners.items():
             if inferred and owner != run.run_id:
                 _run_merge(project, trace_id=trace_id, source_key=owner, target=run)
                 touched.run_keys.add(owner)
         if owners:
-            rows.send([_runs_refresh(project, {run.run_id: []})])
+            rows.send(_runs_refresh(project, {run.run_id: []}))
         touched.run_keys.add(run.run_id)
         touched.trace_ids.update(event.trace_ids)
 
@@ -1036,13 +1098,16 @@ def events_ingest(*, project: Project, events: list[Any]) -> EventsOutcome:
         else:
             valid[checked.id] = (index, checked)
     touched = Touched()
-    with _ingest_transaction():
+    with _ingest_transaction() as outermost:
         rows.send(_bound_waits())
         new = _events_claim(project, list(valid))
         fresh = [event for event_id, (_, event) in valid.items() if event_id in new]
         _run_events_store(project, [e for e in fresh if isinstance(e, RunEventIn)], touched)
         _spans_store(
-            project, [_span_of_event(e) for e in fresh if isinstance(e, SpanEventIn)], touched
+            project,
+            [_span_of_event(e) for e in fresh if isinstance(e, SpanEventIn)],
+            touched,
+            commit=outermost,
         )
     for event_id, (index, _) in valid.items():
         results[index] = _result(index, event_id, "stored" if event_id in new else "duplicate")

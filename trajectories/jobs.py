@@ -5,32 +5,10 @@ from __future__ import annotations
 from durability.jobs import enqueue
 from durability.models import Effect, Receipt
 from trajectories import links, retention
-from trajectories.links import Touched
-
-# Links a span batch's request resolves itself, at most (a handful, as an agent's batch
-# completes): the answer then finds them linked. Any more are left to one job, so that the
-# request's cost does not grow with the links waiting.
-LINKS_IN_REQUEST = 8
 
 
 def effect_link(effect_id: int) -> None:
     links.effect_link_record(effect_id=effect_id)
-
-
-def links_resolve(effect_ids: list[int]) -> None:
-    links.links_resolve(effect_ids=effect_ids)
-
-
-def links_refresh(*, project_id: int, touched: Touched) -> int:
-    """After a span batch's commit: resolve the links it may complete, found in one
-    statement; returns how many. The first LINKS_IN_REQUEST are resolved at once, the rest
-    by one job (a worker's, or inline without Redis), not one by one in the request; a job
-    lost is made up for by the link repair pass."""
-    waiting = links.links_waiting(project_id=project_id, touched=touched)
-    links.links_resolve(effect_ids=waiting[:LINKS_IN_REQUEST])
-    if len(waiting) > LINKS_IN_REQUEST:
-        enqueue(links_resolve, waiting[LINKS_IN_REQUEST:])
-    return len(waiting)
 
 
 def links_repair() -> int:

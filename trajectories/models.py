@@ -297,7 +297,7 @@ class EffectLink(models.Model):
     trace_id = models.CharField(max_length=32, blank=True)
     span_id = models.CharField(max_length=16, blank=True)
     tool_call_id = models.CharField(max_length=255, blank=True)
-    # The run of the span `run_span` names, else the one `run_key` names (links.link_resolve);
+    # The run of the span `run_span` names, else the one `run_key` names (links.LINKS_RESOLVE);
     # a batch moving that span to another run moves the link with it (links.LINKS_FOLLOW).
     run = models.ForeignKey(Run, models.SET_NULL, null=True, blank=True, related_name="links")
     # The tool span and the model span found, by value (in the link's project): spans are
@@ -326,7 +326,7 @@ class EffectLink(models.Model):
         """The span the link takes its run from, by value: its tool span, else the span its
         effect was recorded in, else its model span (blank: none); links.LINKS_FOLLOW says
         it in SQL. (An effect recorded in a span never stored takes its model span's run:
-        the resolution after the batch, jobs.links_refresh, follows that one.)"""
+        the resolution after the batch, links.links_refresh, follows that one.)"""
         if self.tool_span_id:
             return (self.tool_trace_id, self.tool_span_id)
         if self.span_id:

@@ -4,6 +4,7 @@ order intents, receipts and spans arrive in."""
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import django_rq
 import pytest
@@ -302,3 +303,65 @@ def test_an_mcp_call_alone_is_a_tool_span_named_by_its_session_and_request_id(se
     # What tallybook-mcp records for that call over streamable HTTP: no trace context needed.
     effect = send.intent(tool_call_id="mcp:s-81:7")
     assert send.trajectory(effect)[1] == HTTP
+
+
+# -- one resolution, in SQL on PostgreSQL and with the ORM on SQLite ----------------------
+
+
+def test_the_statement_resolves_every_link_as_the_orm_resolution_does(send, api, project):
+    """LINKS_RESOLVE (PostgreSQL) and the ORM's resolution (SQLite, the demo) say the same,
+    whatever the link names: a span at any depth below a tool span, a tool span inside another
+    of the same tool, a span never stored, a tool call asked for in two traces or in none, a
+    run only."""
+    other_trace = "5" * 32
+    outer, inner, below_inner, below_outer = "7" * 16, "8" * 16, "9" * 16, "b" * 16
+    unasked, deep = "c" * 16, ["d" * 15 + str(n) for n in range(4)]
+    send.spans(
+        *genai(),
+        span(below_outer, "POST /refunds", parent=TOOL, at_ms=110),
+        tool(outer, "call_2", parent=AGENT, at_ms=150),
+        tool(inner, "call_2", parent=outer, at_ms=151, attributes={"gen_ai.tool.call.id": ""}),
+        span(below_inner, "POST /mcp", parent=inner, at_ms=152),
+        chat("e" * 16, calls=(), parent=AGENT, at_ms=170),
+        tool(unasked, "call_x", parent=AGENT, at_ms=200, attributes={"gen_ai.tool.name": "x"}),
+        span(deep[0], "deep", parent=TOOL, at_ms=120),
+        *(span(deep[n], "deep", parent=deep[n - 1], at_ms=120 + n) for n in range(1, 4)),
+        run_id="run-a",
+    )
+    post_traces(
+        api.client,
+        api.key,
+        in_run("run-b", chat("f" * 16, calls=("call_1",), trace_id=other_trace, at_ms=300)),
+    )
+    named = [
+        {"trace_id": TRACE, "span_id": s}
+        for s in (AGENT, MODEL, TOOL, HTTP, below_outer, outer, inner, below_inner, unasked)
+    ]
+    named += [{"trace_id": TRACE, "span_id": deep[3]}, {"trace_id": TRACE, "span_id": "a1" * 8}]
+    named += [{"tool_call_id": c} for c in ("call_1", "call_2", "call_x", "call_none")]
+    named += [{"run_id": "run-b"}, {"run_id": "run-none"}, {"trace_id": other_trace}]
+    named += [{"trace_id": other_trace, "span_id": "f" * 16, "tool_call_id": "call_1"}]
+    effects = [send.intent(f"refund:{n}", **fields) for n, fields in enumerate(named)]
+
+    def resolved() -> list[tuple[Any, ...]]:
+        found = EffectLink.objects.filter(pk__in=effects).order_by("pk")
+        return [(*row[:-1], row[-1] is not None) for row in found.values_list(*FIELDS)]
+
+    assert links.links_resolve(effect_ids=effects) == sorted(effects)
+    by_statement = resolved()
+    blank = {"run": None, "resolved": None} | dict.fromkeys(links.LINK_FIELDS[1:], "")
+    EffectLink.objects.filter(pk__in=effects).update(**blank)
+    assert all(links._link_resolve_orm(effect) for effect in effects)
+    assert resolved() == by_statement
+    linked = dict(zip(effects, by_statement, strict=True))
+    run_a = Span.objects.get(span_id=TOOL).run_id
+    # As the module's docstring says, for a few: the nearest tool span above, the outer of two
+    # of one tool, and the model that asked in the tool span's own trace.
+    assert linked[effects[4]][1:5] == (TRACE, TOOL, TRACE, MODEL)
+    assert linked[effects[7]][1:3] == (TRACE, outer)
+    assert linked[effects[9]][1:3] == (TRACE, TOOL)
+    assert linked[effects[11]][:5] == (run_a, TRACE, TOOL, TRACE, MODEL)
+    assert linked[effects[14]][5] is False  # call_none: nothing found, unresolved
+
+
+FIELDS = [*links.LINK_FIELDS, "resolved"]

@@ -9,13 +9,16 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from tests.conftest import Api
 from tests.round_trips import Cost, cost
-from tests.trajectories.support import chat, post_traces, request, span, tool
-from trajectories.models import RequestedToolCall, Run, Span
+from tests.trajectories.support import chat, post_traces, queue, request, span, tool, work
+from trajectories.models import EffectLink, RequestedToolCall, Run, Span
+
+__all__ = ["queue"]
 
 pytestmark = pytest.mark.django_db(transaction=True)  # real BEGIN and COMMIT, as served
 
-# A batch's statements, as trajectories.api.traces runs them; the two pipelines count one
-# round trip each (the BEGIN goes in the first: `durability.rows.send`).
+# A batch's statements, as trajectories.api.traces runs them; the three pipelines count one
+# round trip each (the BEGIN goes in the first, the COMMIT in the second:
+# `durability.rows.send`).
 BATCH = [
     "SELECT durability_keysversion",  # the key and its project cached here still hold
     "SELECT pg_try_advisory_lock",  # one of the project's ingest slots
@@ -27,9 +30,11 @@ BATCH = [
     "INSERT INTO trajectories_runtrace",  # the traces new to them,
     "WITH staged AS",  # the spans and the tool calls they ask for,
     "UPDATE trajectories_run SET",  # the runs' aggregates,
-    "SELECT pg_advisory_unlock",  # and the slot given back
-    "COMMIT",
-    "SELECT effect_id FROM",  # the effects' links the spans may complete
+    "SELECT pg_advisory_unlock",  # the slot given back,
+    "COMMIT",  # and the COMMIT
+    "COMMIT",  # Django's, which finds the transaction closed and sends nothing
+    "WITH locked AS",  # pipelined: the links the spans may complete, locked,
+    "WITH RECURSIVE due AS",  # resolved, however many
 ]
 
 
@@ -85,7 +90,7 @@ def test_an_otlp_batch_costs_the_same_few_round_trips_whatever_its_size(api: Api
     large = _posted(api, _batch(2_000, salt=2))
 
     assert _named(small) == _named(large) == BATCH
-    assert small.round_trips == large.round_trips == len(BATCH) - 7 <= 8
+    assert small.round_trips == large.round_trips == len(BATCH) - 10 <= 8
     assert Span.objects.filter(span_id__startswith="0002").count() == 2_000
     assert RequestedToolCall.objects.filter(span_id__startswith="0002").count() == 1_000
 
@@ -123,3 +128,48 @@ def test_a_batch_moving_spans_to_another_run_costs_no_more_round_trips(api: Api)
     assert again.round_trips == first.round_trips
     assert Run.objects.get(run_id="run-5").span_count == 200
     assert Run.objects.get(run_id="run-4").span_count == 0
+
+
+def _asking(n: int, *, salt: int) -> bytes:
+    """A trace of an agent and `n` model calls, each asking for a tool call that its tool span
+    then runs (`call_<salt>_<k>`)."""
+    trace, root = _trace(salt, 0), f"{salt:04x}{0:012x}"
+    made = [span(root, "invoke_agent", trace_id=trace, duration_ms=900)]
+    for k in range(n):
+        call = f"call_{salt}_{k}"
+        asking, running = f"{salt:04x}{2 * k + 1:012x}", f"{salt:04x}{2 * k + 2:012x}"
+        made.append(chat(asking, calls=(call,), trace_id=trace, parent=root, at_ms=2 * k))
+        made.append(tool(running, call, trace_id=trace, parent=root, at_ms=2 * k + 1))
+    return request(*made).SerializeToString()
+
+
+def _links_waiting(api: Api, queue: object, n: int, *, salt: int) -> list[int]:
+    """`n` effects naming the tool calls of `_asking(n, salt=salt)`, their links recorded
+    before its spans come: waiting."""
+    effects = [
+        api.intent(f"refund:{salt}:{k}", tool_call_id=f"call_{salt}_{k}").json()["effect"]["id"]
+        for k in range(n)
+    ]
+    work(queue)  # the link jobs
+    assert EffectLink.objects.filter(pk__in=effects, resolved=None).count() == n
+    return effects
+
+
+def test_an_otlp_batch_resolving_twenty_links_costs_what_one_resolving_one_does(
+    api: Api, queue: object
+) -> None:
+    _warmed(api)
+    one, twenty = _links_waiting(api, queue, 1, salt=5), _links_waiting(api, queue, 20, salt=6)
+
+    first = _posted(api, _asking(1, salt=5))
+    second = _posted(api, _asking(20, salt=6))
+
+    assert _named(first) == _named(second) == BATCH
+    assert first.round_trips == second.round_trips == len(BATCH) - 10
+    for effects, salt in ((one, 5), (twenty, 6)):
+        linked = EffectLink.objects.filter(pk__in=effects).order_by("effect__key")
+        assert [(link.tool_span_id, link.model_span_id) for link in linked] == [
+            (f"{salt:04x}{2 * k + 2:012x}", f"{salt:04x}{2 * k + 1:012x}")
+            for k in sorted(range(len(effects)), key=lambda k: f"refund:{salt}:{k}")
+        ]
+        assert all(link.resolved is not None and link.run is not None for link in linked)

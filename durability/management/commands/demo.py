@@ -211,8 +211,7 @@ class History:
         for start in range(0, len(self.events), 500):
             batch = self.events[start : start + 500]
             outcome = ingest.events_ingest(project=self.project, events=batch)
-            waiting = links.links_waiting(project_id=self.project.pk, touched=outcome.touched)
-            links.links_resolve(effect_ids=waiting)
+            links.links_refresh(project_id=self.project.pk, touched=outcome.touched)
         self.events.clear()
 
     def receipt(self, key: str, system: str, external_id: str, **extra: Any) -> None:

@@ -46,7 +46,7 @@ class ToolCall:
         self.key, self.request, self.receipt, self.system = key, request, receipt, system
         params = set(self.signature.parameters)
         if isinstance(key, str):
-            _check_names(self.name, "key template", _template_names(key), {*params, *SCOPE_NAMES})
+            _check_names(self.name, "key template", template_names(key), {*params, *SCOPE_NAMES})
         else:
             _check_callable(self.name, "key", key, params)
         if request is not None:
@@ -68,7 +68,7 @@ class ToolCall:
         if isinstance(self.key, str):
             now = scope.current()
             ids = {"run_id": now.run_id, "tool_call_id": now.tool_call_id}
-            for name in sorted(_template_names(self.key) & set(ids) - set(arguments)):
+            for name in sorted(template_names(self.key) & set(ids) - set(arguments)):
                 if ids[name] is None:
                     raise TallybookError(
                         f"The key of {self.name} names {{{name}}}, but none is current: call it "
@@ -145,13 +145,19 @@ def _returns_receipt(fn: Callable[..., Any]) -> bool:
     return returns is Receipt or (isinstance(returns, str) and returns.split(".")[-1] == "Receipt")
 
 
-def _template_names(template: str) -> set[str]:
-    """The argument names a str.format template uses: "{order.id}" uses order."""
+def template_names(template: str, what: str | None = None) -> set[str]:
+    """The names a str.format key template uses ("{order.id}" uses order); TypeError, saying
+    `what` (by default "the key template '…'"), when it is no template or names no field."""
+    what = what or f"the key template {template!r}"
     names = set()
-    for _, field, _, _ in string.Formatter().parse(template):
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise TypeError(f"{what} is not a template: {exc}") from None
+    for _, field, _, _ in parsed:
         if field is not None:
             if not field or field.isdigit():
-                raise TypeError(f"the key template {template!r} must name its fields")
+                raise TypeError(f"{what} must name its fields ('refund:{{order}}')")
             names.add(field.split(".")[0].split("[")[0])
     return names
 

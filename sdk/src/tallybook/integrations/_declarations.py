@@ -26,18 +26,17 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from tallybook.client import REPLAY_POLICIES, Base, EffectOptions, ReplayPolicy
+from tallybook.client import REPLAY_POLICIES, EffectOptions, ReplayPolicy
 from tallybook.integrations._tool_calls import (
     TOOL_CALL,
     canonical_json,
     default_key,
     field_at,
-    template_names,
 )
+from tallybook.tools import template_names
 
 FIELDS = frozenset(
     {
@@ -216,17 +215,6 @@ def client_options() -> dict[str, Any]:
             f"TALLYBOOK_INTENT_BUDGET={budget!r} must be a positive number of seconds"
         )
     return {"intent_budget": seconds}
-
-
-def run_event(tb: Base, run_id: str, *, status: str, workflow: str, **fields: Any) -> None:
-    """Say how a run goes (`status` "running", or "ok" with its end): spooled and sent in
-    the background like a receipt, so a run the scripts started does not read `running`
-    for ever."""
-    now = datetime.now(timezone.utc).isoformat()
-    event = {"type": "run", "run_id": run_id, "status": status, "workflow": workflow, **fields}
-    event["started" if status == "running" else "ended"] = now
-    event["id"] = f"run:{run_id}:{status}:{now}"
-    tb._record("events", {"events": [event]})
 
 
 def load(path: str | Path) -> Declarations:

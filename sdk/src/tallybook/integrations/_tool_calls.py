@@ -29,7 +29,6 @@ import hashlib
 import inspect
 import json
 import secrets
-import string
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
@@ -48,6 +47,7 @@ from tallybook.client import (
 )
 from tallybook.records import EffectStatus, Receipt
 from tallybook.scope import current_run
+from tallybook.tools import template_names
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -150,23 +150,6 @@ def check_declarations(declarations: Mapping[str, Any] | None, params: Mapping[s
                 f"not {type(declaration).__name__}"
             )
         check_effect(declaration, tool, params.get(tool))
-
-
-def template_names(template: str, what: str | None = None) -> set[str]:
-    """The names a str.format key template uses ("{order.id}" uses order); TypeError, saying
-    `what` (by default "the key template '…'"), when it is no template or names no field."""
-    what = what or f"the key template {template!r}"
-    names = set()
-    try:
-        parsed = list(string.Formatter().parse(template))
-    except ValueError as exc:
-        raise TypeError(f"{what} is not a template: {exc}") from None
-    for _, field, _, _ in parsed:
-        if field is not None:
-            if not field or field.isdigit():
-                raise TypeError(f"{what} must name its fields ('refund:{{order}}')")
-            names.add(field.split(".")[0].split("[")[0])
-    return names
 
 
 def names_known(
@@ -388,6 +371,35 @@ def now() -> datetime:
     return datetime.now(timezone.utc)
 
 
+def run_event(
+    tb: Base,
+    run_id: str,
+    *,
+    status: str = "running",
+    workflow: str | None = None,
+    agent: str | None = None,
+    trace_ids: list[str] | None = None,
+    error: BaseException | None = None,
+) -> None:
+    """Say how a run goes: `status` "running", with its start, or its end ("ok", "error":
+    with when it ended, and the error), named for its `workflow` (else its `agent`); the
+    traces it joins. Spooled and sent in the background like a receipt, so that a run does
+    not read `running` for ever. The one way the integrations describe a run."""
+    at = now().isoformat()
+    event: dict[str, Any] = {
+        "type": "run",
+        "id": f"run:{run_id}:{status}:{secrets.token_hex(8)}",
+        "run_id": run_id,
+        "agent": agent,
+        "workflow": workflow or agent,
+        "status": status,
+        "trace_ids": trace_ids,
+        "attributes": {"error": str(error)[:4000]} if error is not None else None,
+        "started" if status == "running" else "ended": at,
+    }
+    tb._record("events", {"events": [{k: v for k, v in event.items() if v is not None}]})
+
+
 @dataclass
 class Spans:
     """Records tool and model spans as span events, sent in the background through the spool."""
@@ -479,7 +491,8 @@ class Spans:
         status: str = "running",
         error: BaseException | None = None,
     ) -> None:
-        """The run's event: named for the agent while it runs, and its end (`ok`, `error`).
+        """The run's event (`run_event`): named for the agent while it runs, and its end
+        (`ok`, `error`).
 
         The current OpenTelemetry trace (another instrumentation's, e.g. OpenInference's)
         joins the run, so one conversation is one run. Sent even with `spans=False`.
@@ -487,19 +500,15 @@ class Spans:
         if run_id is None:
             return
         trace_id, _ = tracing.current_ids()
-        event: dict[str, Any] = {
-            "type": "run",
-            "id": f"run:{run_id}:{status}:{secrets.token_hex(8)}",
-            "run_id": run_id,
-            "agent": agent,
-            "workflow": workflow or agent,
-            "status": status,
-            "trace_ids": [trace_id] if trace_id else None,
-            "attributes": {"error": str(error)[:4000]} if error is not None else None,
-        }
-        if status != "running":
-            event["ended"] = now().isoformat()
-        self.deliver({k: v for k, v in event.items() if v is not None})
+        run_event(
+            self.tb or default_client(),
+            run_id,
+            status=status,
+            agent=agent,
+            workflow=workflow,
+            trace_ids=[trace_id] if trace_id else None,
+            error=error,
+        )
 
     def send(self, span: dict[str, Any]) -> None:
         if not self.enabled:

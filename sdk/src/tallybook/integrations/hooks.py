@@ -42,8 +42,8 @@ from tallybook.integrations._declarations import (
     Declarations,
     client_options,
     load,
-    run_event,
 )
+from tallybook.integrations._tool_calls import run_event
 from tallybook.spool import default_root
 
 __all__ = ["main"]

@@ -44,8 +44,8 @@ from tallybook.integrations._declarations import (
     Declarations,
     client_options,
     load,
-    run_event,
 )
+from tallybook.integrations._tool_calls import run_event
 from tallybook.records import Receipt
 
 __all__ = ["Proxy", "main"]

@@ -42,10 +42,10 @@ from tallybook.integrations._tool_calls import (
     check_effect,
     default_key,
     receipt_of,
-    template_names,
 )
 from tallybook.records import Receipt
 from tallybook.scope import current_run
+from tallybook.tools import template_names
 
 if TYPE_CHECKING:
     from pydantic_ai.capabilities.abstract import (

@@ -61,10 +61,9 @@ from tallybook.integrations._tool_calls import (
     field_at,
     jsonable,
     names_known,
-    template_names,
 )
 from tallybook.records import Json, Receipt
-from tallybook.tools import MAX_RESULT
+from tallybook.tools import MAX_RESULT, template_names
 
 log = logging.getLogger("tallybook")
 F = TypeVar("F", bound=Callable[..., Any])
