@@ -51,6 +51,7 @@ from durability.authority.grants import GrantQuery
 from durability.ledger import decisions, evidence, machine
 from durability.ledger.intents import intent_record
 from durability.models import Case, Decision, Effect, Grant, Receipt
+from durability.paging import Page
 from durability.site import site_url
 
 STATUS_OF_DECISION = {Decision.CONFLICT: 409}
@@ -256,15 +257,17 @@ def grants(request: ApiRequest) -> JsonResponse:
     query = GrantQuery.parse(request.GET.dict())
     if isinstance(query, dict):
         return error("Invalid query", 400, query)
-    rows = list(query.apply(Grant.objects.filter(project=request.project))[: GRANT_PAGE + 1])
-    more = len(rows) > GRANT_PAGE
-    rows = rows[:GRANT_PAGE]
-    next_url = None
-    if more:
+    page = Page.of(query.apply(Grant.objects.filter(project=request.project)), GRANT_PAGE)
+
+    def following(grant: Grant) -> str:
+        """The link to the page after `grant`: this request's, with `before` its id."""
         params = request.GET.copy()
-        params["before"] = str(rows[-1].pk)
-        next_url = f"{site_url()}{request.path}?{params.urlencode()}"
-    return answer(GrantListOut(grants=[GrantOut.of(g) for g in rows], next=next_url))
+        params["before"] = str(grant.pk)
+        return f"{site_url()}{request.path}?{params.urlencode()}"
+
+    return answer(
+        GrantListOut(grants=[GrantOut.of(g) for g in page.rows], next=page.next(following))
+    )
 
 
 @require_GET
