@@ -54,6 +54,7 @@ CORE = tuple(
         "tallies",
         "notices",
         "exports",
+        "paging",
     )
 )
 MODELS = ("durability.models",)
@@ -118,10 +119,10 @@ ROOMS = (
         ("durability.models", "durability.accounts")
         + ("durability.api.decorators", "durability.api.schemas", "durability.api.signals")
         + ("durability.ledger.signals", "durability.jobs", "durability.redaction")
-        + ("durability.inbound", "durability.rows", "durability.pipeline")
+        + ("durability.inbound", "durability.rows", "durability.pipeline", "durability.paging")
         + ("durability.admin.ReadOnly",),
         "models, accounts, api.decorators/schemas/signals, ledger.signals, jobs, redaction,"
-        " inbound, rows, pipeline,"
+        " inbound, rows, pipeline, paging,"
         " admin.ReadOnly",
     ),
     Room(

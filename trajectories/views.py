@@ -22,6 +22,7 @@ from durability.accounts.access import AuthedRequest, object_access, project_acc
 from durability.accounts.roles import Perm
 from durability.inbound import EARLIEST, decimal_digits, number_param
 from durability.models import Receipt
+from durability.paging import Keyset, micros, moment
 from trajectories import people
 from trajectories.models import EffectLink, Run, RunStatus, Span
 
@@ -74,19 +75,22 @@ def _when(value: str, default: datetime | None) -> tuple[datetime | None, str | 
     return utc, None
 
 
+# Runs newest first; the cursor (`?before=`) is the last run shown's `<started, µs since the
+# epoch>-<id>`.
+NEWEST = Keyset("-started", "-pk")
+
+
 def _cursor(value: str) -> tuple[datetime, int] | None:
     """The keyset position `<started, µs since epoch>-<id>` of the last run shown."""
-    micros, _, pk = value.partition("-")
+    at, _, pk = value.partition("-")
     try:
-        started = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=decimal_digits(micros))
-        return started, decimal_digits(pk)
+        return moment(decimal_digits(at)), decimal_digits(pk)
     except (ValueError, OverflowError):  # edited by hand, or past year 9999
         return None
 
 
 def _cursor_of(run: Run) -> str:
-    epoch = datetime(1970, 1, 1, tzinfo=UTC)
-    return f"{(run.started - epoch) // timedelta(microseconds=1)}-{run.pk}"
+    return f"{micros(run.started)}-{run.pk}"
 
 
 @login_required
@@ -114,12 +118,8 @@ def runs(request: AuthedRequest) -> HttpResponse:
     else:
         total = sum(by_status.values())
     position = _cursor(request.GET.get("before", ""))
-    if position is not None:
-        started, pk = position
-        qs = qs.filter(Q(started__lt=started) | Q(started=started, pk__lt=pk))
-    page = list(qs.order_by("-started", "-pk")[: PAGE_SIZE + 1])
-    more = len(page) > PAGE_SIZE
-    page = page[:PAGE_SIZE]
+    found = NEWEST.page(qs, position, PAGE_SIZE)
+    page = found.rows
     effects = dict(
         EffectLink.objects.filter(project=project, run__in=page)
         .values_list("run")
@@ -142,7 +142,7 @@ def runs(request: AuthedRequest) -> HttpResponse:
         "errors": {k: v for k, v in errors.items() if v},
         "total": total,
         "by_status": [(s, by_status.get(s, 0)) for s in RunStatus.values],
-        "next_query": f"{query.urlencode()}&before={_cursor_of(page[-1])}" if more else None,
+        "next_query": found.next(lambda run: f"{query.urlencode()}&before={_cursor_of(run)}"),
     }
     template = "trajectories/runs.html"
     if request.htmx and position is not None:

@@ -51,6 +51,7 @@ from durability.authority.grants import GrantQuery
 from durability.ledger import decisions, evidence, machine
 from durability.ledger.intents import intent_record
 from durability.models import Case, Decision, Effect, Grant, Receipt
+from durability.paging import Page
 from durability.site import site_url
 
 STATUS_OF_DECISION = {Decision.CONFLICT: 409}
@@ -111,15 +112,37 @@ def receipts(request: PayloadRequest[ReceiptIn]) -> JsonResponse:
 def receipts_batch(request: PayloadRequest[ReceiptBatchIn]) -> JsonResponse:
     """Each receipt recorded in its own transaction, or refused alone: what /receipts would
     answer for it, in order. A receipt answered 2xx here is committed."""
-    results: list[ReceiptItemOut] = []
-    for index, item in enumerate(request.payload.receipts):
+    return _batch(
+        request,
+        request.payload.receipts,
+        ReceiptIn,
+        _receipt_recorded,
+        (ReceiptItemOut, ReceiptBatchOut),
+    )
+
+
+def _batch[In: BaseModel, Item: BaseModel](
+    request: ApiRequest,
+    items: list[Any],
+    schema: type[In],
+    record: Callable[[ApiRequest, In], tuple[BaseModel, int]],
+    answers: tuple[type[Item], Callable[..., BaseModel]],
+) -> JsonResponse:
+    """A batch endpoint's answer, 207: each item validated by the single endpoint's `schema`
+    and applied by its `record` (in its own transaction), or refused alone with its
+    field-level errors. `answers` are the models of an item's answer (its index, and the
+    status and body the single endpoint would answer) and of the batch's (the items', in
+    order)."""
+    item_out, batch_out = answers
+    results: list[Item] = []
+    for index, item in enumerate(items):
         body: BaseModel
         try:
-            body, status = _receipt_recorded(request, validated(ReceiptIn, item, request.body))
+            body, status = record(request, validated(schema, item, request.body))
         except ItemRefused as refused:
             body, status = refused.body, refused.status
-        results.append(ReceiptItemOut(index=index, status=cast(Any, status), body=cast(Any, body)))
-    return answer(ReceiptBatchOut(results=results), 207)
+        results.append(item_out(index=index, status=status, body=body))
+    return answer(batch_out(results=results), 207)
 
 
 def _effect_change(
@@ -164,15 +187,9 @@ def failures(request: PayloadRequest[FailureIn]) -> JsonResponse:
 def failures_batch(request: PayloadRequest[FailureBatchIn]) -> JsonResponse:
     """Each failure applied in its own transaction, or refused alone: what /failures would
     answer for it, in order."""
-    results: list[FailureItemOut] = []
-    for index, item in enumerate(request.payload.failures):
-        body: BaseModel
-        try:
-            body, status = _failure(request, validated(FailureIn, item, request.body))
-        except ItemRefused as refused:
-            body, status = refused.body, refused.status
-        results.append(FailureItemOut(index=index, status=cast(Any, status), body=cast(Any, body)))
-    return answer(FailureBatchOut(results=results), 207, exclude_none=False)
+    return _batch(
+        request, request.payload.failures, FailureIn, _failure, (FailureItemOut, FailureBatchOut)
+    )
 
 
 @require_POST
@@ -256,15 +273,17 @@ def grants(request: ApiRequest) -> JsonResponse:
     query = GrantQuery.parse(request.GET.dict())
     if isinstance(query, dict):
         return error("Invalid query", 400, query)
-    rows = list(query.apply(Grant.objects.filter(project=request.project))[: GRANT_PAGE + 1])
-    more = len(rows) > GRANT_PAGE
-    rows = rows[:GRANT_PAGE]
-    next_url = None
-    if more:
+    page = Page.of(query.apply(Grant.objects.filter(project=request.project)), GRANT_PAGE)
+
+    def following(grant: Grant) -> str:
+        """The link to the page after `grant`: this request's, with `before` its id."""
         params = request.GET.copy()
-        params["before"] = str(rows[-1].pk)
-        next_url = f"{site_url()}{request.path}?{params.urlencode()}"
-    return answer(GrantListOut(grants=[GrantOut.of(g) for g in rows], next=next_url))
+        params["before"] = str(grant.pk)
+        return f"{site_url()}{request.path}?{params.urlencode()}"
+
+    return answer(
+        GrantListOut(grants=[GrantOut.of(g) for g in page.rows], next=page.next(following))
+    )
 
 
 @require_GET

@@ -20,10 +20,13 @@ from durability.models import (
     Grant,
     Project,
 )
+from durability.paging import Keyset
 
 # -- reading grants ---------------------------------------------------------------------------
 
 GRANT_STATUSES = ("live", "expired", "revoked", "superseded")
+# Grant versions newest first, keyset on id (`?before=<id>`).
+NEWEST = Keyset("-id")
 # A UUID as the API writes it; uuid.UUID() would also take braces, "urn:uuid:" and no dashes.
 LINEAGE = re.compile(r"[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}")
 
@@ -74,9 +77,7 @@ class GrantQuery:
             grants = grants.filter(by_status[self.status])
         if self.lineage:
             grants = grants.filter(lineage=self.lineage)
-        if self.before:
-            grants = grants.filter(pk__lt=self.before)
-        return grants.order_by("-id")
+        return NEWEST.after(grants, (self.before,) if self.before else None)
 
 
 # -- grant changes ---------------------------------------------------------------------------

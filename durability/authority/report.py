@@ -35,9 +35,12 @@ from durability.ledger.evidence import STRENGTH_RANK
 from durability.ledger.grant_check import money
 from durability.models import Case as LedgerCase
 from durability.models import Effect, Project, Reason, Receipt, State
+from durability.paging import Keyset, Page
 from durability.tallies import tallied_until, tally
 
 PAGE_SIZE = 100
+# The table's order: newest first, keyset on id (`?before=<id>`).
+NEWEST = Keyset("-id")
 DEFAULT_SPAN = timedelta(days=7)
 
 
@@ -171,10 +174,10 @@ def _strongest() -> QuerySet[Receipt]:
     )
 
 
-def rows(project: Project, query: ReportQuery) -> QuerySet[Effect]:
-    """The table: every effect the query matches, newest first, with its authority, its
-    strongest evidence (None without any: see `evidenced`) and whether evidence went beyond
-    the grant.
+def rows(project: Project, query: ReportQuery, before: int | None = None) -> QuerySet[Effect]:
+    """The table: every effect the query matches (older than the id `before`, if given),
+    newest first, with its authority, its strongest evidence (None without any: see
+    `evidenced`) and whether evidence went beyond the grant.
 
     Whether a row has evidence is read from its strongest receipt, not asked again with an
     EXISTS: PostgreSQL plans that one as if it ran for every effect in the range, not for
@@ -182,7 +185,7 @@ def rows(project: Project, query: ReportQuery) -> QuerySet[Effect]:
     while the hash fits in work_mem); the strongest receipt's look-up, ordered and limited,
     is always made row by row, by the receipt's effect index.
     """
-    return (
+    table = (
         _effects(project, query)
         .select_related("grant")
         .annotate(
@@ -206,21 +209,16 @@ def rows(project: Project, query: ReportQuery) -> QuerySet[Effect]:
                 .values("detail__rule")[:1]
             ),
         )
-        .order_by("-id")
     )
+    return NEWEST.after(table, None if before is None else (before,))
 
 
 def page(
     project: Project, query: ReportQuery, before: int | None
 ) -> tuple[list[Effect], int | None]:
     """One page of the table, keyset on id; and the id to continue before, if any."""
-    found = rows(project, query)
-    if before:
-        found = found.filter(pk__lt=before)
-    taken = list(found[: PAGE_SIZE + 1])
-    more = len(taken) > PAGE_SIZE
-    taken = taken[:PAGE_SIZE]
-    return taken, taken[-1].pk if more and taken else None
+    taken = Page.of(rows(project, query, before or None), PAGE_SIZE)
+    return taken.rows, taken.next(lambda effect: effect.pk)
 
 
 def orphan_rows(project: Project, query: ReportQuery, limit: int = PAGE_SIZE) -> list[Receipt]:

@@ -268,10 +268,8 @@ def authority_report_csv(request: AuthedRequest) -> StreamingHttpResponse:
     when the link carries its cursor (`before`) and `page=1`, else every matching row."""
     access = project_access(request, Perm.VIEW)
     _, query = _report_query(request)
-    effects = report.rows(access.project, query)
     before = inbound.number_param(request.GET.get("before"))
-    if before is not None:
-        effects = effects.filter(pk__lt=before)
+    effects = report.rows(access.project, query, before)
     page = request.GET.get("page") == "1"
     if page:
         effects = effects[: report.PAGE_SIZE]

@@ -6,6 +6,7 @@ form; an invalid field is reported and ignored, never fatal.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
@@ -23,6 +24,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from durability.models import Attempt, Case, Project, Reason, Severity
+from durability.paging import Keyset, micros, moment
 
 PAGE_SIZE = 50
 # The filter's fields, in the order a query string names them.
@@ -87,7 +89,7 @@ class QueueFilter(forms.Form):
             # bigint) or a group's key (128 bits).
             if len(parts) not in (2, 3) or not 0 <= parts[-1] < 2**128 or abs(parts[0]) > 2**63:
                 raise ValueError(value)
-            _from_micros(parts[-2])
+            moment(parts[-2])
         except (ValueError, OverflowError, OSError):
             raise forms.ValidationError("Not a page of this queue.") from None
         return parts
@@ -244,58 +246,58 @@ def _latest_attempt() -> QuerySet[Attempt]:
 
 # A cursor's id past any a case can have (bigint) means after them all.
 BIGGEST_ID = 2**63 - 1
+# The queue's orders (oldest first walks case_queue_open_idx, or case_queue_reason_idx when
+# filtered by reason; most severe first walks case_queue_severity_idx), and its groups'.
+CASES = {
+    Sort.AGE: Keyset("opened", "id"),
+    Sort.SEVERITY: Keyset("-severity", "opened", "id"),
+}
+GROUPS = {
+    Sort.AGE: Keyset("first", "group_key"),
+    Sort.SEVERITY: Keyset("-top", "first", "group_key"),
+}
 
 
-def _micros(value: datetime) -> int:
-    return int(value.timestamp() * 1_000_000)
+def _spelt(value: Any) -> str:
+    """One value of a place in the queue as its cursor spells it: a moment as µs since the
+    epoch, a group's key (32 hex digits; a row written around the ledger may have none) as
+    its number, a severity or an id as it is."""
+    if isinstance(value, datetime):
+        return str(micros(value))
+    if isinstance(value, str):
+        return str(int(value or "0", 16))
+    return str(value)
 
 
-def _from_micros(value: int) -> datetime:
-    return datetime.fromtimestamp(value / 1_000_000, UTC)
+def _cursor(order: Keyset, row: Any) -> str:
+    """`[<severity>.]<opened or first seen>.<id or group key>`: a row's place in `order`."""
+    return ".".join(_spelt(value) for value in order.position(row))
 
 
-def cursor_of(case: Case, sort: str) -> str:
-    parts = [_micros(case.opened), case.pk]
-    if sort == Sort.SEVERITY:
-        parts.insert(0, case.severity)
-    return ".".join(str(p) for p in parts)
+def _position(
+    order: Keyset, after: tuple[int, ...] | None, tie: Callable[[int], Any]
+) -> tuple[Any, ...] | None:
+    """The place in `order` the cursor `after` names (`tie` reads its last part), if it
+    names one of that order."""
+    if not after or len(after) != len(order.order):
+        return None
+    *severity, at, last = after
+    return (*severity, moment(at), tie(last))
 
 
 def page_of(qs: QuerySet[Case], query: QueueQuery) -> tuple[list[Case], str | None]:
-    """One keyset page of the queue and the cursor of the next, if there is one.
-
-    Oldest first walks case_queue_open_idx (or case_queue_reason_idx when filtered by
-    reason); most severe first walks case_queue_severity_idx.
-    """
-    qs = _in_order(qs, query.sort, query.values.get("after"))
-    rows = list(_with_row_facts(qs)[: PAGE_SIZE + 1])
-    more = len(rows) > PAGE_SIZE
-    rows = rows[:PAGE_SIZE]
-    return rows, cursor_of(rows[-1], query.sort) if more and rows else None
-
-
-def _in_order(qs: QuerySet[Case], sort: str, after: tuple[int, ...] | None) -> QuerySet[Case]:
-    """The cases in the queue's order, those after the cursor `after` only (if given)."""
-    if sort == Sort.SEVERITY:
-        qs = qs.order_by("-severity", "opened", "id")
-        if after and len(after) == 3:
-            sev, opened, pk = after[0], _from_micros(after[1]), min(after[2], BIGGEST_ID)
-            qs = qs.filter(severity__lte=sev).filter(
-                Q(severity__lt=sev) | Q(opened__gt=opened) | Q(opened=opened, id__gt=pk)
-            )
-    else:
-        qs = qs.order_by("opened", "id")
-        if after and len(after) == 2:
-            opened, pk = _from_micros(after[0]), min(after[1], BIGGEST_ID)
-            qs = qs.filter(opened__gte=opened).filter(Q(opened__gt=opened) | Q(id__gt=pk))
-    return qs
+    """One keyset page of the queue and the cursor of the next, if there is one."""
+    order = CASES[query.sort]
+    position = _position(order, query.values.get("after"), lambda pk: min(pk, BIGGEST_ID))
+    page = order.page(_with_row_facts(qs), position, PAGE_SIZE)
+    return page.rows, page.next(lambda case: _cursor(order, case))
 
 
 def next_case(project: Project, query: QueueQuery, user: User, case: Case) -> Case | None:
     """The open case that follows `case` in the queue `query` shows, in its order (`case`
     itself may be closed by now, or never have matched: its place in the order is enough)."""
-    after = tuple(int(part) for part in cursor_of(case, query.sort).split("."))
-    return _in_order(open_cases(project, query, user), query.sort, after).first()
+    order = CASES[query.sort]
+    return order.after(open_cases(project, query, user), order.position(case)).first()
 
 
 def counts_by_reason(qs: QuerySet[Case], query: QueueQuery) -> tuple[dict[str, int], int]:
@@ -377,13 +379,6 @@ class Group:
             bars,
         )
 
-    def cursor(self, sort: str) -> str:
-        # A key is 32 hex digits; a row written around the ledger (a fill) may have none.
-        parts = [_micros(self.first_seen), int(self.key or "0", 16)]
-        if sort == Sort.SEVERITY:
-            parts.insert(0, self.severity)
-        return ".".join(str(p) for p in parts)
-
 
 def _key_of(n: int) -> str:
     return f"{n:032x}"
@@ -398,7 +393,6 @@ def groups_page(
     three queries (the groups, their first cases, their trends), the first an aggregate
     over case_queue_group_idx.
     """
-    after = query.values.get("after")
     found = (
         qs.order_by()
         .values("group_key")
@@ -410,23 +404,9 @@ def groups_page(
             sample=Min("id"),
         )
     )
-    if query.sort == Sort.SEVERITY:
-        found = found.order_by("-top", "first", "group_key")
-        if after and len(after) == 3:
-            sev, first, key = after[0], _from_micros(after[1]), _key_of(after[2])
-            found = found.filter(
-                Q(top__lt=sev)
-                | Q(top=sev, first__gt=first)
-                | Q(top=sev, first=first, group_key__gt=key)
-            )
-    else:
-        found = found.order_by("first", "group_key")
-        if after and len(after) == 2:
-            first, key = _from_micros(after[0]), _key_of(after[1])
-            found = found.filter(Q(first__gt=first) | Q(first=first, group_key__gt=key))
-    rows = list(found[: PAGE_SIZE + 1])
-    more = len(rows) > PAGE_SIZE
-    rows = rows[:PAGE_SIZE]
+    order = GROUPS[query.sort]
+    page = order.page(found, _position(order, query.values.get("after"), _key_of), PAGE_SIZE)
+    rows = page.rows
     samples = Case.objects.select_related("effect__grant").in_bulk([r["sample"] for r in rows])
     trends = _trends(qs, [r["group_key"] for r in rows], now or timezone.now())
     groups = [
@@ -442,7 +422,7 @@ def groups_page(
         )
         for r in rows
     ]
-    return groups, groups[-1].cursor(query.sort) if more and groups else None
+    return groups, page.next(lambda row: _cursor(order, row))
 
 
 def _trends(qs: QuerySet[Case], keys: list[str], now: datetime) -> dict[str, list[int]]:

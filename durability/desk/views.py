@@ -75,9 +75,12 @@ from durability.models import (
     Receipt,
     State,
 )
+from durability.paging import Keyset
 
 AUDIT_PAGE_SIZE = 100
 EFFECTS_PAGE_SIZE = 50
+# The audit log and the effects list: newest first, keyset on id (`?before=<id>`).
+NEWEST = Keyset("-id")
 # Audit actions that change what a queue row shows.
 PULSE_ACTIONS = (AuditAction.CASE_OPENED, AuditAction.CASE_CLOSED, AuditAction.CASE_ASSIGNED)
 # The queue page and its fragments, each a partial of the page.
@@ -655,7 +658,7 @@ def audit(request: AuthedRequest) -> HttpResponse:
     form = AuditFilter(request.GET)
     form.is_valid()
     f = {k: v for k, v in form.cleaned_data.items() if v not in ("", None)}
-    qs = AuditEntry.objects.filter(project=access.project).order_by("-id")
+    qs = AuditEntry.objects.filter(project=access.project)
     if "actor" in f:
         qs = qs.filter(actor=f["actor"])
     if "effect" in f:
@@ -670,20 +673,17 @@ def audit(request: AuthedRequest) -> HttpResponse:
         qs = qs.filter(at__gte=f["since"])
     if "until" in f:
         qs = qs.filter(at__lt=f["until"])
-    if "before" in f:
-        qs = qs.filter(id__lt=f["before"])
-    page = list(qs.annotate(effect_key=F("effect__key"))[: AUDIT_PAGE_SIZE + 1])
-    more = len(page) > AUDIT_PAGE_SIZE
-    page = page[:AUDIT_PAGE_SIZE]
+    position = (f["before"],) if "before" in f else None
+    page = NEWEST.page(qs.annotate(effect_key=F("effect__key")), position, AUDIT_PAGE_SIZE)
     params = request.GET.copy()
     params.pop("before", None)
-    if more:
-        params["before"] = str(page[-1].pk)
+    if next_before := page.next(lambda entry: entry.pk):
+        params["before"] = str(next_before)
     context = {
         "access": access,
         "form": form,
-        "entries": list(zip(page, _actor_names(access, page), strict=True)),
-        "next_query": params.urlencode() if more else "",
+        "entries": list(zip(page.rows, _actor_names(access, page.rows), strict=True)),
+        "next_query": params.urlencode() if next_before else "",
         "filtered": bool(set(f) - {"before"}),
         "actions": AuditAction.values,
     }
@@ -721,16 +721,12 @@ def effects(request: AuthedRequest) -> HttpResponse:
     query = EffectQuery.from_params(request.GET)
     mine = Effect.objects.filter(project__members=request.user)
     qs = query.apply(mine.select_related("project").annotate(open_cases=OPEN_CASES))
-    qs = qs.order_by("-id")
     state = query.values.get("state", "")
     before = inbound.number_param(request.GET.get("before"))
-    if before is not None:
-        qs = qs.filter(id__lt=before)
-    page = list(qs[: EFFECTS_PAGE_SIZE + 1])
-    more = len(page) > EFFECTS_PAGE_SIZE
-    page = page[:EFFECTS_PAGE_SIZE]
+    page = NEWEST.page(qs, None if before is None else (before,), EFFECTS_PAGE_SIZE)
+    next_before = page.next(lambda effect: effect.pk)
     context = {
-        "effects": page,
+        "effects": page.rows,
         "state": state,
         # Each state tab keeps every other filter (and drops the cursor).
         "tabs": [("all", query.query_string(state=None), not state)]
@@ -739,8 +735,8 @@ def effects(request: AuthedRequest) -> HttpResponse:
         "form": EffectFilter(initial=query.values),
         # The filter's fields the form does not show, kept when it is applied.
         "kept": [(k, v) for k, v in query.params() if k not in EffectFilter.IN_PAGE],
-        "next_before": page[-1].pk if more else None,
-        "next_query": query.query_string(before=page[-1].pk) if more else "",
+        "next_before": next_before,
+        "next_query": query.query_string(before=next_before) if next_before else "",
     }
     template = "durability/desk/effects.html"
     if request.htmx and before:
