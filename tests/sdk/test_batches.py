@@ -129,7 +129,7 @@ def _answering_once(tb: FakeTallybook, answer: Any) -> list[str]:
             return answer(path, body, lambda p, b: request(method, p, b, **options))
         return request(method, path, body, **options)
 
-    tb.fake.request = first
+    tb.fake.request = first  # type: ignore[method-assign]
     return paths
 
 
