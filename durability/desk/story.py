@@ -14,6 +14,7 @@ from django.db.models import Prefetch, Q, prefetch_related_objects
 
 from durability.ledger import intents
 from durability.models import (
+    ApiKey,
     Attempt,
     AuditAction,
     AuditEntry,
@@ -22,6 +23,7 @@ from durability.models import (
     Effect,
     Receipt,
     action_label,
+    actor_named,
 )
 
 
@@ -34,6 +36,13 @@ class Moment:
     receipt: Receipt | None = None
     case: Case | None = None
     comment: Comment | None = None
+    # The names of the API keys among the story's actors, by prefix (ApiKey.names).
+    key_names: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def actor(self) -> str:
+        """Who made this moment, for a person: an API key by its name."""
+        return actor_named(self.entry.actor, self.key_names)
 
     @property
     def label(self) -> str:
@@ -65,7 +74,8 @@ class Moment:
 
 
 def story_of(case: Case) -> list[Moment]:
-    """The case's effect's moments and the case's own, oldest first. Five queries."""
+    """The case's effect's moments and the case's own, oldest first. Six queries (five when
+    no API key acted)."""
     effect = case.effect
     about = Q(case=case)
     if effect is not None:
@@ -78,7 +88,8 @@ def story_of(case: Case) -> list[Moment]:
 
 
 def effect_story(effect: Effect) -> list[Moment]:
-    """The effect's moments, its cases' among them, oldest first. Five queries."""
+    """The effect's moments, its cases' among them, oldest first. Six queries (five when
+    no API key acted)."""
     return _story(effect.project_id, Q(effect=effect), effect, {}, {})
 
 
@@ -114,9 +125,11 @@ def _story(
         cases = {c.pk: c for c in effect.cases.all()} | cases
     comment_ids = [e.data["comment"] for e in entries if "comment" in e.data]
     comments = Comment.objects.filter(project_id=project_id).in_bulk(comment_ids)
+    key_names = ApiKey.names(project_id, (e.actor for e in entries))
     moments = []
     for entry in entries:
-        moment = Moment(entry, case=cases.get(entry.case_id) if entry.case_id else None)
+        case = cases.get(entry.case_id) if entry.case_id else None
+        moment = Moment(entry, case=case, key_names=key_names)
         number = entry.data.get("attempt")
         if entry.action in (AuditAction.INTENT, AuditAction.RETRY) and number in attempts:
             moment.attempt = attempts[number]

@@ -697,12 +697,7 @@ def _actor_names(access: Access, entries: Sequence[AuditEntry]) -> list[str]:
     """The actor of each entry as the page shows it: an API key by its name ("demo agents
     (key tb_…)"), any other as recorded (`user:alice`, the filter's words); one query for the
     page's keys."""
-    prefixes = {e.actor.partition(":")[2] for e in entries if e.actor.startswith("api:")}
-    keys = dict(
-        ApiKey.objects.filter(project=access.project, prefix__in=prefixes)
-        .exclude(name="")
-        .values_list("prefix", "name")
-    )
+    keys = ApiKey.names(access.project.pk, (e.actor for e in entries))
     named = []
     for e in entries:
         kind, _, name = e.actor.partition(":")

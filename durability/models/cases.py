@@ -3,6 +3,8 @@ closed (`Resolution`), the operators' comments, bulk actions and the queue's sav
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
@@ -193,15 +195,17 @@ def closed_status(action: str) -> str:
     return f"Closed: {CLOSED_AS.get(action, action.replace('_', ' '))}"
 
 
-def actor_named(actor: str) -> str:
-    """Who an actor (`user:alice`, `reconciler:http`, `api:tb_1a2b`) is, for a person."""
+def actor_named(actor: str, key_names: Mapping[str, str] | None = None) -> str:
+    """Who an actor (`user:alice`, `reconciler:http`, `api:tb_1a2b`) is, for a person: an
+    API key by its name when `key_names` (`ApiKey.names`) has it."""
     kind, _, name = actor.partition(":")
     if kind == "user":
         return name
     if kind == "reconciler":
         return f"the {name} reconciler"
     if kind == "api":
-        return f"an agent (key {name})"
+        named = (key_names or {}).get(name)
+        return f"{named} (key {name}…)" if named else f"an agent (key {name})"
     if kind == "webhook":
         return f"the webhook {name}"
     if kind == "system":

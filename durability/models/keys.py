@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 from django.db import connection, models
@@ -55,6 +56,19 @@ class ApiKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.project})"
+
+    @classmethod
+    def names(cls, project_id: int, actors: Iterable[str]) -> dict[str, str]:
+        """The names of the project's keys among `actors` (`api:<prefix>`), by prefix: one
+        query, none when no actor is a key; a key without a name is left out."""
+        prefixes = {a.partition(":")[2] for a in actors if a.startswith("api:")}
+        if not prefixes:
+            return {}
+        return dict(
+            cls.objects.filter(project_id=project_id, prefix__in=prefixes)
+            .exclude(name="")
+            .values_list("prefix", "name")
+        )
 
     @classmethod
     def issue(cls, project: Project, name: str = "") -> tuple[ApiKey, str]:

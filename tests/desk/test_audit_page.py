@@ -134,3 +134,33 @@ def test_entries_show_the_effects_key_and_name_an_api_key_by_its_name(project, d
     assert f"demo agents (key {key.prefix}…)" in html
     assert f">api:{key.prefix}<" not in html
     assert '<code class="key">refund:H-1</code>' in html
+
+
+def test_a_case_story_names_the_api_key_that_acted_by_its_name(project, desk):
+    from durability.ledger import intents
+    from durability.ledger.commands import Intent
+    from durability.models import ApiKey, Case
+
+    named, _ = ApiKey.issue(project, name="refund bot")
+    unnamed, _ = ApiKey.issue(project)
+    intents.intent_record(
+        project=project,
+        actor=f"api:{named.prefix}",
+        intent=Intent(
+            key="refund:H-2",
+            kind="refund",
+            target="stripe",
+            request={"amount": 1},
+            authority={"grant": ledger.everything(project).pk},
+        ),
+    )
+    ledger.timeout(project, "refund:H-2")
+    case = Case.objects.get(effect__key="refund:H-2")
+
+    html = desk.get(f"/cases/{case.pk}/").content.decode()
+
+    assert f"refund bot (key {named.prefix}…)</span>" in html
+    assert "an agent (key" not in html
+    assert unnamed.prefix not in html
+    effect_html = desk.get(f"/effects/{case.effect_id}/").content.decode()
+    assert f"refund bot (key {named.prefix}…)</span>" in effect_html
