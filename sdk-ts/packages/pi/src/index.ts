@@ -213,11 +213,21 @@ export function tallybook(options: TallybookPiOptions): ExtensionFactory {
       await call.done;
     });
 
-    // The session ends (Pi quits, or starts another session): its runs end, as Python's do.
+    // The session ends (Pi quits, reloads, or replaces it with a new, resumed or forked one,
+    // whose runtime calls this factory again): its runs end, as Python's do, and what it spooled
+    // is delivered. A client the extension made is closed and made afresh by the next session;
+    // one given as `tb` is the caller's to close.
     pi.on("session_shutdown", async () => {
-      for (const run of runs) shared?.runEvent(run, "ok", { workflow: "pi", agent: "pi" });
+      const tb = shared;
+      if (tb === undefined) return;
+      for (const run of runs) tb.runEvent(run, "ok", { workflow: "pi", agent: "pi" });
       runs.clear();
-      await shared?.close();
+      if (tb === options.tb) {
+        await tb.flush();
+        return;
+      }
+      shared = undefined;
+      await tb.close();
     });
   };
 }

@@ -13,7 +13,9 @@ import { tmpdir } from "node:os";
 import * as path from "node:path";
 import { describe, test } from "node:test";
 import { fileURLToPath } from "node:url";
+import type { ExtensionAPI } from "@earendil-works/pi-coding-agent";
 import { Tallybook } from "@tallybook/sdk";
+import { FakeTallybook } from "@tallybook/sdk/testing";
 import { type PiEffect, tallybook } from "../src/index.js";
 
 const LIVE = process.env.TALLYBOOK_TEST_LIVE === "1";
@@ -177,4 +179,40 @@ test("the extension's effects are checked when it is made: each mistake names th
       { tool: "deploy_app", key: "deploy:{app}", receipt: () => null },
     ],
   });
+});
+
+/** The part of Pi's extension runtime the extension uses: its handlers, and an event's emission. */
+function runtime() {
+  const handlers = new Map<string, (event: unknown, ctx?: unknown) => Promise<unknown>>();
+  const api = { on: (name: string, handler: never) => handlers.set(name, handler) } as unknown as ExtensionAPI;
+  const emit = (name: string, event: unknown, ctx?: unknown) =>
+    (handlers.get(name) as NonNullable<ReturnType<typeof handlers.get>>)(event, ctx);
+  return { api, emit };
+}
+
+async function payOnce(pi: ReturnType<typeof runtime>, session: string, command: string): Promise<unknown> {
+  const ctx = { sessionManager: { getSessionId: () => session } };
+  const toolCallId = `call-${session}`;
+  const answer = await pi.emit("tool_call", { toolName: "bash", toolCallId, input: { command } }, ctx);
+  await pi.emit("tool_result", { toolCallId, content: [{ type: "text", text: "paid" }], details: {}, isError: false });
+  return answer;
+}
+
+test("a session replaced by a new one leaves the client working for the next session, and the caller's client open", async () => {
+  const tb = new FakeTallybook();
+  const extension = tallybook({ effects: [{ tool: "bash" }], tb });
+  const first = runtime();
+  extension(first.api);
+  assert.equal(await payOnce(first, "s1", "pay 1"), undefined);
+  await first.emit("session_shutdown", { type: "session_shutdown", reason: "new" });
+
+  // Pi's next session is a new extension runtime: the factory is called again.
+  const second = runtime();
+  extension(second.api);
+  assert.equal(await payOnce(second, "s2", "pay 2"), undefined);
+  await second.emit("session_shutdown", { type: "session_shutdown", reason: "quit" });
+
+  const states = [...tb.fake.effects.values()].map((effect) => effect.state);
+  assert.deepEqual(states, ["succeeded", "succeeded"]);
+  await tb.close();
 });
