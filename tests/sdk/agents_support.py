@@ -10,19 +10,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import io
 import json
+import multiprocessing
 import os
 import signal
-import subprocess
 import sys
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
 from tallybook import Tallybook
 from tallybook.integrations._tool_calls import ToolEffect, default_key
-
-from tests.sdk.support import ROOT
 
 CALL_ID = "call_refund_7"
 RUN_ID = "ticket-7"
@@ -158,17 +159,63 @@ def agent_process(
     declared: str = "docs",
 ) -> tuple[int, Any]:
     """Run the framework's agent in a process of its own (`main` below), its model naming
-    the call `call_id`: its exit code, and the JSON it printed last (or its standard error)."""
-    command = [sys.executable, "-m", "tests.sdk.agents_support", framework]
-    command += ["--url", live_server.url, "--key", api_key, "--spool", str(spool)]
-    command += ["--ledger", str(provider.ledger), "--grant", str(grant), "--call-id", call_id]
-    command += ["--declared", declared]
-    command += ["--crash"] if crash else []
-    done = subprocess.run(
-        command, cwd=ROOT, env=os.environ, capture_output=True, text=True, timeout=120
-    )
-    lines = done.stdout.strip().splitlines()
-    return done.returncode, json.loads(lines[-1]) if lines else done.stderr
+    the call `call_id`: its exit code, and the JSON it printed last (or its traceback).
+
+    The process is forked from a server process that has imported the frameworks once per
+    test process (multiprocessing's forkserver, AGENT_MODULES preloaded): importing the
+    OpenAI Agents SDK takes seconds, paid once instead of by every agent process. Each agent
+    process is still one of its own, its Tallybook client and its state its own, and --crash
+    kills it (SIGKILL) as it would kill a process started from scratch."""
+    argv = [framework, "--url", live_server.url, "--key", api_key, "--spool", str(spool)]
+    argv += ["--ledger", str(provider.ledger), "--grant", str(grant), "--call-id", call_id]
+    argv += ["--declared", declared]
+    argv += ["--crash"] if crash else []
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(AGENT_MODULES)
+    receive, send = context.Pipe(duplex=False)
+    process = context.Process(target=_forked, args=(argv, send), daemon=True)
+    process.start()
+    send.close()
+    printed = ""
+    with contextlib.suppress(EOFError):  # killed: the pipe closed with it, nothing sent
+        if receive.poll(120):
+            printed = receive.recv()
+    receive.close()
+    process.join(120)
+    if process.is_alive():
+        process.kill()
+        process.join(30)
+        raise AssertionError("the agent process did not finish in 120 s")
+    assert process.exitcode is not None
+    lines = printed.strip().splitlines()
+    return process.exitcode, json.loads(lines[-1]) if lines and printed[:1] == "{" else printed
+
+
+# What an agent process imports, once, in the server it is forked from.
+AGENT_MODULES = [
+    "tests.sdk.agents_support",
+    "agents",
+    "tallybook.integrations.openai_agents",
+    "langchain_core.language_models.fake_chat_models",
+    "langgraph.checkpoint.memory",
+    "langgraph.graph",
+    "langgraph.prebuilt",
+    "tallybook.integrations.langgraph",
+]
+
+
+def _forked(argv: list[str], send: Any) -> None:
+    """An agent process: main(argv), what it printed sent back (or the traceback of what it
+    raised); killed by --crash, it sends nothing (the pipe closes with it)."""
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed):
+            code = main(argv)
+    except BaseException:
+        send.send(traceback.format_exc())
+        raise
+    send.send(printed.getvalue())
+    sys.exit(code)
 
 
 # The integrations as tests/sdk/test_integrations.py's scenario table runs them: each adapter
@@ -473,13 +520,13 @@ def _hex(span: Any) -> str:
     return format(span.get_span_context().span_id, "016x")
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("framework", choices=["openai", "langgraph"])
     for name in ("--url", "--key", "--spool", "--ledger", "--grant", "--call-id", "--declared"):
         parser.add_argument(name, required=True)
     parser.add_argument("--crash", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     provider = Provider(Path(args.ledger), crash=args.crash)
     tb = Tallybook(args.url, args.key, spool=args.spool, retries=2, backoff=0.05)
     try:
