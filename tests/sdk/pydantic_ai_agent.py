@@ -1,4 +1,4 @@
-"""A pydantic-ai refund agent on FunctionModel, for tests/sdk/test_integration_pydantic_ai.py:
+"""A pydantic-ai refund agent on FunctionModel, for tests/sdk/test_integrations.py:
 the model asks for `refund(order=42)` as tool call CALL, and says what came of it.
 
 Run as a script, it is an agent process that can be killed mid-effect (--crash) and run

@@ -80,7 +80,8 @@ def alongside(act: Callable[[], None], timeout: float = 120.0) -> Iterator[None]
 
 class ServerProcess:
     """granian serving the test database on a loopback port, as the deploy unit does (two
-    workers); stop() and start() again, or restart() it as `systemctl reload` does.
+    workers); stop() and start() again, or restart() it as `systemctl reload` does; close()
+    kills it.
 
     The port is this object's from its creation to close(): while the server is stopped a
     socket that does not listen keeps it (a client is refused, as by any server away) so that
@@ -110,7 +111,10 @@ class ServerProcess:
             self.port = self._socket.getsockname()[1]
             self._socket.close()
             self._socket = None
-            self.process = subprocess.Popen(self._command(), cwd=ROOT, env=self.env)
+            # A session of its own: close() ends the server and its workers together.
+            self.process = subprocess.Popen(
+                self._command(), cwd=ROOT, env=self.env, start_new_session=True
+            )
             try:
                 wait_until(self._answers, 60, "the server to start")
                 return
@@ -148,8 +152,15 @@ class ServerProcess:
             self._socket = None  # taken in between: start() binds a new port
 
     def close(self) -> None:
+        """The end of a test's server: killed with its workers (SIGKILL), not stopped as
+        stop() does (a test that means to stop it gracefully calls stop()). A graceful stop
+        here would only cost time, up to the deploy unit's --workers-kill-timeout (25 s) where
+        a worker does not stop (a worker granian started in place of a killed one)."""
         if self.process is not None:
-            self.stop()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(30)
+            self.process = None
         if self._socket is not None:
             self._socket.close()
             self._socket = None

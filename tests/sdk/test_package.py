@@ -4,6 +4,7 @@ supported, installs nothing else and records a real effect on a running server."
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -38,13 +39,25 @@ def _run(*args: str | Path, cwd: Path | None = None) -> str:
 
 @pytest.fixture(scope="session")
 def dist(tmp_path_factory) -> Path:
-    """The wheel and the sdist, built from a copy of sdk/ so the checkout stays as it was."""
-    work = tmp_path_factory.mktemp("sdk-build")
-    source = shutil.copytree(
-        ROOT / "sdk", work / "sdk", ignore=shutil.ignore_patterns("build", "dist", "*.egg-info")
-    )
-    _run(sys.executable, "-m", "build", "--outdir", work / "dist", source)
-    return work / "dist"
+    """The wheel and the sdist, built from a copy of sdk/ so the checkout stays as it was;
+    once per run: the first of the run's xdist workers to need them builds them (in the
+    workers' common temporary folder, under a lock) and the others wait and take them."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # every worker's base folder is in it: one per run
+    work, built = shared / "sdk-build", shared / "sdk-build" / "dist"
+    with (shared / "sdk-build.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not built.is_dir():
+            shutil.rmtree(work, ignore_errors=True)  # a build that failed before
+            source = shutil.copytree(
+                ROOT / "sdk",
+                work / "sdk",
+                ignore=shutil.ignore_patterns("build", "dist", "*.egg-info"),
+            )
+            _run(sys.executable, "-m", "build", "--outdir", work / "building", source)
+            (work / "building").rename(built)
+    return built
 
 
 def test_the_wheel_holds_the_sdk_alone_and_the_sdist_its_readme_and_changelog(dist):
