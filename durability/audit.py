@@ -146,7 +146,8 @@ class Trail:
         **data: Any,
     ) -> None:
         self.entries.append(
-            AuditEntry(
+            rows.new(
+                AuditEntry,
                 project_id=self.project_id,
                 actor=self.actor,
                 action=action,

@@ -105,6 +105,44 @@ def hydrate[M: models.Model](model: type[M], row: Sequence[Any]) -> M:
     return obj
 
 
+@cache
+def _init_fields(model: type[models.Model]) -> tuple[tuple[models.Field[Any, Any], bool], ...]:
+    """The fields `Model.__init__` sets, each with whether it is a relation (which may be
+    given as an object, by its name)."""
+    return tuple(
+        (f, isinstance(f.remote_field, models.ForeignObjectRel))
+        for f in model._meta.fields
+        if f.column is not None and not f.generated
+    )
+
+
+_UNSET = object()
+
+
+def new[M: models.Model](model: type[M], **values: Any) -> M:
+    """`model(**values)`, a new instance to be saved: each field the value given (a relation
+    by its object, through its descriptor as `__init__` sets it, or by its key), else its
+    default; `pk` by that name. Built without `Model.__init__` where nothing depends on it
+    (`_built_plainly`): that spends more on a wide model's keywords (an exception caught
+    for each field left to its default) than on anything else of the instance."""
+    if not _built_plainly(model):
+        return model(**values)
+    obj = model.__new__(model)
+    obj._state = models.base.ModelState()
+    pk = values.pop("pk", _UNSET)
+    for f, relation in _init_fields(model):
+        if relation and f.name in values:
+            setattr(obj, f.name, values.pop(f.name))
+        else:
+            value = values.pop(f.attname, _UNSET)
+            setattr(obj, f.attname, f.get_default() if value is _UNSET else value)
+    if pk is not _UNSET:
+        obj.pk = pk
+    if values:
+        raise TypeError(f"{model.__name__}() got unexpected keyword arguments: {list(values)}")
+    return obj
+
+
 def next_id_sql(model: type[models.Model]) -> str:
     """A statement answering a fresh primary key for `model`, to be followed by a
     condition (`WHERE NOT EXISTS (...)`) so that a key is drawn only when it is needed."""

@@ -294,7 +294,8 @@ def _effect_new(
     can record it meanwhile)."""
     check = grant_check.authority_check(project=project, intent=intent, named=read.grant())
     event = ENTRY[check.ruling]
-    effect = Effect(
+    effect = rows.new(
+        Effect,
         pk=read.drawn.scalar(),
         project=project,
         key=intent.key,
@@ -590,7 +591,8 @@ def _attempt_begin(effect: Effect, intent: Intent) -> Attempt:
     effect.attempt_count += 1
     effect.deadline = now + timedelta(seconds=effect.timeout_s) if effect.timeout_s else None
     _place(effect, intent)
-    return Attempt(
+    return rows.new(
+        Attempt,
         project_id=effect.project_id,
         effect=effect,
         number=effect.attempt_count,
