@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from datetime import datetime
 from functools import cache
 from typing import Any
 
@@ -532,7 +533,24 @@ def _statement(group: list[_Write]) -> tuple[pipeline.Statement, list[models.Mod
 def _value(db: Any, obj: models.Model, f: models.Field[Any, Any], *, add: bool) -> Any:
     if type(f) in _HELD_TYPES:
         return getattr(obj, f.attname)
+    if _time_held(f, db.vendor):
+        value = getattr(obj, f.attname)
+        if value is None or (isinstance(value, datetime) and value.utcoffset() is not None):
+            return value
     return f.get_db_prep_save(f.pre_save(obj, add), db)
+
+
+@cache
+def _time_held(f: models.Field[Any, Any], vendor: str) -> bool:
+    """Whether `f`'s value is stored as it is held when it is None or an aware datetime: a
+    DateTimeField (exactly) that is not set on save (`auto_now`), on PostgreSQL, whose
+    adaptation of a datetime is the identity. A naive one still goes through the field's
+    conversion, which warns and makes it aware."""
+    return (
+        type(f) is models.DateTimeField
+        and not (f.auto_now or f.auto_now_add)
+        and vendor == "postgresql"
+    )
 
 
 # Fields whose value is stored as it is held (their `pre_save` and `get_db_prep_save` change

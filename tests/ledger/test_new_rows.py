@@ -1,18 +1,22 @@
 """A new instance built by `durability.rows.new` is the one `Model(**values)` builds: each
 field the value given or its default, a relation given by its object cached and keyed, `pk`
-by its name; an unknown keyword refused."""
+by its name; an unknown keyword refused. A time written by `durability.rows.Writes` is
+stored as `save()` stores it: an aware one as it is, a naive one made aware (with Django's
+warning)."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 import pytest
-from django.db import models
+from django.db import models, transaction
 from django.utils import timezone
 
 from durability import rows
-from durability.models import Attempt, AuditEntry, Effect, Project, Receipt, Strength
+from durability.models import Attempt, AuditEntry, Effect, Project, Receipt, State, Strength
+from tests.ledger import support as ledger
 
 pytestmark = pytest.mark.django_db
 
@@ -20,7 +24,7 @@ pytestmark = pytest.mark.django_db
 STAMPED = {"created", "updated", "received", "started", "at"}
 
 
-def _alike(model: type[models.Model], **values: Any) -> models.Model:
+def _alike[M: models.Model](model: type[M], **values: Any) -> M:
     built, expected = rows.new(model, **values), model(**values)
     assert type(built) is model
     assert vars(built._state) == vars(expected._state)
@@ -84,3 +88,21 @@ def test_new_rows_are_built_as_their_models_build_them(project: Project) -> None
 def test_a_new_row_refuses_a_field_its_model_does_not_have(project: Project) -> None:
     with pytest.raises(TypeError, match="unexpected keyword"):
         rows.new(Effect, project=project, key="k", colour="blue")
+
+
+def test_times_written_are_stored_as_save_stores_them(project: Project) -> None:
+    effect = ledger.effect_in(project, State.PENDING)
+    aware = datetime(2026, 12, 7, 18, 0, 0, 123456, tzinfo=UTC) + timedelta(days=1)
+    effect.deadline = aware
+    with transaction.atomic():
+        writes = rows.Writes()
+        writes.stage(effect, "deadline")
+        writes.send()
+    assert Effect.objects.get(pk=effect.pk).deadline == aware
+
+    effect.deadline = aware.replace(tzinfo=None)  # naive: read in the default zone (UTC)
+    with pytest.warns(RuntimeWarning, match="naive datetime"), transaction.atomic():
+        writes = rows.Writes()
+        writes.stage(effect, "deadline")
+        writes.send()
+    assert Effect.objects.get(pk=effect.pk).deadline == aware
