@@ -127,7 +127,8 @@ def validated[M: BaseModel](schema: type[M], item: Any, body: bytes) -> M:
 
 
 def _bearer(request: HttpRequest) -> str:
-    header = request.headers.get("Authorization", "")
+    # From META: `request.headers` would build the map of every header for this one.
+    header = request.META.get("HTTP_AUTHORIZATION", "")
     scheme, _, token = header.partition(" ")
     return token.strip() if scheme.lower() == "bearer" else ""
 
