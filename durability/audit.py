@@ -73,8 +73,12 @@ def sqlite_triggers_ensure(using: str = "default", **kwargs: Any) -> None:
                 cursor.execute(statement)
 
 
+# json.dumps with these arguments would build this encoder afresh on every call.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str)
+
+
 def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return _CANONICAL.encode(value)
 
 
 def data_digest(data: Any) -> str:

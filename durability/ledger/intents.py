@@ -77,9 +77,13 @@ ENTRY = {
 ATTEMPT_FIELDS = [name for name in EFFECT_MUTABLE_FIELDS if name != "state"]
 
 
+# json.dumps with these arguments would build this encoder afresh on every call.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def fingerprint_of(request: Any) -> str:
     """SHA-256 over the canonical JSON of a request: sorted keys, no insignificant space."""
-    canonical = json.dumps(request, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    canonical = _CANONICAL.encode(request)
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
