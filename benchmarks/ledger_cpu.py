@@ -3,6 +3,7 @@ handler in process (no HTTP server, no client), timed with `time.process_time`.
 
     .venv/bin/python benchmarks/ledger_cpu.py [--requests 2000] [--rounds 3] [--db tb_bench_cpu]
     .venv/bin/python benchmarks/ledger_cpu.py --profile intents   # cProfile, top 40
+    .venv/bin/python benchmarks/ledger_cpu.py --callgrind 50      # instructions, under valgrind
 
 Creates (dropping it first) the PostgreSQL database named by --db and migrates it. Each round
 sends --requests effects through the handler as the web server would call it: for each, `POST
@@ -10,14 +11,19 @@ sends --requests effects through the handler as the web server would call it: fo
 followed by `POST /api/v1/failures` (definitive) or `POST /api/v1/timeouts`. It prints the
 median over the rounds of the CPU milliseconds per request of each endpoint, and the
 statements and round trips of one intent and one receipt. CPU time, not wall-clock time: on
-a machine shared with other work it moves least. `--code DIR` runs another checkout's code
-(an older commit's, exported) with this harness, to compare the two in alternating runs.
+a machine shared with other work it moves least, but it still moves with the load.
+`--callgrind N` counts instead the instructions of N intents, then of their N receipts
+(valgrind's callgrind, zeroed and dumped around each through its client requests): they do
+not move with the load at all, the figure to compare two versions of the code by (about 4
+minutes for N=50). `--code DIR` runs another checkout's code (an older commit's, exported)
+with this harness, to compare the two in alternating runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import io
 import json
 import os
@@ -201,6 +207,69 @@ def round_of(h: Harness, prefix: str, n: int) -> dict[str, float]:
     return {name: sum(values) / len(values) * 1000 for name, values in spent.items()}
 
 
+CALLGRIND_HELPER = r"""
+#include <valgrind/callgrind.h>
+void tb_zero(void) { CALLGRIND_ZERO_STATS; }
+void tb_dump(const char *name) { CALLGRIND_DUMP_STATS_AT(name); }
+"""
+
+
+def _callgrind(args: argparse.Namespace) -> None:
+    """Run this harness under callgrind (`--callgrind-child`) and print the instructions per
+    intent and per receipt from its dumps."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="ledger_cpu_") as tmp:
+        helper = Path(tmp) / "callgrind_helper.so"
+        source = Path(tmp) / "callgrind_helper.c"
+        source.write_text(CALLGRIND_HELPER)
+        subprocess.run(["cc", "-shared", "-fPIC", "-o", helper, source], check=True)
+        out = Path(tmp) / "callgrind.out"
+        subprocess.run(  # created and migrated outside valgrind (minutes inside it)
+            [sys.executable, __file__, "--db", args.db, "--reuse", "--requests", "2",
+             "--rounds", "1", "--json", "--prefix", f"migrate{os.getpid()}"],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        subprocess.run(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+             sys.executable, __file__, "--db", args.db, "--reuse", "--code", str(args.code),
+             "--prefix", args.prefix or f"cg{os.getpid()}", "--callgrind-child", str(helper),
+             "--callgrind", str(args.callgrind)],
+            check=True, stderr=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONHASHSEED": "0"},  # the same sets' layouts each run
+        )  # fmt: skip
+        n = args.callgrind
+        print(f"callgrind: instructions of {n} intents, then of their {n} receipts")
+        for dump in sorted(Path(tmp).glob("callgrind.out.*")):
+            text = dump.read_text()
+            lines = text.splitlines()
+            name = next(ln for ln in lines if ln.startswith("desc: Trigger:")).split()[-1]
+            if name not in ("intents", "receipts"):
+                continue
+            instructions = int(next(ln for ln in lines if ln.startswith("summary:")).split()[1])
+            print(f"POST /api/v1/{name:9} {instructions / n / 1e6:6.3f} M instructions per request")
+
+
+def _callgrind_child(h: Harness, args: argparse.Namespace) -> None:
+    """Under callgrind: counted, `args.callgrind` intents, then their receipts."""
+    import ctypes
+
+    helper = ctypes.CDLL(args.callgrind_child)
+    # The warm process's objects out of the collector's way: a full collection falling in
+    # one run's count and not in another's would cost more than most cuts save.
+    gc.collect()
+    gc.freeze()
+    n, prefix = args.callgrind, args.prefix
+    for endpoint, act in (
+        ("intents", lambda i: h.intent(f"{prefix}:{i}", i)),
+        ("receipts", lambda i: h.receipt(f"{prefix}:{i}")),
+    ):
+        helper.tb_zero()
+        for i in range(n):
+            act(i)
+        helper.tb_dump(endpoint.encode())
+
+
 def _statements(h: Harness, prefix: str) -> dict[str, tuple[int, int]]:
     """Statements and round trips of one intent and one receipt (pipelines count once)."""
     from tests.round_trips import cost
@@ -222,14 +291,20 @@ def main() -> None:
     parser.add_argument("--db", default="tb_bench_cpu")
     parser.add_argument("--code", type=Path, default=ROOT, help="the checkout whose code runs")
     parser.add_argument("--profile", choices=ENDPOINTS, help="cProfile one endpoint instead")
+    parser.add_argument("--profile-out", help="with --profile: save the stats (pstats) here")
     parser.add_argument("--json", action="store_true", help="print the medians as JSON")
     parser.add_argument("--against", type=Path, help="compare with this checkout's code")
     parser.add_argument("--runs", type=int, default=4, help="alternating runs for --against")
     parser.add_argument("--reuse", action="store_true", help="keep --db if it exists")
     parser.add_argument("--prefix", default="", help="of the effects' keys (with --reuse)")
+    parser.add_argument("--callgrind", type=int, help="count instructions of this many effects")
+    parser.add_argument("--callgrind-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.against:
         _against(args)
+        return
+    if args.callgrind and not args.callgrind_child:
+        _callgrind(args)
         return
 
     created = _fresh_database(args.db, reuse=args.reuse)
@@ -262,7 +337,11 @@ def main() -> None:
 
     h = Harness(key, grant)
     prefix = args.prefix
-    round_of(h, f"{prefix}warm", 50)  # imports, caches, prepared statements
+    # imports, caches, prepared statements (fewer under valgrind: a request is ~50× slower)
+    round_of(h, f"{prefix}warm", 10 if args.callgrind_child else 50)
+    if args.callgrind_child:
+        _callgrind_child(h, args)
+        return
     if args.profile:
         profiler = cProfile.Profile(time.process_time)
         n = args.requests
@@ -280,6 +359,8 @@ def main() -> None:
         for i in range(n):
             act(i)
         profiler.disable()
+        if args.profile_out:
+            profiler.dump_stats(args.profile_out)
         stats = pstats.Stats(profiler)
         stats.sort_stats("cumulative").print_stats(45)
         stats.sort_stats("tottime").print_stats(45)

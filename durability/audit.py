@@ -73,8 +73,12 @@ def sqlite_triggers_ensure(using: str = "default", **kwargs: Any) -> None:
                 cursor.execute(statement)
 
 
+# json.dumps with these arguments would build this encoder afresh on every call.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str)
+
+
 def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return _CANONICAL.encode(value)
 
 
 def data_digest(data: Any) -> str:
@@ -146,7 +150,8 @@ class Trail:
         **data: Any,
     ) -> None:
         self.entries.append(
-            AuditEntry(
+            rows.new(
+                AuditEntry,
                 project_id=self.project_id,
                 actor=self.actor,
                 action=action,

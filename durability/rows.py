@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from datetime import datetime
 from functools import cache
 from typing import Any
 
@@ -102,6 +103,44 @@ def hydrate[M: models.Model](model: type[M], row: Sequence[Any]) -> M:
     obj.__dict__.update(zip(_attnames(model), values, strict=True))
     state = obj._state = models.base.ModelState()
     state.adding, state.db = False, DEFAULT_DB_ALIAS
+    return obj
+
+
+@cache
+def _init_fields(model: type[models.Model]) -> tuple[tuple[models.Field[Any, Any], bool], ...]:
+    """The fields `Model.__init__` sets, each with whether it is a relation (which may be
+    given as an object, by its name)."""
+    return tuple(
+        (f, isinstance(f.remote_field, models.ForeignObjectRel))
+        for f in model._meta.fields
+        if f.column is not None and not f.generated
+    )
+
+
+_UNSET = object()
+
+
+def new[M: models.Model](model: type[M], **values: Any) -> M:
+    """`model(**values)`, a new instance to be saved: each field the value given (a relation
+    by its object, through its descriptor as `__init__` sets it, or by its key), else its
+    default; `pk` by that name. Built without `Model.__init__` where nothing depends on it
+    (`_built_plainly`): that spends more on a wide model's keywords (an exception caught
+    for each field left to its default) than on anything else of the instance."""
+    if not _built_plainly(model):
+        return model(**values)
+    obj = model.__new__(model)
+    obj._state = models.base.ModelState()
+    pk = values.pop("pk", _UNSET)
+    for f, relation in _init_fields(model):
+        if relation and f.name in values:
+            setattr(obj, f.name, values.pop(f.name))
+        else:
+            value = values.pop(f.attname, _UNSET)
+            setattr(obj, f.attname, f.get_default() if value is _UNSET else value)
+    if pk is not _UNSET:
+        obj.pk = pk
+    if values:
+        raise TypeError(f"{model.__name__}() got unexpected keyword arguments: {list(values)}")
     return obj
 
 
@@ -499,7 +538,24 @@ def _statement(group: list[_Write]) -> tuple[pipeline.Statement, list[models.Mod
 def _value(db: Any, obj: models.Model, f: models.Field[Any, Any], *, add: bool) -> Any:
     if type(f) in _HELD_TYPES:
         return getattr(obj, f.attname)
+    if _time_held(f, db.vendor):
+        value = getattr(obj, f.attname)
+        if value is None or (isinstance(value, datetime) and value.utcoffset() is not None):
+            return value
     return f.get_db_prep_save(f.pre_save(obj, add), db)
+
+
+@cache
+def _time_held(f: models.Field[Any, Any], vendor: str) -> bool:
+    """Whether `f`'s value is stored as it is held when it is None or an aware datetime: a
+    DateTimeField (exactly) that is not set on save (`auto_now`), on PostgreSQL, whose
+    adaptation of a datetime is the identity. A naive one still goes through the field's
+    conversion, which warns and makes it aware."""
+    return (
+        type(f) is models.DateTimeField
+        and not (f.auto_now or f.auto_now_add)
+        and vendor == "postgresql"
+    )
 
 
 # Fields whose value is stored as it is held (their `pre_save` and `get_db_prep_save` change

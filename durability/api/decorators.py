@@ -127,7 +127,8 @@ def validated[M: BaseModel](schema: type[M], item: Any, body: bytes) -> M:
 
 
 def _bearer(request: HttpRequest) -> str:
-    header = request.headers.get("Authorization", "")
+    # From META: `request.headers` would build the map of every header for this one.
+    header = request.META.get("HTTP_AUTHORIZATION", "")
     scheme, _, token = header.partition(" ")
     return token.strip() if scheme.lower() == "bearer" else ""
 
@@ -139,16 +140,19 @@ def body_within(request: HttpRequest, max_body: int) -> bytes:
         declared = int(request.META.get("CONTENT_LENGTH") or 0)
     except ValueError:
         raise Refused(error("Invalid Content-Length", 400)) from None
-    too_big = Refused(error(f"Request body over {max_body} bytes", 413))
     if declared > max_body:
-        raise too_big
+        raise _too_big(max_body)
     try:
         body = request.body
     except RequestDataTooBig:
-        raise too_big from None
+        raise _too_big(max_body) from None
     if len(body) > max_body:
-        raise too_big
+        raise _too_big(max_body)
     return body
+
+
+def _too_big(max_body: int) -> Refused:
+    return Refused(error(f"Request body over {max_body} bytes", 413))
 
 
 def _parse[M: BaseModel](request: HttpRequest, body: bytes, schema: type[M]) -> M:

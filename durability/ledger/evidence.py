@@ -103,7 +103,8 @@ def receipt_row(
     attempt: int | None,
 ) -> Receipt:
     """The row a piece of evidence is stored as (not saved yet)."""
-    return Receipt(
+    return rows.new(
+        Receipt,
         project=project,
         effect=effect,
         key=effect.key if effect is not None else receipt.key,

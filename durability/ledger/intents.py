@@ -77,9 +77,13 @@ ENTRY = {
 ATTEMPT_FIELDS = [name for name in EFFECT_MUTABLE_FIELDS if name != "state"]
 
 
+# json.dumps with these arguments would build this encoder afresh on every call.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def fingerprint_of(request: Any) -> str:
     """SHA-256 over the canonical JSON of a request: sorted keys, no insignificant space."""
-    canonical = json.dumps(request, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    canonical = _CANONICAL.encode(request)
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -294,7 +298,8 @@ def _effect_new(
     can record it meanwhile)."""
     check = grant_check.authority_check(project=project, intent=intent, named=read.grant())
     event = ENTRY[check.ruling]
-    effect = Effect(
+    effect = rows.new(
+        Effect,
         pk=read.drawn.scalar(),
         project=project,
         key=intent.key,
@@ -590,7 +595,8 @@ def _attempt_begin(effect: Effect, intent: Intent) -> Attempt:
     effect.attempt_count += 1
     effect.deadline = now + timedelta(seconds=effect.timeout_s) if effect.timeout_s else None
     _place(effect, intent)
-    return Attempt(
+    return rows.new(
+        Attempt,
         project_id=effect.project_id,
         effect=effect,
         number=effect.attempt_count,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from enum import StrEnum
+from functools import cache
 from typing import Any
 
 from django.db import connection, models
@@ -130,13 +131,19 @@ def _effect_sql(where: str, beside: Sequence[Beside] = ()) -> str:
     """One effect (`e`) by a unique lookup, locked, with a row of each `beside` it. No
     ORDER BY ... LIMIT 1: with it the planner may walk the project's (project, id) index
     for a key that does not exist yet instead of the unique index."""
+    return _effect_sql_written(where, tuple(beside), connection.vendor)
+
+
+@cache
+def _effect_sql_written(where: str, beside: tuple[Beside, ...], vendor: str) -> str:
+    """`_effect_sql`'s text, written once per process for each lookup and vendor."""
     lock = " FOR UPDATE OF e" if connection.features.has_select_for_update else ""
     names = [rows.names_sql(Effect, "e")]
     joins = []
     for n, (model, rest) in enumerate(beside):
         names.append(rows.names_sql(model, f"b{n}"))
         table = model._meta.db_table
-        if connection.vendor == "postgresql":
+        if vendor == "postgresql":
             select = rows.select_sql(model)
             joins.append(f" LEFT JOIN LATERAL ({select} {rest}) b{n} ON true")
         else:  # SQLite has no LATERAL: the row by its key, found by the same subquery
