@@ -15,7 +15,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from durability.models import ApiKey, Membership, Project, Role
-from tests import isolation
+from tests import emptying, isolation
 from tests.ledger import support as ledger
 
 # The tests serve plain HTTP on 127.0.0.1, with DEBUG off: the production settings' HTTPS
@@ -67,6 +67,9 @@ class Api:
 
     def failure(self, key: str = "k1", error: str = "boom", definitive: bool = False) -> Any:
         return self.post("failures", {"key": key, "error": error, "definitive": definitive})
+
+
+emptying.install()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
