@@ -217,17 +217,50 @@ START += ["/authority/", "/search/?q=refund", "/search/?q=RF-0001"]
 START += [f"/audit/?action={action}" for action in AuditAction.values]
 
 
+def _one_of_each(objects: Any, kind: Any) -> list[Any]:
+    """The first of `objects` (by id) of each `kind` (a function of one of them)."""
+    chosen: dict[Any, Any] = {}
+    for row in objects.order_by("pk"):
+        chosen.setdefault(kind(row), row)
+    return list(chosen.values())
+
+
 def _every(project: Project, seeded: set[int], role: str) -> set[tuple[str, bool]]:
-    """The pages a role's crawl opens whatever their shape: every case and approval, and every
-    effect the agents made or a case is about (the seeded routine is the same few pages many
-    times over); for the admin also their runs, and each of their spans' detail as htmx asks
-    for it (no role changes those; the full page of a span is its run's page with it open)."""
+    """The pages a role's crawl opens whatever their shape. The admin's: every case and
+    approval, and every effect the agents made or a case is about (the seeded routine is the
+    same few pages many times over), their runs, and each of their spans' detail as htmx asks
+    for it (no role changes those; the full page of a span is its run's page with it open).
+    The operator's and the viewer's: one case for each reason, severity, open or closed,
+    assigned or not and snoozed or not, one approval for each status, one effect for each
+    state and agent, and the effect of one case of each reason: each kind of page each
+    scenario leaves, as each role sees it (the other instances of a kind differ in ids and
+    text, which the admin's crawl opens)."""
     cases = Case.objects.filter(project=project)
     effects = Effect.objects.filter(project=project).exclude(
         Q(pk__in=seeded) & ~Q(pk__in=cases.values("effect_id"))
     )
+    approvals = Approval.objects.filter(project=project)
+    if role != "admin":
+        kinds = _one_of_each(
+            cases,
+            lambda c: (
+                c.reason,
+                c.severity,
+                c.closed is None,
+                c.assignee_id is None,
+                c.snoozed_until is None,
+            ),
+        )
+        cases = cases.filter(pk__in=[c.pk for c in kinds])
+        picked = [e.pk for e in _one_of_each(effects, lambda e: (e.state, e.agent))]
+        every_case = Case.objects.filter(project=project)
+        picked += [c.effect_id for c in _one_of_each(every_case, lambda c: c.reason)]
+        effects = effects.filter(pk__in=picked)
+        approvals = approvals.filter(
+            pk__in=[a.pk for a in _one_of_each(approvals, lambda a: a.status)]
+        )
     pages = [c.get_absolute_url() for c in cases]
-    pages += [a.get_absolute_url() for a in Approval.objects.filter(project=project)]
+    pages += [a.get_absolute_url() for a in approvals]
     pages += [e.get_absolute_url() for e in effects]
     every = {(page, False) for page in pages}
     if role == "admin":
