@@ -4,30 +4,11 @@ walk over their nodes, and the tables and indexes those nodes read."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import connection
 
 Node = dict[str, Any]
-
-
-@contextmanager
-def kept_for_the_module(django_db_blocker: Any) -> Iterator[None]:
-    """For a module's fixture that grows the tables (seconds of inserts, an ANALYZE): what it
-    makes inside this block is there for each of the module's tests, whose own transaction is
-    a savepoint inside this one (what a test changes is rolled back after it), and is rolled
-    back after the module's last test. The fixture calls checked() once it has grown them."""
-    with django_db_blocker.unblock(), transaction.atomic():
-        yield
-        transaction.set_rollback(True)
-
-
-def checked() -> None:
-    """The deferred constraint checks of what was made so far, now: else each test's teardown
-    (Django checks them there, inside the test's savepoint) runs them all again, and the
-    savepoint's rollback puts them back for the next test."""
-    connection.check_constraints()
 
 
 def explain(sql: str) -> list[Node]:

@@ -7,9 +7,6 @@ and a grown one (20,000), among the rows of another project.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
-
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -17,8 +14,6 @@ from django.test.utils import CaptureQueriesContext
 from durability.desk import queue, story
 from durability.models import Attempt, Case, Effect, Project, Reason, Receipt, Severity
 from tests import plans
-
-pytestmark = pytest.mark.django_db
 
 
 def _plan_scans(sql: str, table: str) -> set[str]:
@@ -31,18 +26,8 @@ def _plan_scans(sql: str, table: str) -> set[str]:
     }
 
 
-@pytest.fixture(scope="module", params=[2_000, 20_000], ids=["fresh", "grown"])
-def database(
-    request: pytest.FixtureRequest, django_db_setup: None, django_db_blocker: Any
-) -> Iterator[list[Case]]:
-    """Made once for the module's tests at each size, which only read (tests/plans.py)."""
-    with plans.kept_for_the_module(django_db_blocker):
-        cases = _grow(request.param, Project.objects.create(name="alpha"))
-        plans.checked()
-        yield cases
-
-
-def _grow(rows: int, project: Project) -> list[Case]:
+@pytest.fixture(params=[2_000, 20_000], ids=["fresh", "grown"])
+def database(request: pytest.FixtureRequest, project: Project) -> list[Case]:
     """Effects with two attempts, a receipt and an open case each, half the project's and
     half another's, analyzed; the project's cases."""
     other = Project.objects.create(name="beta")
@@ -50,7 +35,7 @@ def _grow(rows: int, project: Project) -> list[Case]:
     for owner in (project, other):
         effects = Effect.objects.bulk_create(
             Effect(project=owner, key=f"e-{n}", kind="payment", target="stripe")
-            for n in range(rows // 2)
+            for n in range(request.param // 2)
         )
         Attempt.objects.bulk_create(
             Attempt(project=owner, effect=e, number=number, context={"workflow_version": "1"})
@@ -78,9 +63,8 @@ def _grow(rows: int, project: Project) -> list[Case]:
 
 
 def test_the_queue_rows_read_their_current_attempt_by_the_effects_attempt_index(
-    database: list[Case],
+    database: list[Case], project: Project
 ) -> None:
-    project = database[0].project
     with CaptureQueriesContext(connection) as queries:
         rows = queue.rows_of(project, [c.pk for c in database[:50]])
 

@@ -6,9 +6,7 @@ index: until then the planner prices every search with a scan of them) and analy
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from hashlib import md5
-from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
@@ -34,8 +32,6 @@ from durability.search.queries import search
 from tests import plans
 from trajectories.models import Run, RunTrace
 
-pytestmark = pytest.mark.django_db
-
 ROWS = 10_000
 TABLES = (
     "durability_effect",
@@ -49,16 +45,8 @@ TABLES = (
 )
 
 
-@pytest.fixture(scope="module")
-def grown(django_db_setup: None, django_db_blocker: Any) -> Iterator[Project]:
-    # Made once for the module's tests, which only read (tests/plans.py).
-    with plans.kept_for_the_module(django_db_blocker):
-        project = _grow(Project.objects.create(name="alpha"))
-        plans.checked()
-        yield project
-
-
-def _grow(project: Project) -> Project:
+@pytest.fixture
+def grown(project: Project) -> Project:
     other = Project.objects.create(name="beta")
     for owner in (project, other):
         effects = Effect.objects.bulk_create(
