@@ -82,27 +82,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-# The files whose tests take longest (half a minute to a minute and a half each on this
-# 2-core machine): run first, so that neither of a run's two workers is left with one of them
-# at the end while the other has nothing to do.
-LONGEST_FIRST = (
-    "tests/test_live_demo.py",
-    "tests/api/test_openapi_contract.py",
-    "tests/api/test_quickstart.py",
-    "tests/test_tour.py",
-    "tests/search/test_sqlite.py",
-    "tests/search/test_plans.py",
-    "tests/test_replica.py",
-)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The longest files first, longest first; the rest as collected (a stable sort, the same
-    in every xdist worker)."""
-    rank = {path: n for n, path in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.partition("::")[0], len(rank)))
-
-
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Before the run creates its test databases, drop those this checkout's killed runs left
     (tests/isolation.py): once, in the run's controller, not in each xdist worker."""
