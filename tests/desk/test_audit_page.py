@@ -112,22 +112,10 @@ def test_verifyaudit_can_check_one_project_and_rejects_unknown_names(project):
 
 
 def test_entries_show_the_effects_key_and_name_an_api_key_by_its_name(project, desk):
-    from durability.ledger import intents
-    from durability.ledger.commands import Intent
     from durability.models import ApiKey
 
     key, _ = ApiKey.issue(project, name="demo agents")
-    intents.intent_record(
-        project=project,
-        actor=f"api:{key.prefix}",
-        intent=Intent(
-            key="refund:H-1",
-            kind="refund",
-            target="stripe",
-            request={"amount": 1},
-            authority={"grant": ledger.everything(project).pk},
-        ),
-    )
+    ledger.intent(project, "refund:H-1", actor=f"api:{key.prefix}", kind="refund")
 
     html = desk.get("/audit/").content.decode()
 
@@ -137,23 +125,11 @@ def test_entries_show_the_effects_key_and_name_an_api_key_by_its_name(project, d
 
 
 def test_a_case_story_names_the_api_key_that_acted_by_its_name(project, desk):
-    from durability.ledger import intents
-    from durability.ledger.commands import Intent
     from durability.models import ApiKey, Case
 
     named, _ = ApiKey.issue(project, name="refund bot")
     unnamed, _ = ApiKey.issue(project)
-    intents.intent_record(
-        project=project,
-        actor=f"api:{named.prefix}",
-        intent=Intent(
-            key="refund:H-2",
-            kind="refund",
-            target="stripe",
-            request={"amount": 1},
-            authority={"grant": ledger.everything(project).pk},
-        ),
-    )
+    ledger.intent(project, "refund:H-2", actor=f"api:{named.prefix}", kind="refund")
     ledger.timeout(project, "refund:H-2")
     case = Case.objects.get(effect__key="refund:H-2")
 

@@ -47,12 +47,12 @@ def cases_asked(project: Project) -> None:
     members.project_policy_set(project=project, actor=OPERATOR, policy=AuthorityPolicy.AUDIT_CASES)
 
 
-def intent(project: Project, key: str = "k1", **fields: Any) -> Outcome:
+def intent(project: Project, key: str = "k1", *, actor: str = ACTOR, **fields: Any) -> Outcome:
     body: dict[str, Any] = {"key": key, "kind": "payment", "target": "stripe"}
     body.setdefault("request", {"amount": 1})
     body.update(fields)
     body.setdefault("authority", {"grant": everything(project).pk})
-    return intents.intent_record(project=project, actor=ACTOR, intent=intent_of(IntentIn(**body)))
+    return intents.intent_record(project=project, actor=actor, intent=intent_of(IntentIn(**body)))
 
 
 def receipt(project: Project, key: str = "k1", external_id: str = "ext-1") -> ReceiptOutcome:
