@@ -47,7 +47,9 @@ def cases_asked(project: Project) -> None:
     members.project_policy_set(project=project, actor=OPERATOR, policy=AuthorityPolicy.AUDIT_CASES)
 
 
-def intent(project: Project, key: str = "k1", *, actor: str = ACTOR, **fields: Any) -> Outcome:
+def intent(project: Project, key: str = "k1", **fields: Any) -> Outcome:
+    """An intent recorded by `actor` (an agent's key by default) with the body's fields."""
+    actor: str = fields.pop("actor", ACTOR)
     body: dict[str, Any] = {"key": key, "kind": "payment", "target": "stripe"}
     body.setdefault("request", {"amount": 1})
     body.update(fields)
