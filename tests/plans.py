@@ -1,12 +1,13 @@
 """PostgreSQL's plans of the statements a test ran, as EXPLAIN (FORMAT JSON) gives them: one
-walk over their nodes, and the tables and indexes those nodes read."""
+walk over their nodes, and the tables and indexes those nodes read; and the tables a plan
+test grows, thousands of rows in one statement each."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Any
 
-from django.db import connection
+from django.db import connection, models
 
 Node = dict[str, Any]
 
@@ -53,3 +54,52 @@ def index_names(scan: Node) -> list[str]:
 def indexes(plan: list[Node], table: str) -> set[str]:
     """The indexes the plan reads `table` by; none for a sequential scan."""
     return {name for scan in scans(plan, table) for name in index_names(scan)}
+
+
+def grow(
+    model: type[models.Model],
+    rows: int | str,
+    params: tuple[Any, ...] = (),
+    sql: dict[str, str] | None = None,
+    **values: Any,
+) -> int:
+    """Insert rows into `model`'s table in one INSERT ... SELECT: one row for each of
+    `generate_series(0, rows - 1) AS n` (`rows` a count) or of the FROM clause `rows` (with
+    `params`). A field named in `sql` takes that SQL expression over those rows (`n`, or the
+    clause's columns); one named in `values`, that value; any other, its default. The number
+    of rows inserted.
+
+    The rows are made as bulk_create would make them, without building a model instance for
+    each (tens of thousands of them are most of a plan test's set-up otherwise) and without
+    PostgreSQL's foreign key triggers (session_replication_role = replica for the statement):
+    a test's rows are consistent by construction, and else each one's deferred check runs
+    again when the test's transaction is checked at its end. The tables these tests grow have
+    no trigger on insert of their own.
+    """
+    sql = sql or {}
+    one = model(**values)  # the value of each field not given as SQL, as bulk_create saves it
+    names, selected, arguments = [], [], []
+    for field in model._meta.concrete_fields:
+        if field.primary_key and field.name not in sql:
+            continue
+        names.append(connection.ops.quote_name(field.column))
+        if field.name in sql:
+            selected.append(sql[field.name])
+        else:
+            selected.append("%s")
+            arguments.append(field.get_db_prep_save(field.pre_save(one, True), connection))
+    source = f"generate_series(0, {int(rows) - 1}) AS n" if isinstance(rows, int) else rows
+    statement = (
+        f"INSERT INTO {connection.ops.quote_name(model._meta.db_table)} ({', '.join(names)}) "
+        f"SELECT {', '.join(selected)} FROM {source}"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW session_replication_role")
+        (role,) = cursor.fetchone()
+        cursor.execute("SET session_replication_role = replica")
+        try:
+            cursor.execute(statement, [*arguments, *(params if isinstance(rows, str) else ())])
+            inserted: int = cursor.rowcount
+        finally:
+            cursor.execute(f"SET session_replication_role = {role}")
+    return inserted

@@ -40,14 +40,21 @@ def _table_plan(run: Any) -> list[str]:
 @pytest.fixture(params=[2_000, 20_000], ids=["small", "grown"])
 def evidenced(request: pytest.FixtureRequest, project: Project) -> Project:
     """`param` effects of the project in the report's week, 60% of them with a receipt."""
-    effects = Effect.objects.bulk_create(
-        Effect(project=project, key=f"e-{n}", kind="payment", target="stripe")
-        for n in range(request.param)
+    plans.grow(
+        Effect,
+        request.param,
+        sql={"key": "'e-' || n"},
+        project=project,
+        kind="payment",
+        target="stripe",
     )
-    Receipt.objects.bulk_create(
-        Receipt(project=project, effect=e, key=e.key, system="stripe", external_id=e.key)
-        for n, e in enumerate(effects)
-        if n % 5 < 3
+    plans.grow(
+        Receipt,
+        "durability_effect e WHERE e.project_id = %s AND mod(substr(e.key, 3)::int, 5) < 3",
+        (project.pk,),
+        sql={"effect": "e.id", "key": "e.key", "external_id": "e.key"},
+        project=project,
+        system="stripe",
     )
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE durability_effect, durability_receipt")

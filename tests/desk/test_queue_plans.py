@@ -31,35 +31,46 @@ def database(request: pytest.FixtureRequest, project: Project) -> list[Case]:
     """Effects with two attempts, a receipt and an open case each, half the project's and
     half another's, analyzed; the project's cases."""
     other = Project.objects.create(name="beta")
-    cases = []
     for owner in (project, other):
-        effects = Effect.objects.bulk_create(
-            Effect(project=owner, key=f"e-{n}", kind="payment", target="stripe")
-            for n in range(request.param // 2)
+        plans.grow(
+            Effect,
+            request.param // 2,
+            sql={"key": "'e-' || n"},
+            project=owner,
+            kind="payment",
+            target="stripe",
         )
-        Attempt.objects.bulk_create(
-            Attempt(project=owner, effect=e, number=number, context={"workflow_version": "1"})
-            for e in effects
-            for number in (1, 2)
+        effects = "durability_effect e WHERE e.project_id = %s"
+        plans.grow(
+            Attempt,
+            "durability_effect e, generate_series(1, 2) AS number WHERE e.project_id = %s",
+            (owner.pk,),
+            sql={"effect": "e.id", "number": "number"},
+            project=owner,
+            context={"workflow_version": "1"},
         )
-        Receipt.objects.bulk_create(
-            Receipt(project=owner, effect=e, key=e.key, system="stripe", external_id=e.key)
-            for e in effects
+        plans.grow(
+            Receipt,
+            effects,
+            (owner.pk,),
+            sql={"effect": "e.id", "key": "e.key", "external_id": "e.key"},
+            project=owner,
+            system="stripe",
         )
-        cases += Case.objects.bulk_create(
-            Case(
-                project=owner,
-                effect=e,
-                reason=Reason.UNCERTAIN,
-                severity=Severity.HIGH,
-                summary="timed out",
-            )
-            for e in effects
+        plans.grow(
+            Case,
+            effects,
+            (owner.pk,),
+            sql={"effect": "e.id"},
+            project=owner,
+            reason=Reason.UNCERTAIN,
+            severity=Severity.HIGH,
+            summary="timed out",
         )
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE durability_effect, durability_attempt, durability_receipt")
         cursor.execute("ANALYZE durability_case")
-    return [c for c in cases if c.project_id == project.pk]
+    return list(Case.objects.filter(project=project).order_by("pk"))
 
 
 def test_the_queue_rows_read_their_current_attempt_by_the_effects_attempt_index(

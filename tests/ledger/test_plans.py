@@ -48,25 +48,44 @@ def database(request: pytest.FixtureRequest, project: Project) -> Project:
     rows = request.param
     other = Project.objects.create(name="beta")
     for owner in (project, other):
-        effects = Effect.objects.bulk_create(
-            Effect(project=owner, key=f"old-{n}", kind="payment", target="stripe")
-            for n in range(rows // 2)
+        plans.grow(
+            Effect,
+            rows // 2,
+            sql={"key": "'old-' || n"},
+            project=owner,
+            kind="payment",
+            target="stripe",
         )
-        Attempt.objects.bulk_create(
-            Attempt(project=owner, effect=e, number=number) for e in effects for number in (1, 2)
+        effects = "durability_effect e WHERE e.project_id = %s"
+        plans.grow(
+            Attempt,
+            "durability_effect e, generate_series(1, 2) AS number WHERE e.project_id = %s",
+            (owner.pk,),
+            sql={"effect": "e.id", "number": "number"},
+            project=owner,
         )
-        Receipt.objects.bulk_create(
-            Receipt(project=owner, effect=e, key=e.key, system="stripe", external_id=e.key)
-            for e in effects
+        plans.grow(
+            Receipt,
+            effects,
+            (owner.pk,),
+            sql={"effect": "e.id", "key": "e.key", "external_id": "e.key"},
+            project=owner,
+            system="stripe",
         )
         # Receipts whose intent never came (one in twenty): orphans of other keys.
-        Receipt.objects.bulk_create(
-            Receipt(project=owner, key=f"lost-{n}", system="stripe", external_id=f"lost-{n}")
-            for n in range(rows // 40)
+        plans.grow(
+            Receipt,
+            rows // 40,
+            sql={"key": "'lost-' || n", "external_id": "'lost-' || n"},
+            project=owner,
+            system="stripe",
         )
-        ApiKey.objects.bulk_create(
-            ApiKey(project=owner, prefix="tb_old", digest=f"{owner.pk}-{n}".rjust(64, "0"))
-            for n in range(rows // 20)
+        plans.grow(
+            ApiKey,
+            rows // 20,
+            sql={"digest": f"lpad('{owner.pk}-' || n, 64, '0')"},
+            project=owner,
+            prefix="tb_old",
         )
     with connection.cursor() as cursor:
         cursor.execute(

@@ -6,12 +6,9 @@ index: until then the planner prices every search with a scan of them) and analy
 
 from __future__ import annotations
 
-from hashlib import md5
-
 import pytest
 from django.contrib.auth.models import User
 from django.db import connection
-from django.db.models import F
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -49,59 +46,79 @@ TABLES = (
 def grown(project: Project) -> Project:
     other = Project.objects.create(name="beta")
     for owner in (project, other):
-        effects = Effect.objects.bulk_create(
-            Effect(
-                project=owner,
-                key=f"refund:{n}",
-                kind="payment",
-                target=("stripe", "smtp", "k8s")[n % 3],
-                agent=("refund-bot", "mail-bot")[n % 2],
-                request={"order": n, "customer": f"customer{n}@example.com"},
-            )
-            for n in range(ROWS)
+        of_owner = (owner.pk,)
+        plans.grow(
+            Effect,
+            ROWS,
+            sql={
+                "key": "'refund:' || n",
+                "run_id": "'refund:' || n",
+                "target": "(ARRAY['stripe', 'smtp', 'k8s'])[mod(n, 3) + 1]",
+                "agent": "(ARRAY['refund-bot', 'mail-bot'])[mod(n, 2) + 1]",
+                "request": "jsonb_build_object("
+                "'order', n, 'customer', 'customer' || n || '@example.com')",
+            },
+            project=owner,
+            kind="payment",
         )
-        Receipt.objects.bulk_create(
-            Receipt(project=owner, effect=e, key=e.key, system="stripe", external_id=f"re_{e.pk}x")
-            for e in effects
+        effects = "durability_effect e WHERE e.project_id = %s"
+        plans.grow(
+            Receipt,
+            effects,
+            of_owner,
+            sql={"effect": "e.id", "key": "e.key", "external_id": "'re_' || e.id || 'x'"},
+            project=owner,
+            system="stripe",
         )
-        runs = Run.objects.bulk_create(
-            Run(project=owner, run_id=f"ticket-{n}", agent="refund-bot") for n in range(ROWS)
-        )
-        RunTrace.objects.bulk_create(
-            RunTrace(project=owner, trace_id=md5(f"{r.pk}".encode()).hexdigest(), run=r)
-            for r in runs
+        plans.grow(Run, ROWS, sql={"run_id": "'ticket-' || n"}, project=owner, agent="refund-bot")
+        plans.grow(
+            RunTrace,
+            "trajectories_run r WHERE r.project_id = %s",
+            of_owner,
+            sql={"trace_id": "md5(r.id::text)", "run": "r.id"},
+            project=owner,
         )
         # Each effect's case, closed with a verdict's reason and commented on; an approval
         # signed with a reason.
-        Effect.objects.filter(project=owner).update(run_id=F("key"))
-        cases = Case.objects.bulk_create(
-            Case(
-                project=owner,
-                effect=e,
-                reason=Reason.UNCERTAIN,
-                severity=Severity.HIGH,
-                summary="timed out",
-                run_id=e.key,
-                closed=timezone.now(),
-            )
-            for e in effects
+        plans.grow(
+            Case,
+            effects,
+            of_owner,
+            sql={"effect": "e.id", "run_id": "e.key"},
+            project=owner,
+            reason=Reason.UNCERTAIN,
+            severity=Severity.HIGH,
+            summary="timed out",
+            closed=timezone.now(),
         )
-        Resolution.objects.bulk_create(
-            Resolution(project=owner, case=c, actor="user:x", action="x", note=f"checked {c.pk}x")
-            for c in cases
+        cases = "durability_case c WHERE c.project_id = %s"
+        plans.grow(
+            Resolution,
+            cases,
+            of_owner,
+            sql={"case": "c.id", "note": "'checked ' || c.id || 'x'"},
+            project=owner,
+            actor="user:x",
+            action="x",
         )
-        Comment.objects.bulk_create(
-            Comment(project=owner, case=c, actor="user:x", body=f"asked about {c.pk}x")
-            for c in cases
+        plans.grow(
+            Comment,
+            cases,
+            of_owner,
+            sql={"case": "c.id", "body": "'asked about ' || c.id || 'x'"},
+            project=owner,
+            actor="user:x",
         )
         g = Grant.objects.create(project=owner, name="g", kinds=["*"], targets=["*"])
-        approvals = Approval.objects.bulk_create(
-            Approval(project=owner, effect=e, grant=g) for e in effects
-        )
+        plans.grow(Approval, effects, of_owner, sql={"effect": "e.id"}, project=owner, grant=g)
         signer = User.objects.create_user(f"signer-{owner.pk}")
-        Signoff.objects.bulk_create(
-            Signoff(approval=a, user=signer, verdict="approve", reason=f"fine {a.pk}x")
-            for a in approvals
+        plans.grow(
+            Signoff,
+            "durability_approval a WHERE a.project_id = %s",
+            of_owner,
+            sql={"approval": "a.id", "reason": "'fine ' || a.id || 'x'"},
+            user=signer,
+            verdict="approve",
         )
     with connection.cursor() as cursor:
         cursor.execute(
