@@ -82,6 +82,7 @@ def grow(
     for field in model._meta.concrete_fields:
         if field.primary_key and field.name not in sql:
             continue
+        assert field.column is not None  # a concrete field's
         names.append(connection.ops.quote_name(field.column))
         if field.name in sql:
             selected.append(sql[field.name])
