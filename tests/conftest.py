@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,14 +84,67 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+_POSTGRES = "django.db.backends.postgresql"
+# The process that builds the run's templates while its xdist workers start (tests/isolation.py).
+_template_builder: subprocess.Popen[bytes] | None = None
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Before the run creates its test databases, drop those this checkout's killed runs left
-    (tests/isolation.py): once, in the run's controller, not in each xdist worker."""
+    (tests/isolation.py): once, in the run's controller, not in each xdist worker. With
+    workers, start building the run's templates now, while they start and collect the tests
+    (each ~10 s of one core): they find them built, or wait for them (its lock)."""
+    global _template_builder
     if hasattr(session.config, "workerinput"):
         return
+    postgres = [d for d in settings.DATABASES.values() if d["ENGINE"] == _POSTGRES]
+    for database in postgres:
+        isolation.drop_dead_runs_databases(database)
+    if postgres and session.config.pluginmanager.has_plugin("dsession"):
+        build = "from tests import isolation; isolation.build_templates()"
+        # Its output is not shown: if it fails, the first worker builds the template again,
+        # and its failure is the test run's.
+        _template_builder = subprocess.Popen(
+            [sys.executable, "-c", build],
+            cwd=isolation.ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Drop the run's templates (tests/isolation.py), once the processes that copied them are
+    done: in the run's controller."""
+    if hasattr(session.config, "workerinput"):
+        return
+    if _template_builder is not None:
+        _template_builder.terminate()  # done long since, unless the run ended as it started
+        _template_builder.wait()
     for database in settings.DATABASES.values():
-        if database["ENGINE"] == "django.db.backends.postgresql":
-            isolation.drop_dead_runs_databases(database)
+        if database["ENGINE"] == _POSTGRES:
+            isolation.drop_runs_templates(database)
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(
+    request: pytest.FixtureRequest,
+    django_test_environment: None,
+    django_db_blocker: Any,
+    django_db_modify_db_settings: None,
+) -> Iterator[None]:
+    """pytest-django's, each PostgreSQL test database a copy of the run's template, migrated
+    once for all its processes (tests/isolation.py), not migrated by each. Every database is
+    set up, and pytest-django's --reuse-db and --no-migrations have no say: each run has
+    databases of its own, migrated."""
+    from django.test.utils import setup_databases, teardown_databases
+
+    verbosity = request.config.option.verbose
+    with django_db_blocker.unblock(), isolation.from_templates():
+        databases = setup_databases(verbosity=verbosity, interactive=False)
+    yield
+    with django_db_blocker.unblock():
+        teardown_databases(databases, verbosity=verbosity)
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,11 @@ machine (two checkouts, or one checkout twice) and the xdist workers of one run 
   with the pid of the pytest that started the run; pytest-django adds `_gw0`, `_gw1`, ... for
   xdist's workers, and drops each at the end. A run that was killed cannot: the next run of
   the same checkout drops the databases of its runs whose pid is no process any more.
+- The migrations run once a run, into its template, `test_<name>_<checkout>_<pid>_template`:
+  the first of its processes to need a test database builds it (Django's own test database,
+  migrated), under a lock that the others wait for, and each copies it (`CREATE DATABASE ...
+  TEMPLATE`, a fraction of a second, where migrating takes 10-20 s). The run's controller drops
+  it at the end; a run that was killed leaves it to the next run, as its other databases.
 - A Redis database is claimed, never assumed: `SET tallybook:test-redis-db:<n> <owner> NX EX`
   in database 0, for the URL's own database first (when it names one), then 1 to 15. It is
   emptied when claimed and when released, the claim renewed before each test and released at
@@ -13,13 +18,16 @@ machine (two checkouts, or one checkout twice) and the xdist workers of one run 
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import os
 import re
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
+from unittest import mock
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -32,8 +40,14 @@ CHECKOUT = hashlib.sha256(f"{socket.gethostname()}:{ROOT}".encode()).hexdigest()
 # One value for a whole run: set by the pytest that starts it, inherited by its xdist workers.
 RUN = os.environ.setdefault("TALLYBOOK_TEST_RUN", f"{CHECKOUT}_{os.getpid()}")
 # A test database of this checkout's, with the pid of its run, and what was added after it
-# (pytest-django's `_gwN`, a test's own `_dbos`).
+# (pytest-django's `_gwN`, a test's own `_dbos`, the run's `_template`).
 OURS = re.compile(rf"test_.*_{CHECKOUT}_(\d+)(_\w+)?")
+TEMPLATE = "_template"
+# The template that this process's test database of each alias was copied from.
+COPIED_FROM: dict[str, str] = {}
+# The comment on a template that its migrations ran to the end: one without it (its builder
+# died or failed) is built again.
+MIGRATED = "tallybook: migrated"
 
 CLAIM = "tallybook:test-redis-db:{}"
 DATABASES = range(1, 16)  # Redis's default 16 databases; 0 holds the claims
@@ -47,8 +61,13 @@ _RELEASE = """if redis.call('get', KEYS[1]) == ARGV[1] then
 
 def own_test_database(name: str) -> str:
     """This run's test database for the database `name`, within PostgreSQL's 63 bytes with
-    room for pytest-django's `_gwN`."""
-    return f"test_{name}"[: 63 - len(RUN) - 7] + f"_{RUN}"
+    room for pytest-django's `_gwN` and for `_template`."""
+    return f"test_{name}"[: 63 - len(RUN) - 1 - len(TEMPLATE)] + f"_{RUN}"
+
+
+def template_database(name: str) -> str:
+    """This run's template for the database `name`: migrated once, copied by each process."""
+    return own_test_database(name) + TEMPLATE
 
 
 def _alive(pid: int) -> bool:
@@ -74,6 +93,131 @@ def admin(database: Mapping[str, Any]) -> psycopg.Connection[tuple[Any, ...]]:
     )
 
 
+def _drop(server: psycopg.Connection[tuple[Any, ...]], name: str) -> None:
+    server.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@contextlib.contextmanager
+def template_lock(
+    database: Mapping[str, Any], template: str
+) -> Iterator[psycopg.Connection[tuple[Any, ...]]]:
+    """Hold the lock on the run's template `template` on the server of `database` (a Django
+    DATABASES entry); the admin connection that holds it. One process at a time builds the
+    template, copies it or reads it (CREATE DATABASE ... TEMPLATE fails while another
+    session is connected to the template). A session-level advisory lock: PostgreSQL
+    releases it with the connection, if its process dies."""
+    key = int.from_bytes(hashlib.sha256(template.encode()).digest()[:8], "big", signed=True)
+    with admin(database) as server:
+        server.execute("SELECT pg_advisory_lock(%s)", [key])
+        try:
+            yield server
+        finally:
+            server.execute("SELECT pg_advisory_unlock(%s)", [key])
+
+
+def _migrated(server: psycopg.Connection[tuple[Any, ...]], template: str) -> bool:
+    row = server.execute(
+        "SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = %s",
+        [template],
+    ).fetchone()
+    return row is not None and row[0] == MIGRATED
+
+
+def _build_template(
+    connection: Any,
+    create_test_db: Callable[..., str],
+    server: psycopg.Connection[tuple[Any, ...]],
+    template: str,
+    verbosity: int,
+) -> None:
+    """Build the template `template` of `connection`'s database with Django's own
+    `create_test_db` (migrate, createcachetable), holding its lock, unless it is built; leave
+    `connection` closed and its settings as they were."""
+    from django.conf import settings
+
+    if _migrated(server, template):
+        return
+    settings_dict = connection.settings_dict
+    name, test = settings_dict["NAME"], settings_dict["TEST"]
+    test_name = test.get("NAME")
+    test["NAME"] = template
+    try:
+        create_test_db(verbosity=verbosity, autoclobber=True, keepdb=False)
+    finally:
+        test["NAME"] = test_name
+        connection.close()  # no connection is left to the template
+        connection.close_pool()
+        settings.DATABASES[connection.alias]["NAME"] = settings_dict["NAME"] = name
+    comment = sql.SQL("COMMENT ON DATABASE {} IS {}")
+    server.execute(comment.format(sql.Identifier(template), sql.Literal(MIGRATED)))
+
+
+def create_from_template(
+    connection: Any, create_test_db: Callable[..., str], verbosity: int = 1, **_: Any
+) -> str:
+    """`connection`'s test database, a copy of this run's template, which this builds first
+    if no process of the run has; the database's name. In place of
+    `connection.creation.create_test_db`, which Django's setup_databases calls: like it, it
+    drops a test database of the same name first, and leaves `connection` and the settings
+    on the test database."""
+    from django.conf import settings
+
+    test_name = connection.creation._get_test_db_name()
+    template = COPIED_FROM[connection.alias] = template_database(connection.settings_dict["NAME"])
+    with template_lock(connection.settings_dict, template) as server:
+        _build_template(connection, create_test_db, server, template, verbosity)
+        _drop(server, test_name)
+        create = sql.SQL("CREATE DATABASE {} TEMPLATE {}")
+        server.execute(create.format(sql.Identifier(test_name), sql.Identifier(template)))
+    settings.DATABASES[connection.alias]["NAME"] = connection.settings_dict["NAME"] = test_name
+    connection.ensure_connection()
+    return test_name
+
+
+def build_templates() -> None:
+    """Build this run's templates, unless a process of the run has: what its controller
+    starts in a process of its own (`python -c`) as the run starts, while its xdist workers
+    start and collect the tests, which then find them built (or wait for them)."""
+    import django
+
+    django.setup()
+    from django.db import connections
+
+    for connection in connections.all():
+        if connection.vendor == "postgresql" and not connection.settings_dict["TEST"]["MIRROR"]:
+            template = template_database(connection.settings_dict["NAME"])
+            with template_lock(connection.settings_dict, template) as server:
+                create_test_db = connection.creation.create_test_db
+                _build_template(connection, create_test_db, server, template, 0)
+
+
+@contextlib.contextmanager
+def from_templates() -> Iterator[None]:
+    """Within it, Django's setup_databases creates each PostgreSQL test database as a copy
+    of this run's template (`create_from_template`); SQLite's as Django does."""
+    from django.db import connections
+
+    with contextlib.ExitStack() as patched:
+        for connection in connections.all(initialized_only=False):
+            if connection.vendor == "postgresql":
+                creation = connection.creation
+                own = functools.partial(create_from_template, connection, creation.create_test_db)
+                patched.enter_context(mock.patch.object(creation, "create_test_db", own))
+        yield
+
+
+def drop_runs_templates(database: Mapping[str, Any], run: str = RUN) -> list[str]:
+    """Drop the templates of the run `run` (this one) on the server of `database`, at its
+    end; their names."""
+    runs = re.compile(rf"test_.*_{re.escape(run)}{TEMPLATE}")
+    with admin(database) as server:
+        names = [row[0] for row in server.execute("SELECT datname FROM pg_database")]
+        mine = [name for name in names if runs.fullmatch(name)]
+        for name in mine:
+            _drop(server, name)
+    return mine
+
+
 def drop_dead_runs_databases(database: Mapping[str, Any]) -> list[str]:
     """Drop this checkout's test databases on the server of `database` whose run's pid is no
     longer a process here; the names dropped.
@@ -84,8 +228,7 @@ def drop_dead_runs_databases(database: Mapping[str, Any]) -> list[str]:
         names = [row[0] for row in server.execute("SELECT datname FROM pg_database")]
         dead = [n for n in names if (ours := OURS.fullmatch(n)) and not _alive(int(ours[1]))]
         for name in dead:
-            drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            server.execute(drop)
+            _drop(server, name)
     return dead
 
 
