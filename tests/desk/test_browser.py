@@ -23,6 +23,8 @@ from tests.ledger import support as ledger
 __all__ = ["browser", "page"]  # the browser fixtures, used by name
 
 pytestmark = BROWSER
+# The queue's pulse: hx-trigger="every 5s" (templates/durability/desk/queue.html).
+PULSE_MS = 5_000
 
 
 @pytest.fixture
@@ -127,6 +129,7 @@ def test_it_happened_needs_evidence_and_records_it(page, desk):
 
 
 def test_a_case_resolved_elsewhere_leaves_the_queue_without_a_reload(page, desk, project):
+    page.clock.install()  # time flows as usual, and the test may jump it forward
     log_in(page)
     late = desk["late"]
     page.evaluate("window.notReloaded = true")
@@ -137,7 +140,10 @@ def test_a_case_resolved_elsewhere_leaves_the_queue_without_a_reload(page, desk,
         actor="user:ada",
         note="the customer was told",
     )
-    # The queue's pulse asks every 5 s; a minute is the bound, not the expected wait.
+    # The queue's pulse asks every 5 s: the page's clock jumps those 5 s, which fires it once
+    # the change is made, instead of the test waiting for it. A minute is the bound, not the
+    # expected wait (the clock still runs, so a later pulse would bring it too).
+    page.clock.fast_forward(PULSE_MS)
     page.wait_for_selector(f"tr#case-{late.pk}.closed", timeout=60_000)
     assert "Acknowledged by ada" in page.inner_text(f"tr#case-{late.pk}")
     assert page.evaluate("window.notReloaded") is True
@@ -146,6 +152,7 @@ def test_a_case_resolved_elsewhere_leaves_the_queue_without_a_reload(page, desk,
 def test_a_filtered_queue_ignores_changes_to_cases_it_does_not_show(page, desk, project, admin):
     errors: list[str] = []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.clock.install()
     log_in(page, "/queue/?reason=late_success")
     late, deploy = desk["late"], desk["deploy"]
     assert _rows(page) == [f"case-{late.pk}"]
@@ -157,6 +164,7 @@ def test_a_filtered_queue_ignores_changes_to_cases_it_does_not_show(page, desk, 
     case_actions.case_acknowledge(
         project=project, case_id=late.pk, version=late.version, actor="user:ada", note="told"
     )
+    page.clock.fast_forward(PULSE_MS)
     page.wait_for_selector(f"tr#case-{late.pk}.closed", timeout=60_000)
     assert _rows(page) == [f"case-{late.pk}"]
     assert errors == []

@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -170,10 +171,19 @@ def agent_process(
     argv += ["--ledger", str(provider.ledger), "--grant", str(grant), "--call-id", call_id]
     argv += ["--declared", declared]
     argv += ["--crash"] if crash else []
+    exitcode, printed = forked(main, argv)
+    lines = printed.strip().splitlines()
+    return exitcode, json.loads(lines[-1]) if lines and printed[:1] == "{" else printed
+
+
+def forked(target: Callable[[list[str]], int], argv: list[str]) -> tuple[int, str]:
+    """`target(argv)` in an agent process forked from the forkserver (AGENT_MODULES
+    preloaded): its exit code and what it printed (or the traceback of what it raised;
+    nothing when killed)."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(AGENT_MODULES)
     receive, send = context.Pipe(duplex=False)
-    process = context.Process(target=_forked, args=(argv, send), daemon=True)
+    process = context.Process(target=_forked, args=(target, argv, send), daemon=True)
     process.start()
     send.close()
     printed = ""
@@ -187,8 +197,7 @@ def agent_process(
         process.join(30)
         raise AssertionError("the agent process did not finish in 120 s")
     assert process.exitcode is not None
-    lines = printed.strip().splitlines()
-    return process.exitcode, json.loads(lines[-1]) if lines and printed[:1] == "{" else printed
+    return process.exitcode, printed
 
 
 # What an agent process imports, once, in the server it is forked from.
@@ -201,16 +210,19 @@ AGENT_MODULES = [
     "langgraph.graph",
     "langgraph.prebuilt",
     "tallybook.integrations.langgraph",
+    "tests.sdk.pydantic_ai_agent",
+    "tallybook.integrations.pydantic_ai",
+    "pydantic_ai.durable_exec.dbos",
 ]
 
 
-def _forked(argv: list[str], send: Any) -> None:
-    """An agent process: main(argv), what it printed sent back (or the traceback of what it
+def _forked(target: Callable[[list[str]], int], argv: list[str], send: Any) -> None:
+    """An agent process: target(argv), what it printed sent back (or the traceback of what it
     raised); killed by --crash, it sends nothing (the pipe closes with it)."""
     printed = io.StringIO()
     try:
         with contextlib.redirect_stdout(printed):
-            code = main(argv)
+            code = target(argv)
     except BaseException:
         send.send(traceback.format_exc())
         raise

@@ -1,9 +1,9 @@
 """A pydantic-ai refund agent on FunctionModel, for tests/sdk/test_integrations.py:
 the model asks for `refund(order=42)` as tool call CALL, and says what came of it.
 
-Run as a script, it is an agent process that can be killed mid-effect (--crash) and run
-again, plainly or inside a DBOS workflow (--dbos SYSTEM_DATABASE_URL); it prints one JSON
-line and exits 0 (done), 3 (in doubt).
+As an agent process (run(), or this file run as a script) it can be killed mid-effect
+(--crash) and run again, plainly or inside a DBOS workflow (--dbos SYSTEM_DATABASE_URL); it
+prints one JSON line and exits 0 (done), 3 (in doubt).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ from pydantic_ai.messages import (
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 # The model's id for the call; a restarted agent's model gives the same call a new one.
-CALL = os.environ.get("REFUND_CALL_ID", "call_refund_42")
+CALL = "call_refund_42"  # run() names another for a process of its own
 CONVERSATION = "ticket-7"
 
 
@@ -81,20 +80,25 @@ def agent(
 def run(
     url: str, key: str, spool: Path, ledger: Path, *args: str, call: str = CALL
 ) -> tuple[int, Any]:
-    """Run this file as an agent process whose model names the call `call`; its exit code
-    and the JSON line it printed."""
-    done = subprocess.run(
-        [sys.executable, __file__, url, key, str(spool), str(ledger), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "REFUND_CALL_ID": call},
-    )
-    lines = done.stdout.strip().splitlines()
-    return done.returncode, json.loads(lines[-1]) if lines else done.stderr
+    """This file's main() in an agent process of its own whose model names the call `call`:
+    its exit code and the JSON line it printed. The process is forked from the forkserver that
+    has imported pydantic-ai and DBOS once per test process (tests/sdk/agents_support.py's
+    agent processes'), not started from scratch: each import takes a second."""
+    from tests.sdk.agents_support import forked
+
+    code, printed = forked(_called, [call, url, key, str(spool), str(ledger), *args])
+    lines = printed.strip().splitlines()
+    return code, json.loads(lines[-1]) if lines and lines[-1][:1] == "{" else printed
 
 
-def main() -> int:
+def _called(argv: list[str]) -> int:
+    """main(argv[1:]), the model naming the call argv[0]."""
+    global CALL
+    CALL = argv[0]
+    return main(argv[1:])
+
+
+def main(argv: list[str] | None = None) -> int:
     from tallybook import AsyncTallybook, EffectInDoubt
     from tallybook.integrations.pydantic_ai import Effects
 
@@ -103,7 +107,7 @@ def main() -> int:
         parser.add_argument(name)
     parser.add_argument("--crash", action="store_true")
     parser.add_argument("--dbos", metavar="SYSTEM_DATABASE_URL")
-    options = parser.parse_args()
+    options = parser.parse_args(argv)
     tb = AsyncTallybook(options.url, options.key, spool=options.spool, retries=2, backoff=0.05)
     effects = Effects(
         tb, tools={"refund": {"kind": "payment", "target": "fakepay", "receipt": "refund_id"}}

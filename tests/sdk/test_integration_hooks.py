@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -70,34 +71,75 @@ class Repository:
         return git("--git-dir", str(self.remote), "rev-parse", "main", cwd=self.folder)
 
 
-class Letta:
-    """Letta Code in a home of its own, on the local backend, with the fake model."""
+def letta_env(home: Path) -> dict[str, str]:
+    return {**os.environ, **GIT, "HOME": str(home), "PATH": f"{BIN}:{os.environ['PATH']}"}
 
-    def __init__(self, root: Path, folder: Path, model: FakeModel, env: dict[str, str]) -> None:
+
+def letta(cwd: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [str(LETTA), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=240
+    )
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    return done
+
+
+class LettaHome:
+    """A home that Letta Code's own commands set up for the local backend and an
+    OpenAI-compatible model at a placeholder URL: each Letta Code process starts its Node
+    runtime (a second or two), so the set-up is done once and copied (copy()), rather than run
+    again by each test."""
+
+    PLACEHOLDER = "http://127.0.0.1:9/placeholder-model/v1"
+
+    def __init__(self, root: Path) -> None:
+        self.home = root / "home"
+        self.home.mkdir(parents=True)
+        env = letta_env(self.home)
+        letta(root, env, "backend", "local")
+        letta(
+            root,
+            env,
+            "connect",
+            "openai-compatible",
+            "--base-url",
+            self.PLACEHOLDER,
+            "--api-key",
+            "fake",
+        )
+
+    def copy(self, home: Path, model_url: str) -> None:
+        """The set-up home at `home`, connected to the model at `model_url` instead."""
+        shutil.copytree(self.home, home)
+        connected = 0
+        for path in home.rglob("*"):
+            if path.is_file() and self.PLACEHOLDER in (text := path.read_text()):
+                path.write_text(text.replace(self.PLACEHOLDER, model_url))
+                connected += 1
+        assert connected, "Letta Code's home names the model's URL nowhere"
+
+
+class Letta:
+    """Letta Code in a home of its own, on the local backend, with the fake model.
+
+    The home is a copy of `template` (a LettaHome: what Letta Code's own `letta backend local`
+    and `letta connect openai-compatible` wrote, once per module), with the model's URL put in
+    place of the one it was connected to."""
+
+    def __init__(
+        self,
+        root: Path,
+        folder: Path,
+        model: FakeModel,
+        env: dict[str, str],
+        template: LettaHome,
+    ) -> None:
         self.folder = folder
         home = root / "home"
-        home.mkdir()
-        self.env = {
-            **os.environ,
-            **GIT,
-            **env,
-            "HOME": str(home),
-            "PATH": f"{BIN}:{os.environ['PATH']}",
-        }
-        self.letta("backend", "local")
-        self.letta("connect", "openai-compatible", "--base-url", model.url, "--api-key", "fake")
+        template.copy(home, model.url)
+        self.env = letta_env(home) | env
 
     def letta(self, *args: str) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run(
-            [str(LETTA), *args],
-            cwd=self.folder,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=240,
-        )
-        assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
-        return done
+        return letta(self.folder, self.env, *args)
 
     def run(self, prompt: str, *, yolo: bool = True) -> str:
         # Without --yolo, Letta Code asks (PermissionRequest) before a shell command runs.
@@ -120,6 +162,11 @@ class Letta:
         (settings / "settings.json").write_text(json.dumps({"hooks": hooks}))
 
 
+@pytest.fixture(scope="module")
+def letta_home(tmp_path_factory: pytest.TempPathFactory) -> LettaHome:
+    return LettaHome(tmp_path_factory.mktemp("letta"))
+
+
 @pytest.fixture
 def env(live_server: Any, api_key: str, spool_root: Path) -> dict[str, str]:
     """What the agent's hooks get from its environment."""
@@ -138,13 +185,19 @@ def repo(tmp_path: Path) -> Repository:
 
 
 def test_a_push_is_an_effect_with_its_commit_and_a_second_run_is_told_it_was_done(
-    tmp_path, repo, env
+    tmp_path, repo, env, letta_home
 ):
     first = repo.commit("release notes")
     script = [call("Bash", PUSH), say("Pushed.")] * 3
     with FakeModel(script) as model:
         # One run per task, named for what it pushes (a cron job's `TALLYBOOK_RUN_ID`).
-        agent = Letta(tmp_path, repo.folder, model, {**env, "TALLYBOOK_RUN_ID": f"push-{first}"})
+        agent = Letta(
+            tmp_path,
+            repo.folder,
+            model,
+            {**env, "TALLYBOOK_RUN_ID": f"push-{first}"},
+            letta_home,
+        )
         agent.hooks([PUSH_EFFECT])
 
         said = agent.run("Push the release.")
@@ -178,13 +231,13 @@ def test_a_push_is_an_effect_with_its_commit_and_a_second_run_is_told_it_was_don
 
 
 def test_a_refused_push_is_not_performed_and_its_reason_reaches_the_model(
-    tmp_path, repo, env, project
+    tmp_path, repo, env, project, letta_home
 ):
     emails = grant(project, name="emails only", kinds=["email"])
     before = repo.pushed
     repo.commit("release notes")
     with FakeModel([call("Bash", PUSH), say("Could not push.")]) as model:
-        agent = Letta(tmp_path, repo.folder, model, env)
+        agent = Letta(tmp_path, repo.folder, model, env, letta_home)
         agent.hooks([{**PUSH_EFFECT, "authority": {"grant": emails.pk}}])
 
         agent.run("Push the release.")
@@ -198,12 +251,12 @@ def test_a_refused_push_is_not_performed_and_its_reason_reaches_the_model(
 
 
 def test_a_permission_request_for_a_gated_push_waits_for_an_approval_in_the_desk(
-    tmp_path, repo, env, project, alice
+    tmp_path, repo, env, project, alice, letta_home
 ):
     gated = grant(project, name="releases", requires_approval=True)
     release = repo.commit("release notes")
     with FakeModel([call("Bash", PUSH), say("Pushed.")]) as model:
-        agent = Letta(tmp_path, repo.folder, model, env)
+        agent = Letta(tmp_path, repo.folder, model, env, letta_home)
         agent.hooks([{**PUSH_EFFECT, "authority": {"grant": gated.pk}, "wait_for_approval": 60}])
 
         def approve() -> None:
