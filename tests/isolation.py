@@ -80,11 +80,13 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def admin(database: Mapping[str, Any]) -> psycopg.Connection[tuple[Any, ...]]:
-    """An autocommit connection to the `postgres` database of the server of `database` (a
-    Django DATABASES entry), to create and drop databases."""
+def admin(
+    database: Mapping[str, Any], dbname: str = "postgres"
+) -> psycopg.Connection[tuple[Any, ...]]:
+    """An autocommit connection to the `postgres` database (or `dbname`) of the server of
+    `database` (a Django DATABASES entry), to create and drop databases."""
     return psycopg.connect(
-        dbname="postgres",
+        dbname=dbname,
         user=database["USER"],
         password=database["PASSWORD"] or None,
         host=database["HOST"],

@@ -9,7 +9,11 @@ from typing import Any
 
 from django.db import connection, models
 
+from durability.models import Attempt, Project, Receipt
+
 Node = dict[str, Any]
+# One project's effects, as `e`: a FROM clause for grow(), its parameter the project's id.
+EFFECTS = "durability_effect e WHERE e.project_id = %s"
 
 
 def explain(sql: str) -> list[Node]:
@@ -104,3 +108,24 @@ def grow(
         finally:
             cursor.execute(f"SET session_replication_role = {role}")
     return inserted
+
+
+def attempts_and_receipts(owner: Project, **attempt: Any) -> None:
+    """Two attempts (numbered 1 and 2, with `attempt`'s values) and a receipt of the effect's
+    key (its external id too) for each of `owner`'s effects."""
+    grow(
+        Attempt,
+        EFFECTS.replace(" WHERE", ", generate_series(1, 2) AS number WHERE"),
+        (owner.pk,),
+        sql={"effect": "e.id", "number": "number"},
+        project=owner,
+        **attempt,
+    )
+    grow(
+        Receipt,
+        EFFECTS,
+        (owner.pk,),
+        sql={"effect": "e.id", "key": "e.key", "external_id": "e.key"},
+        project=owner,
+        system="stripe",
+    )

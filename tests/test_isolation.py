@@ -8,7 +8,6 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 
-import psycopg
 import pytest
 from django.conf import settings
 from django.db import connection
@@ -90,14 +89,7 @@ def test_each_test_database_is_a_copy_of_the_runs_migrated_template(db):
             "SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = %s",
             [template],
         ).fetchone()
-        copied = psycopg.connect(
-            dbname=template,
-            user=database["USER"],
-            password=database["PASSWORD"] or None,
-            host=database["HOST"],
-            port=database["PORT"] or 5432,
-        )
-        with copied:
+        with isolation.admin(database, template) as copied:
             applied = copied.execute("SELECT app, name FROM django_migrations ORDER BY app, name")
             theirs = applied.fetchall()
     assert row == (isolation.MIGRATED,)

@@ -50,7 +50,7 @@ def evidenced(request: pytest.FixtureRequest, project: Project) -> Project:
     )
     plans.grow(
         Receipt,
-        "durability_effect e WHERE e.project_id = %s AND mod(substr(e.key, 3)::int, 5) < 3",
+        plans.EFFECTS + " AND mod(substr(e.key, 3)::int, 5) < 3",
         (project.pk,),
         sql={"effect": "e.id", "key": "e.key", "external_id": "e.key"},
         project=project,

@@ -12,7 +12,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from durability.desk import queue, story
-from durability.models import Attempt, Case, Effect, Project, Reason, Receipt, Severity
+from durability.models import Case, Effect, Project, Reason, Severity
 from tests import plans
 
 
@@ -40,26 +40,10 @@ def database(request: pytest.FixtureRequest, project: Project) -> list[Case]:
             kind="payment",
             target="stripe",
         )
-        effects = "durability_effect e WHERE e.project_id = %s"
-        plans.grow(
-            Attempt,
-            "durability_effect e, generate_series(1, 2) AS number WHERE e.project_id = %s",
-            (owner.pk,),
-            sql={"effect": "e.id", "number": "number"},
-            project=owner,
-            context={"workflow_version": "1"},
-        )
-        plans.grow(
-            Receipt,
-            effects,
-            (owner.pk,),
-            sql={"effect": "e.id", "key": "e.key", "external_id": "e.key"},
-            project=owner,
-            system="stripe",
-        )
+        plans.attempts_and_receipts(owner, context={"workflow_version": "1"})
         plans.grow(
             Case,
-            effects,
+            plans.EFFECTS,
             (owner.pk,),
             sql={"effect": "e.id"},
             project=owner,

@@ -13,7 +13,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from durability.models import ApiKey, Attempt, Effect, Project, Receipt
+from durability.models import ApiKey, Effect, Project, Receipt
 from tests import plans
 from tests.ledger import support as ledger
 from tests.round_trips import shape
@@ -56,22 +56,7 @@ def database(request: pytest.FixtureRequest, project: Project) -> Project:
             kind="payment",
             target="stripe",
         )
-        effects = "durability_effect e WHERE e.project_id = %s"
-        plans.grow(
-            Attempt,
-            "durability_effect e, generate_series(1, 2) AS number WHERE e.project_id = %s",
-            (owner.pk,),
-            sql={"effect": "e.id", "number": "number"},
-            project=owner,
-        )
-        plans.grow(
-            Receipt,
-            effects,
-            (owner.pk,),
-            sql={"effect": "e.id", "key": "e.key", "external_id": "e.key"},
-            project=owner,
-            system="stripe",
-        )
+        plans.attempts_and_receipts(owner)
         # Receipts whose intent never came (one in twenty): orphans of other keys.
         plans.grow(
             Receipt,

@@ -171,15 +171,13 @@ def agent_process(
     argv += ["--ledger", str(provider.ledger), "--grant", str(grant), "--call-id", call_id]
     argv += ["--declared", declared]
     argv += ["--crash"] if crash else []
-    exitcode, printed = forked(main, argv)
-    lines = printed.strip().splitlines()
-    return exitcode, json.loads(lines[-1]) if lines and printed[:1] == "{" else printed
+    return forked(main, argv)
 
 
-def forked(target: Callable[[list[str]], int], argv: list[str]) -> tuple[int, str]:
+def forked(target: Callable[[list[str]], int], argv: list[str]) -> tuple[int, Any]:
     """`target(argv)` in an agent process forked from the forkserver (AGENT_MODULES
-    preloaded): its exit code and what it printed (or the traceback of what it raised;
-    nothing when killed)."""
+    preloaded): its exit code and the JSON line it printed last, or else what it printed
+    (the traceback of what it raised; nothing when killed)."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(AGENT_MODULES)
     receive, send = context.Pipe(duplex=False)
@@ -197,7 +195,8 @@ def forked(target: Callable[[list[str]], int], argv: list[str]) -> tuple[int, st
         process.join(30)
         raise AssertionError("the agent process did not finish in 120 s")
     assert process.exitcode is not None
-    return process.exitcode, printed
+    lines = printed.strip().splitlines()
+    return process.exitcode, json.loads(lines[-1]) if lines and lines[-1][:1] == "{" else printed
 
 
 # What an agent process imports, once, in the server it is forked from.

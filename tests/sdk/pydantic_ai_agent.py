@@ -86,9 +86,7 @@ def run(
     agent processes'), not started from scratch: each import takes a second."""
     from tests.sdk.agents_support import forked
 
-    code, printed = forked(_called, [call, url, key, str(spool), str(ledger), *args])
-    lines = printed.strip().splitlines()
-    return code, json.loads(lines[-1]) if lines and lines[-1][:1] == "{" else printed
+    return forked(_called, [call, url, key, str(spool), str(ledger), *args])
 
 
 def _called(argv: list[str]) -> int:

@@ -61,10 +61,9 @@ def grown(project: Project) -> Project:
             project=owner,
             kind="payment",
         )
-        effects = "durability_effect e WHERE e.project_id = %s"
         plans.grow(
             Receipt,
-            effects,
+            plans.EFFECTS,
             of_owner,
             sql={"effect": "e.id", "key": "e.key", "external_id": "'re_' || e.id || 'x'"},
             project=owner,
@@ -82,7 +81,7 @@ def grown(project: Project) -> Project:
         # signed with a reason.
         plans.grow(
             Case,
-            effects,
+            plans.EFFECTS,
             of_owner,
             sql={"effect": "e.id", "run_id": "e.key"},
             project=owner,
@@ -110,7 +109,9 @@ def grown(project: Project) -> Project:
             actor="user:x",
         )
         g = Grant.objects.create(project=owner, name="g", kinds=["*"], targets=["*"])
-        plans.grow(Approval, effects, of_owner, sql={"effect": "e.id"}, project=owner, grant=g)
+        plans.grow(
+            Approval, plans.EFFECTS, of_owner, sql={"effect": "e.id"}, project=owner, grant=g
+        )
         signer = User.objects.create_user(f"signer-{owner.pk}")
         plans.grow(
             Signoff,
