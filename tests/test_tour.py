@@ -117,6 +117,7 @@ def test_the_readme_tour(page, demo, screenshots):
     # 4. Approve the large refund that waits for a person.
     page.goto("/approvals/")
     page.click("table.approvals tbody tr:has-text('refund:H-111') a >> nth=0")
+    page.wait_for_url(re.compile(r"/approvals/\d+/$"))
     # On call, from a phone: the approval fits the screen, and is signed there.
     desktop = page.viewport_size
     page.set_viewport_size({"width": 390, "height": 844})
