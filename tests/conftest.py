@@ -92,15 +92,17 @@ _template_builder: subprocess.Popen[bytes] | None = None
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Before the run creates its test databases, drop those this checkout's killed runs left
     (tests/isolation.py): once, in the run's controller, not in each xdist worker. With
-    workers, start building the run's templates now, while they start and collect the tests
-    (each ~10 s of one core): they find them built, or wait for them (its lock)."""
+    workers, start building this code's templates now, unless an earlier run of the same code
+    built them, while they start and collect the tests (each ~10 s of one core): they find
+    them built, or wait for them (its lock)."""
     global _template_builder
     if hasattr(session.config, "workerinput"):
         return
     postgres = [d for d in settings.DATABASES.values() if d["ENGINE"] == _POSTGRES]
     for database in postgres:
         isolation.drop_dead_runs_databases(database)
-    if postgres and session.config.pluginmanager.has_plugin("dsession"):
+    unbuilt = [d for d in postgres if not isolation.template_built(d)]
+    if unbuilt and session.config.pluginmanager.has_plugin("dsession"):
         build = "from tests import isolation; isolation.build_templates()"
         # Its output is not shown: if it fails, the first worker builds the template again,
         # and its failure is the test run's.
@@ -126,8 +128,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Drop the run's templates (tests/isolation.py), once the processes that copied them are
-    done: in the run's controller."""
+    """Drop the templates of other code that no run has used for a while (tests/isolation.py;
+    this code's is kept for its next run), in the run's controller."""
     if hasattr(session.config, "workerinput"):
         return
     if _template_builder is not None:
@@ -135,7 +137,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         _template_builder.wait()
     for database in settings.DATABASES.values():
         if database["ENGINE"] == _POSTGRES:
-            isolation.drop_runs_templates(database)
+            isolation.drop_unused_templates(database)
 
 
 @pytest.fixture(scope="session")

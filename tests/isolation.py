@@ -5,11 +5,15 @@ machine (two checkouts, or one checkout twice) and the xdist workers of one run 
   with the pid of the pytest that started the run; pytest-django adds `_gw0`, `_gw1`, ... for
   xdist's workers, and drops each at the end. A run that was killed cannot: the next run of
   the same checkout drops the databases of its runs whose pid is no process any more.
-- The migrations run once a run, into its template, `test_<name>_<checkout>_<pid>_template`:
-  the first of its processes to need a test database builds it (Django's own test database,
-  migrated), under a lock that the others wait for, and each copies it (`CREATE DATABASE ...
-  TEMPLATE`, a fraction of a second, where migrating takes 10-20 s). The run's controller drops
-  it at the end; a run that was killed leaves it to the next run, as its other databases.
+- The migrations run once for a schema, into its template, `test_<name>_<schema>_template`,
+  where `<schema>` is a digest of what a migrated database is made from (the migrations, the
+  code they import, the pinned dependencies, Python's version): the first process of any run
+  to need a test database of that schema builds it (Django's own test database, migrated),
+  under a lock that the others wait for, and each copies it (`CREATE DATABASE ... TEMPLATE`,
+  a fraction of a second, where migrating takes 10-20 s of a core). Runs of the same code (a
+  check run again, CI's runs of one commit) find it built. A run's controller drops, at its
+  end, the templates of other schemas that no run has copied for an hour; a template whose
+  build did not finish is built again.
 - A Redis database is claimed, never assumed: `SET tallybook:test-redis-db:<n> <owner> NX EX`
   in database 0, for the URL's own database first (when it names one), then 1 to 15. It is
   emptied when claimed and when released, the claim renewed before each test and released at
@@ -24,6 +28,8 @@ import hashlib
 import os
 import re
 import socket
+import sys
+import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -40,14 +46,35 @@ CHECKOUT = hashlib.sha256(f"{socket.gethostname()}:{ROOT}".encode()).hexdigest()
 # One value for a whole run: set by the pytest that starts it, inherited by its xdist workers.
 RUN = os.environ.setdefault("TALLYBOOK_TEST_RUN", f"{CHECKOUT}_{os.getpid()}")
 # A test database of this checkout's, with the pid of its run, and what was added after it
-# (pytest-django's `_gwN`, a test's own `_dbos`, the run's `_template`).
+# (pytest-django's `_gwN`, a test's own `_dbos`; before templates were kept, `_template`).
 OURS = re.compile(rf"test_.*_{CHECKOUT}_(\d+)(_\w+)?")
 TEMPLATE = "_template"
 # The template that this process's test database of each alias was copied from.
 COPIED_FROM: dict[str, str] = {}
-# The comment on a template that its migrations ran to the end: one without it (its builder
-# died or failed) is built again.
+# The comment on a template that its migrations ran to the end, followed by when a run last
+# copied it (seconds since the epoch): one without it (its builder died or failed) is built
+# again.
 MIGRATED = "tallybook: migrated"
+# A template of another schema that no run copied for this long is dropped: longer than any
+# run (the run that copied it may still read it: tests/test_replica.py dumps it).
+UNUSED_FOR_S = 60 * 60
+
+
+def _schema() -> str:
+    """A digest of what a migrated test database is made from: every Python file of the
+    project's apps (their migrations, and what the migrations import: the roles' groups,
+    the settings), the pinned dependencies (Django's own apps' migrations) and Python's
+    version. Any change to them builds a template of its own."""
+    digest = hashlib.sha256(repr(sys.version_info[:2]).encode())
+    for path in sorted(
+        [*ROOT.glob("durability/**/*.py"), *ROOT.glob("trajectories/**/*.py")],
+    ) + [ROOT / "constraints.txt", ROOT / "pyproject.toml"]:
+        digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+SCHEMA = _schema()
+KEPT = re.compile(rf"test_.*_([0-9a-f]{{12}}){TEMPLATE}")
 
 CLAIM = "tallybook:test-redis-db:{}"
 DATABASES = range(1, 16)  # Redis's default 16 databases; 0 holds the claims
@@ -66,8 +93,10 @@ def own_test_database(name: str) -> str:
 
 
 def template_database(name: str) -> str:
-    """This run's template for the database `name`: migrated once, copied by each process."""
-    return own_test_database(name) + TEMPLATE
+    """The template for the database `name` of this code's schema: migrated once, copied by
+    each process of each run of this code."""
+    suffix = f"_{SCHEMA}{TEMPLATE}"
+    return f"test_{name}"[: 63 - len(suffix)] + suffix
 
 
 def _alive(pid: int) -> bool:
@@ -99,6 +128,10 @@ def _drop(server: psycopg.Connection[tuple[Any, ...]], name: str) -> None:
     server.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
+def _lock_key(template: str) -> int:
+    return int.from_bytes(hashlib.sha256(template.encode()).digest()[:8], "big", signed=True)
+
+
 @contextlib.contextmanager
 def template_lock(
     database: Mapping[str, Any], template: str
@@ -108,7 +141,7 @@ def template_lock(
     template, copies it or reads it (CREATE DATABASE ... TEMPLATE fails while another
     session is connected to the template). A session-level advisory lock: PostgreSQL
     releases it with the connection, if its process dies."""
-    key = int.from_bytes(hashlib.sha256(template.encode()).digest()[:8], "big", signed=True)
+    key = _lock_key(template)
     with admin(database) as server:
         server.execute("SELECT pg_advisory_lock(%s)", [key])
         try:
@@ -122,7 +155,21 @@ def _migrated(server: psycopg.Connection[tuple[Any, ...]], template: str) -> boo
         "SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = %s",
         [template],
     ).fetchone()
-    return row is not None and row[0] == MIGRATED
+    return row is not None and (row[0] or "").startswith(MIGRATED)
+
+
+def template_built(database: Mapping[str, Any]) -> bool:
+    """Whether the template of this code's schema for `database` (a Django DATABASES entry)
+    is built: an earlier run of the same code built it."""
+    with admin(database) as server:
+        return _migrated(server, template_database(database["NAME"]))
+
+
+def _mark_used(server: psycopg.Connection[tuple[Any, ...]], template: str) -> None:
+    """Say on the template that its migrations ran to the end, and that it is copied now."""
+    comment = sql.SQL("COMMENT ON DATABASE {} IS {}")
+    mark = f"{MIGRATED} {int(time.time())}"
+    server.execute(comment.format(sql.Identifier(template), sql.Literal(mark)))
 
 
 def _build_template(
@@ -150,8 +197,7 @@ def _build_template(
         connection.close()  # no connection is left to the template
         connection.close_pool()
         settings.DATABASES[connection.alias]["NAME"] = settings_dict["NAME"] = name
-    comment = sql.SQL("COMMENT ON DATABASE {} IS {}")
-    server.execute(comment.format(sql.Identifier(template), sql.Literal(MIGRATED)))
+    _mark_used(server, template)
 
 
 def create_from_template(
@@ -171,6 +217,7 @@ def create_from_template(
         _drop(server, test_name)
         create = sql.SQL("CREATE DATABASE {} TEMPLATE {}")
         server.execute(create.format(sql.Identifier(test_name), sql.Identifier(template)))
+        _mark_used(server, template)
     settings.DATABASES[connection.alias]["NAME"] = connection.settings_dict["NAME"] = test_name
     connection.ensure_connection()
     return test_name
@@ -208,16 +255,32 @@ def from_templates() -> Iterator[None]:
         yield
 
 
-def drop_runs_templates(database: Mapping[str, Any], run: str = RUN) -> list[str]:
-    """Drop the templates of the run `run` (this one) on the server of `database`, at its
-    end; their names."""
-    runs = re.compile(rf"test_.*_{re.escape(run)}{TEMPLATE}")
+def drop_unused_templates(
+    database: Mapping[str, Any], keep: str = SCHEMA, now: float | None = None
+) -> list[str]:
+    """Drop the templates on the server of `database` of schemas other than `keep` (this
+    code's) that no run copied for UNUSED_FOR_S, or whose build never finished and that no
+    process builds now; their names."""
+    now = time.time() if now is None else now
     with admin(database) as server:
-        names = [row[0] for row in server.execute("SELECT datname FROM pg_database")]
-        mine = [name for name in names if runs.fullmatch(name)]
-        for name in mine:
-            _drop(server, name)
-    return mine
+        rows = server.execute(
+            "SELECT datname, shobj_description(oid, 'pg_database') FROM pg_database"
+        ).fetchall()
+    dropped = []
+    for name, comment in rows:
+        if not (kept := KEPT.fullmatch(name)) or kept[1] == keep:
+            continue
+        marked = (comment or "").removeprefix(MIGRATED).strip()
+        used = float(marked) if (comment or "").startswith(MIGRATED) and marked.isdigit() else 0
+        if now - used < UNUSED_FOR_S:
+            continue
+        key = _lock_key(name)
+        with admin(database) as server:
+            # Not while a process builds it or copies it (a build that died holds no lock).
+            if server.execute("SELECT pg_try_advisory_lock(%s)", [key]).fetchone() == (True,):
+                _drop(server, name)
+                dropped.append(name)
+    return dropped
 
 
 def drop_dead_runs_databases(database: Mapping[str, Any]) -> list[str]:

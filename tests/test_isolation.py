@@ -1,9 +1,11 @@
 """A test run drops the test databases that this checkout's killed runs left, and no others;
-its test databases are copies of its template, migrated once, which it drops at its end."""
+its test databases are copies of its code's template, migrated once for all runs of the same
+code; the templates of other code are dropped once no run used them for an hour."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -61,26 +63,39 @@ def _databases() -> set[str]:
         return {row[0] for row in server.execute("SELECT datname FROM pg_database")}
 
 
-def test_a_run_drops_its_templates_at_its_end_and_nothing_else(create):
-    # A run of this checkout's that is not this one (whose template the tests copy).
-    run = f"{isolation.CHECKOUT}_{os.getpid()}0"
-    template = create(f"test_iso_{run}_template")
-    workers = create(f"test_iso_{run}_gw0")
-    longer_pid = create(f"test_iso_{run}1_template")
+def _comment(name: str, text: str) -> None:
+    with isolation.admin(settings.DATABASES["default"]) as server:
+        comment = sql.SQL("COMMENT ON DATABASE {} IS {}")
+        server.execute(comment.format(sql.Identifier(name), sql.Literal(text)))
 
-    dropped = isolation.drop_runs_templates(settings.DATABASES["default"], run)
 
-    assert dropped == [template]
+def test_a_run_drops_the_templates_of_other_code_unused_for_an_hour_and_nothing_else(create):
+    now = 2_000_000_000
+    other = format(int(isolation.SCHEMA, 16) ^ 1, "012x")
+    ours = create(f"test_iso_{isolation.SCHEMA}_template")  # this code's, never dropped
+    _comment(ours, isolation.MIGRATED)
+    stale = create(f"test_iso_{other}_template")
+    _comment(stale, f"{isolation.MIGRATED} {now - isolation.UNUSED_FOR_S - 1}")
+    recent = create(f"test_iso_r_{other}_template")
+    _comment(recent, f"{isolation.MIGRATED} {now - 60}")
+    died = create(f"test_iso_d_{other}_template")  # its builder died: never marked
+    building = create(f"test_iso_b_{other}_template")  # a run builds it now
+    database = create(f"test_iso_{other}_gw0")
+
+    with isolation.template_lock(settings.DATABASES["default"], building):
+        dropped = isolation.drop_unused_templates(settings.DATABASES["default"], now=now)
+
+    assert sorted(dropped) == sorted([stale, died])
     left = _databases()
-    assert template not in left and {workers, longer_pid} <= left
+    assert {stale, died}.isdisjoint(left) and {ours, recent, building, database} <= left
 
 
 def test_each_test_database_is_a_copy_of_the_runs_migrated_template(db):
     database = connection.settings_dict
     template = isolation.COPIED_FROM[connection.alias]
-    assert template.endswith(f"_{isolation.RUN}{isolation.TEMPLATE}")
-    assert database["NAME"].startswith(template.removesuffix(isolation.TEMPLATE))
-    assert isolation.OURS.fullmatch(template), "a dead run's template is dropped"
+    assert template.endswith(f"_{isolation.SCHEMA}{isolation.TEMPLATE}")
+    assert isolation.KEPT.fullmatch(template)
+    assert isolation.RUN in database["NAME"], "the copy is the run's own"
     with connection.cursor() as cursor:
         cursor.execute("SELECT app, name FROM django_migrations ORDER BY app, name")
         ours = cursor.fetchall()
@@ -92,5 +107,5 @@ def test_each_test_database_is_a_copy_of_the_runs_migrated_template(db):
         with isolation.admin(database, template) as copied:
             applied = copied.execute("SELECT app, name FROM django_migrations ORDER BY app, name")
             theirs = applied.fetchall()
-    assert row == (isolation.MIGRATED,)
+    assert row is not None and re.fullmatch(rf"{isolation.MIGRATED} \d+", row[0])
     assert ours == theirs and ("durability", "0001_initial") in ours
