@@ -15,6 +15,7 @@ from rq.job import JobStatus
 
 from durability import jobs
 from durability.audit import first_broken_entry
+from durability.management.commands.scheduler import Scheduler, paced
 from durability.models import Case, Effect, Probe, Receipt, ReconcilerConfig
 from durability.reconcilers import jobs as reconciler_jobs
 from durability.reconcilers.reconciling import probes_due
@@ -190,6 +191,21 @@ def test_the_schedule_runs_the_sweep_probes_alerts_emails_repairs_tallies_and_re
         "durability.retention.jobs.payloads_prune": 3600,
         "durability.retention.jobs.projects_delete_resume": 600,
     }
+
+
+def test_the_scheduler_at_a_pace_scales_every_interval_to_whole_seconds(queue):
+    def intervals(pace: float) -> dict[str, int]:
+        scheduler = Scheduler(connection=queue.connection)
+        scheduler.load_config_from_file("durability.cron")
+        paced(scheduler, pace)
+        return {job.func_name: job.interval or 0 for job in scheduler.get_jobs()}
+
+    quick = intervals(0.2)
+    assert quick["durability.ledger.jobs.sweep"] == 1
+    assert quick["durability.desk.jobs.alert"] == 12
+    assert quick["durability.retention.jobs.payloads_prune"] == 720
+    # Never below a second: at 0 rq would enqueue the job on every pass of its loop.
+    assert min(intervals(0.001).values()) == 1
 
 
 def test_the_probe_command_probes_every_due_effect(api, stripe, server):

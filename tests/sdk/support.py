@@ -80,8 +80,8 @@ def alongside(act: Callable[[], None], timeout: float = 120.0) -> Iterator[None]
 
 class ServerProcess:
     """granian serving the test database on a loopback port, as the deploy unit does (two
-    workers); stop() and start() again, or restart() it as `systemctl reload` does; close()
-    kills it.
+    workers, unless asked for fewer); stop() and start() again, or restart() it as
+    `systemctl reload` does; close() kills it.
 
     The port is this object's from its creation to close(): while the server is stopped a
     socket that does not listen keeps it (a client is refused, as by any server away) so that
@@ -91,8 +91,13 @@ class ServerProcess:
     start()).
     """
 
-    def __init__(self, database_url: str, *, access_log: Path | None = None) -> None:
+    def __init__(
+        self, database_url: str, *, access_log: Path | None = None, workers: int = 2
+    ) -> None:
         self.env = {**os.environ, "DATABASE_URL": database_url, "DB_CONN_MAX_AGE": "0"}
+        # The deploy unit's two; one where a test needs no second (each loads Django: a
+        # second of CPU on a machine the tests share).
+        self.workers = workers
         # The access log, one line per request: the answering worker's pid, the method,
         # the path and the status.
         self.access_log = access_log
@@ -166,10 +171,10 @@ class ServerProcess:
             self._socket = None
 
     def _command(self) -> list[str]:
-        """The deploy unit's command, with two workers (this machine's cores) and the access
-        log to self.access_log if asked (pid, method, path, status), else none."""
+        """The deploy unit's command, with self.workers workers and the access log to
+        self.access_log if asked (pid, method, path, status), else none."""
         if self.access_log is None:
-            return web_command(self.port, workers=2, access_log=False)
+            return web_command(self.port, workers=self.workers, access_log=False)
         config = json.loads((ROOT / "deploy" / "granian-logging.json").read_text())
         config["handlers"]["access"] = {
             "formatter": "access",
@@ -180,7 +185,7 @@ class ServerProcess:
         logging.write_text(json.dumps(config))
         return web_command(
             self.port,
-            workers=2,
+            workers=self.workers,
             log_config=logging,
             access_format="%(method)s %(path)s %(status)d",
         )

@@ -15,6 +15,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from uv import find_uv_bin
 
 from durability.models import Effect, Receipt
 from tests.sdk.support import ROOT, find_python
@@ -55,7 +56,18 @@ def dist(tmp_path_factory) -> Path:
                 work / "sdk",
                 ignore=shutil.ignore_patterns("build", "dist", "*.egg-info"),
             )
-            _run(sys.executable, "-m", "build", "--outdir", work / "building", source)
+            # The build's isolated environments made by uv rather than pip: the same
+            # setuptools backend, in a second rather than several.
+            _run(
+                sys.executable,
+                "-m",
+                "build",
+                "--installer",
+                "uv",
+                "--outdir",
+                work / "building",
+                source,
+            )
             (work / "building").rename(built)
     return built
 
@@ -80,14 +92,28 @@ def test_the_wheel_holds_the_sdk_alone_and_the_sdist_its_readme_and_changelog(di
     assert {"README.md", "CHANGELOG.md", "pyproject.toml", "py.typed"} <= files
 
 
+def _fresh_virtualenv(base: Path, venv: Path) -> Path:
+    """What `python -m venv` makes: a virtualenv with the pip (and before 3.12 the
+    setuptools) that the interpreter's ensurepip bundles. uv installs those very wheels, in a
+    fraction of a second where ensurepip's pip takes seconds to install itself."""
+    _run(base, "-m", "venv", "--without-pip", venv)
+    python = venv / "bin" / "python"
+    bundled = _run(
+        python, "-c", "import ensurepip, pathlib; print(pathlib.Path(ensurepip.__file__).parent)"
+    )
+    wheels = sorted((Path(bundled.strip()) / "_bundled").glob("*.whl"))
+    assert any(w.name.startswith("pip-") for w in wheels), wheels
+    _run(find_uv_bin(), "pip", "install", "--quiet", "--python", python, "--no-index", *wheels)
+    return python
+
+
 @pytest.mark.parametrize(("version", "extra"), [("3.10", ""), ("3.13", "[otel]")])
 def test_a_fresh_virtualenv_gets_only_the_sdk_and_records_an_effect(
     dist, version, extra, live_server, api_key, tmp_path
 ):
     (wheel,) = dist.glob("tallybook_sdk-*.whl")
     venv = tmp_path / "venv"
-    _run(find_python(version), "-m", "venv", venv)
-    python = venv / "bin" / "python"
+    python = _fresh_virtualenv(find_python(version), venv)
     # The SDK from the wheel, offline; the extra's opentelemetry-api from the package index.
     _run(
         python,

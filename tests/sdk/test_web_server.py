@@ -1,4 +1,5 @@
-"""The web server as the deploy unit starts it (granian, two workers): a reload under load
+"""The web server as the deploy unit starts it (granian, two workers where two are what is
+tested): a reload under load
 loses no request, a stop finishes the requests begun, a crashed worker is replaced, and behind
 the TLS proxy the scheme and the client's address are the proxy's words."""
 
@@ -71,7 +72,9 @@ def test_a_reload_under_load_loses_no_request(server, api_key, spool_root):
 
 def test_a_stop_answers_the_request_it_has_begun(server, api_key):
     """SIGTERM (`systemctl stop`, the first half of a restart) while a request's body is still
-    arriving: the worker waits for it, records the intent and answers before it exits."""
+    arriving: the worker waits for it, records the intent and answers before it exits. One
+    worker: the one that holds the connection is all there is to see."""
+    server.workers = 1
     server.start()
     body = json.dumps({"key": "send:held", "kind": "email", "target": "smtp"}).encode()
     # A connection a worker has accepted (it answered a first request on it): one still in a
@@ -123,8 +126,8 @@ def test_behind_the_proxy_the_scheme_and_the_address_are_the_proxys(transactiona
     """HTTPS-only as in production, behind a proxy on 127.0.0.1 (TRUSTED_PROXIES): a request
     the proxy says came over HTTPS is served, one over plain HTTP is redirected; a failed login
     is counted for the address the proxy appended, else for the connection's (granian's
-    REMOTE_ADDR)."""
-    server = ServerProcess(database_url_of_tests())
+    REMOTE_ADDR). One worker: the settings are every worker's."""
+    server = ServerProcess(database_url_of_tests(), workers=1)
     server.env.update(
         SECURE_SSL_REDIRECT="1",
         TRUSTED_PROXIES="127.0.0.1",

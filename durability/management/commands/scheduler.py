@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandParser
 from django_rq.cron import DjangoCronScheduler
 from redis.exceptions import RedisError
 
@@ -28,9 +28,16 @@ class Command(BaseCommand):
         "link repair) until stopped; when Redis goes away, wait for it and carry on."
     )
 
-    def handle(self, *args: Any, **options: Any) -> None:
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--pace", type=float, default=1.0, help="multiplies the schedule's intervals"
+        )
+
+    def handle(self, *args: Any, pace: float, **options: Any) -> None:
         scheduler = Scheduler(logging_level=logging.INFO)
         scheduler.load_config_from_file("durability.cron")
+        if pace != 1.0:
+            paced(scheduler, pace)
 
         def start() -> bool:
             # Returns on a signal; a lost Redis raises out of it (rq's own rqcron then exits),
@@ -43,3 +50,13 @@ class Command(BaseCommand):
             return True
 
         keep_running("the scheduler", start)
+
+
+def paced(scheduler: Scheduler, pace: float) -> None:
+    """Scale every interval of the schedule, as `demoagents --pace` scales its own copy of it:
+    the tests sweep every second rather than wait out the five seconds of durability.cron."""
+    for job in scheduler.get_jobs():
+        if job.interval is not None:
+            # rq counts intervals in whole seconds.
+            job.interval = max(1, round(job.interval * pace))
+    scheduler.log.info("The schedule's intervals at pace %s", pace)
