@@ -139,10 +139,13 @@ class Agent:
         pace: float,
         grants: dict[str, int],
         repository: Path,
+        sweep_every: float = 5.0,
     ) -> None:
         self.tb, self.trajectory, self.provider = tb, trajectory, provider
         self.memory, self.version, self.pace = memory, version, pace
         self.grants, self.repository = grants, repository
+        # Seconds between Tallybook's deadline sweeps, which time out what is past its deadline.
+        self.sweep_every = sweep_every
 
     def authority(self, grant: str) -> dict[str, int]:
         return {"grant": self.grants[grant]}
@@ -231,6 +234,11 @@ class RefundBot(Agent):
     name = "refund-bot"
     prefix = "RF"
     interval = 6.0
+    # Seconds a refund may take before the sweep times it out.
+    deadline = 4
+    # How long past the deadline and the sweep after it the slow provider still answers: a
+    # busy machine may run the sweep late.
+    slow_margin = 3.0
     script = [
         "refund",
         "crash-after-refund",
@@ -279,7 +287,7 @@ class RefundBot(Agent):
                     target="payments",
                     request=request,
                     replay="reconcile",
-                    timeout_s=4,
+                    timeout_s=self.deadline,
                     tool_call_id=call_id,
                     authority=self.authority(grant),
                     definitive_on=(ProviderError,),
@@ -291,8 +299,10 @@ class RefundBot(Agent):
                     crash(f"{ticket.run_id} died before calling the provider")
                 demo: dict[str, str] = {}
                 if ticket.scenario == "slow-provider" and not ticket.resumed:
-                    # Past the 4 s deadline: the sweep times the effect out first.
-                    demo["delay"] = "12"
+                    # Past the deadline and the next sweep: the sweep times the effect out
+                    # first, and the refund is a late success (12 s at Tallybook's 5 s sweep).
+                    delay = self.deadline + self.sweep_every + self.slow_margin
+                    demo["delay"] = str(delay)
                 if ticket.scenario == "card-closed":
                     demo["decline"] = "card_closed"
                 refund = call(f"{self.provider}/refunds", request, key=fx.key, demo=demo)
@@ -311,10 +321,10 @@ class ReleaseBot(Agent):
     interval = 12.0
     script = [
         "release",
-        "crash-after-tag",
-        "slow-deploy",
-        "production-release",
         "crash-after-deploy",
+        "crash-after-tag",
+        "production-release",
+        "slow-deploy",
     ]
     weights = {
         "release": 20,
@@ -504,6 +514,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--grants", required=True, help="JSON: grant name -> id")
     parser.add_argument("--version", default="1.0.0")
     parser.add_argument("--pace", type=float, default=1.0, help="multiplies every pause")
+    parser.add_argument(
+        "--sweep-every", type=float, default=5.0, help="seconds between the deadline sweeps"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s {args.agent} %(levelname)s %(message)s"
@@ -520,6 +533,7 @@ def main(argv: list[str] | None = None) -> None:
         pace=args.pace,
         grants=json.loads(args.grants),
         repository=args.repository,
+        sweep_every=args.sweep_every,
     )
     # Stopped (SIGTERM from the supervisor, or Ctrl-C): deliver the spans still batched.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))

@@ -29,10 +29,13 @@ from durability.cron import SCHEDULE
 from durability.demo import DEMO_DIR, PROVIDER_PORT, repository
 from durability.demo.agents import AGENTS, CRASHED
 from durability.demo.provider import ProviderServer
+from durability.ledger.jobs import sweep
 from durability.models import Grant, Project
 
 # A person refunds an order by hand at the provider now and then (the first after this).
 DASHBOARD_FIRST, DASHBOARD_EVERY = 40.0, 240.0
+# Seconds before an agent that died is started again (times --pace).
+RESTART_AFTER = 2.0
 
 
 @dataclass
@@ -113,9 +116,19 @@ class Command(BaseCommand):
             ) from exc
         provider.start()
         self._wait_for(url)
+        # The agents' slow provider answers after a sweep: the scheduler's every 5 s, or this
+        # command's own (at --pace) without Redis.
+        sweep_every = dict(SCHEDULE)[sweep] * (1.0 if settings.REDIS_URL else options["pace"])
         agents = [
             self._agent(
-                name, url, provider.url, options["dir"], api_key, grant_ids, options["pace"]
+                name,
+                url,
+                provider.url,
+                options["dir"],
+                api_key,
+                grant_ids,
+                options["pace"],
+                sweep_every,
             )
             for name in AGENTS
         ]
@@ -157,7 +170,7 @@ class Command(BaseCommand):
                 if (seconds and now - started >= seconds) or (until is not None and until()):
                     break
                 for agent in agents:
-                    self._supervise(agent, now)
+                    self._supervise(agent, now, pace)
                 if clock is not None:
                     clock.tick(now)
                 if now >= dashboard_at:
@@ -188,6 +201,7 @@ class Command(BaseCommand):
         api_key: str,
         grant_ids: dict[str, int],
         pace: float,
+        sweep_every: float,
     ) -> AgentProcess:
         command = [
             sys.executable,
@@ -206,19 +220,21 @@ class Command(BaseCommand):
             json.dumps(grant_ids),
             "--pace",
             str(pace),
+            "--sweep-every",
+            str(sweep_every),
         ]
         env = {**os.environ, "TALLYBOOK_API_KEY": api_key, "PYTHONUNBUFFERED": "1"}
         log = (directory / "agents" / f"{name}.log").open("a")
         return AgentProcess(name, (2, 4), command, log, env)
 
-    def _supervise(self, agent: AgentProcess, now: float) -> None:
+    def _supervise(self, agent: AgentProcess, now: float, pace: float) -> None:
         """Restart an agent that died: after a crash, the release bot comes back upgraded."""
         process = agent.process
         if process is None or process.poll() is None:
             if process is None and now >= agent.restart_at:
                 agent.start()
             return
-        agent.process, agent.restart_at = None, now + 2.0
+        agent.process, agent.restart_at = None, now + RESTART_AFTER * pace
         if agent.name == "release-bot":
             agent.version = (agent.version[0], agent.version[1] + 1)
         how = "crashed, as planned" if process.returncode == CRASHED else "stopped"
