@@ -4,10 +4,11 @@ test grows, thousands of rows in one statement each."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from django.db import connection, models
+from django.db import connection, models, transaction
 
 from durability.models import Attempt, Project, Receipt
 
@@ -58,6 +59,17 @@ def index_names(scan: Node) -> list[str]:
 def indexes(plan: list[Node], table: str) -> set[str]:
     """The indexes the plan reads `table` by; none for a sequential scan."""
     return {name for scan in scans(plan, table) for name in index_names(scan)}
+
+
+@contextlib.contextmanager
+def for_the_module(django_db_blocker: Any) -> Iterator[None]:
+    """Rows made within it stay for the tests of a module (a module-scoped fixture's), and
+    are rolled back after the last: each test's own transaction is a savepoint in this one,
+    as a Django TestCase's setUpTestData is in its class's. Growing and analyzing the tables
+    takes seconds, which each test of a module paid again for the same rows."""
+    with django_db_blocker.unblock(), transaction.atomic():
+        yield
+        transaction.set_rollback(True)
 
 
 def grow(

@@ -318,19 +318,20 @@ def test_no_entrance_stores_or_shows_a_secret(name, client, project, api_key, al
         assert page.status_code == 200, path
         assert kept_out not in page.content.decode(), path
     # The project's admin: settings and the authority room (grants, webhook sources).
+    project_admin = logged_in(admin)
     for path in ["/settings/", "/authority/", "/authority/webhooks/", "/authority/audit/"]:
-        page = logged_in(admin).get(path)
+        page = project_admin.get(path)
         assert page.status_code == 200, path
         assert kept_out not in page.content.decode(), path
     # The Django admin's lists and pages of effects, receipts and webhook deliveries.
-    staff = User.objects.create_superuser("root-of-admin", password="x")
+    staff = logged_in(User.objects.create_superuser("root-of-admin", password="x"))
     for model in (Effect, Receipt, WebhookDelivery):
         where = f"/admin/durability/{model._meta.model_name}/"
         paths = [where] + [
             f"{where}{pk}/change/" for pk in model.objects.values_list("pk", flat=True)
         ]
         for path in paths:
-            page = logged_in(staff).get(path)
+            page = staff.get(path)
             assert page.status_code == 200, path
             assert kept_out not in page.content.decode(), path
     for pk in Effect.objects.values_list("pk", flat=True):

@@ -6,6 +6,9 @@ index: until then the planner prices every search with a scan of them) and analy
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import pytest
 from django.contrib.auth.models import User
 from django.db import connection
@@ -42,8 +45,19 @@ TABLES = (
 )
 
 
-@pytest.fixture
-def grown(project: Project) -> Project:
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(scope="module")
+def grown(django_db_setup: None, django_db_blocker: Any) -> Iterator[Project]:
+    """The project among its own rows and another project's, the same for every test here:
+    grown once (plans.for_the_module), as no test writes."""
+    with plans.for_the_module(django_db_blocker):
+        project = Project.objects.create(name="alpha")
+        yield _grown(project)
+
+
+def _grown(project: Project) -> Project:
     other = Project.objects.create(name="beta")
     for owner in (project, other):
         of_owner = (owner.pk,)
