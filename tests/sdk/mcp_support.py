@@ -64,7 +64,11 @@ def main() -> None:
     server = app(args.ledger, args.hold)
     if not args.http:
         server.run("stdio")
-        return
+        # The proxy waits for its server to exit once it hangs up, within the two seconds its
+        # own agent gives it: ended at once, as a server with nothing left to do may be,
+        # rather than after tearing down the mcp package's modules (a second on a loaded
+        # machine). Its ledger is written and closed with each refund.
+        os._exit(0)
     import anyio
     import uvicorn
 
