@@ -62,17 +62,23 @@ def main() -> None:
     args = parser.parse_args()
     args.ledger.touch()
     server = app(args.ledger, args.hold)
-    if not args.http:
-        server.run("stdio")
-        return
-    import anyio
-    import uvicorn
+    if args.http:
+        import anyio
+        import uvicorn
 
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    print(sock.getsockname()[1], flush=True)
-    config = uvicorn.Config(server.streamable_http_app(), log_level="warning")
-    anyio.run(uvicorn.Server(config).serve, [sock])
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        print(sock.getsockname()[1], flush=True)
+        config = uvicorn.Config(server.streamable_http_app(), log_level="warning")
+        anyio.run(uvicorn.Server(config).serve, [sock])
+    else:
+        server.run("stdio")
+    # The proxy waits for its stdio server to exit once it hangs up, within the two seconds
+    # its own agent gives it (and a test for its HTTP server once stopped): ended at once, as
+    # a server with nothing left to do may be, rather than after tearing down the mcp
+    # package's modules (a second on a loaded machine). Its ledger is written and closed with
+    # each refund.
+    os._exit(0)
 
 
 if __name__ == "__main__":

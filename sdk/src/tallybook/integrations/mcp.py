@@ -352,4 +352,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from tallybook.integrations._mcp_command import exit_served
+
+    exit_served(main())
