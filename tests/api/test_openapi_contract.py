@@ -76,8 +76,9 @@ def _schemathesis(base_url: str, key: str, folder: Path, *selection: str) -> Run
 
 @pytest.fixture
 def served(transactional_db: None) -> Iterator[str]:
-    """The app's URL, served by granian on the test database."""
-    server = ServerProcess(database_url_of_tests())
+    """The app's URL, served by granian on the test database, its connections kept between
+    requests as in production."""
+    server = ServerProcess(database_url_of_tests(), keep_connections=True)
     server.start()
     yield server.url
     server.close()

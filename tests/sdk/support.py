@@ -92,9 +92,19 @@ class ServerProcess:
     """
 
     def __init__(
-        self, database_url: str, *, access_log: Path | None = None, workers: int = 2
+        self,
+        database_url: str,
+        *,
+        access_log: Path | None = None,
+        workers: int = 2,
+        keep_connections: bool = False,
     ) -> None:
         self.env = {**os.environ, "DATABASE_URL": database_url, "DB_CONN_MAX_AGE": "0"}
+        if keep_connections:
+            # The deploy's default instead (DB_CONN_MAX_AGE unset: 60 s): each blocking thread
+            # keeps its connection, and a request pays for no new PostgreSQL backend (measured
+            # here: ~5 ms of CPU and ~14 ms of wall time per request on a loaded machine).
+            del self.env["DB_CONN_MAX_AGE"]
         # The deploy unit's two; one where a test needs no second (each loads Django: a
         # second of CPU on a machine the tests share).
         self.workers = workers
