@@ -77,8 +77,8 @@ def _schemathesis(base_url: str, key: str, folder: Path, *selection: str) -> Run
 @pytest.fixture
 def served(transactional_db: None) -> Iterator[str]:
     """The app's URL, served by granian on the test database, its connections kept between
-    requests as in production."""
-    server = ServerProcess(database_url_of_tests(), keep_connections=True)
+    requests as in production. One worker: Schemathesis sends one request at a time."""
+    server = ServerProcess(database_url_of_tests(), workers=1, keep_connections=True)
     server.start()
     yield server.url
     server.close()
