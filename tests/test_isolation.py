@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -70,7 +71,7 @@ def _comment(name: str, text: str) -> None:
 
 
 def test_a_run_drops_the_templates_of_other_code_unused_for_an_hour_and_nothing_else(create):
-    now = 2_000_000_000
+    now = int(time.time())
     other = format(int(isolation.SCHEMA, 16) ^ 1, "012x")
     ours = create(f"test_iso_{isolation.SCHEMA}_template")  # this code's, never dropped
     _comment(ours, isolation.MIGRATED)
@@ -85,7 +86,8 @@ def test_a_run_drops_the_templates_of_other_code_unused_for_an_hour_and_nothing_
     with isolation.template_lock(settings.DATABASES["default"], building):
         dropped = isolation.drop_unused_templates(settings.DATABASES["default"], now=now)
 
-    assert sorted(dropped) == sorted([stale, died])
+    # (Real templates of other code that no run used for an hour may go too: not this test's.)
+    assert sorted(name for name in dropped if name.startswith("test_iso_")) == sorted([stale, died])
     left = _databases()
     assert {stale, died}.isdisjoint(left) and {ours, recent, building, database} <= left
 
