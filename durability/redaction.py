@@ -14,8 +14,8 @@ import logging
 import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, fields, is_dataclass, replace
-from functools import lru_cache
+from dataclasses import dataclass, field, fields, replace
+from functools import cache, lru_cache
 from typing import TYPE_CHECKING, Any, cast, get_args
 
 import re2
@@ -448,22 +448,34 @@ def redact_input[M: BaseModel | DataclassInstance](model: M, extras: Extras = NO
 
 def _command_redacted(command: DataclassInstance, extras: Extras) -> DataclassInstance:
     values: dict[str, Any] = {}
-    for each in fields(command):
-        value = getattr(command, each.name)
-        if is_dataclass(value) and not isinstance(value, type):
-            values[each.name] = _command_redacted(value, extras)
-        elif (keys := each.metadata.get("keys")) is not None and isinstance(value, Mapping):
-            values[each.name] = {
-                (name if name in keys else scrub_text(name, extras)): _redacted(
-                    name, item, extras, keys.get(name)
+    for name, keys, limit in _command_fields(type(command)):
+        value = getattr(command, name)
+        # A nested command: an instance of a dataclass (`is_dataclass`, but not a class).
+        if hasattr(type(value), "__dataclass_fields__"):
+            values[name] = _command_redacted(value, extras)
+        elif keys is not None and isinstance(value, Mapping):
+            values[name] = {
+                (key if key in keys else scrub_text(key, extras)): _redacted(
+                    key, item, extras, keys.get(key)
                 )
-                for name, item in value.items()
+                for key, item in value.items()
             }
         else:
-            values[each.name] = _redacted(
-                name=each.name, value=value, extras=extras, limit=each.metadata.get("max_length")
-            )
+            values[name] = _redacted(name=name, value=value, extras=extras, limit=limit)
     return replace(command, **values)
+
+
+@cache
+def _command_fields(
+    command: type[DataclassInstance],
+) -> tuple[tuple[str, Mapping[str, int] | None, int | None], ...]:
+    """A command's fields as `_command_redacted` reads them: each one's name, its `keys`
+    metadata and its `max_length`; read once per command class, not on every input (the
+    commands are a handful of classes)."""
+    return tuple(
+        (each.name, each.metadata.get("keys"), each.metadata.get("max_length"))
+        for each in fields(command)
+    )
 
 
 def _nothing_to_redact(value: dict[str, Any] | list[Any], extras: Extras) -> bool:

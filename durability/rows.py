@@ -107,11 +107,22 @@ def hydrate[M: models.Model](model: type[M], row: Sequence[Any]) -> M:
 
 
 @cache
-def _init_fields(model: type[models.Model]) -> tuple[tuple[models.Field[Any, Any], bool], ...]:
+def _init_fields(
+    model: type[models.Model],
+) -> tuple[tuple[models.Field[Any, Any], bool, Callable[[], Any]], ...]:
     """The fields `Model.__init__` sets, each with whether it is a relation (which may be
-    given as an object, by its name)."""
+    given as an object, by its name) and what gives its default: the callable that a plain
+    `Field.get_default` would call (`_get_default`, which Django computes once per field),
+    without that method's frame on every new row; a field class with its own `get_default`
+    (a ForeignKey's, say) keeps it."""
     return tuple(
-        (f, isinstance(f.remote_field, models.ForeignObjectRel))
+        (
+            f,
+            isinstance(f.remote_field, models.ForeignObjectRel),
+            f._get_default  # type: ignore[attr-defined]
+            if type(f).get_default is models.Field.get_default
+            else f.get_default,
+        )
         for f in model._meta.fields
         if f.column is not None and not f.generated
     )
@@ -131,12 +142,12 @@ def new[M: models.Model](model: type[M], **values: Any) -> M:
     obj = model.__new__(model)
     obj._state = models.base.ModelState()
     pk = values.pop("pk", _UNSET)
-    for f, relation in _init_fields(model):
+    for f, relation, default in _init_fields(model):
         if relation and f.name in values:
             setattr(obj, f.name, values.pop(f.name))
         else:
             value = values.pop(f.attname, _UNSET)
-            setattr(obj, f.attname, f.get_default() if value is _UNSET else value)
+            setattr(obj, f.attname, default() if value is _UNSET else value)
     if pk is not _UNSET:
         obj.pk = pk
     if values:

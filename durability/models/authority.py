@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from durability.models.effects import Effect
 from durability.models.projects import Project
+from durability.site import row_path
 
 
 class Grant(models.Model):
@@ -102,7 +103,7 @@ class Grant(models.Model):
         return f"{self.name} (grant {self.pk} v{self.version})"
 
     def get_absolute_url(self) -> str:
-        return reverse("grant", args=[self.pk])
+        return row_path("grant", self.pk)
 
     def status(self, now: datetime | None = None) -> str:
         if self.revoked:

@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from durability.models.effects import Effect, Receipt
 from durability.models.projects import Project
+from durability.site import row_path
 
 
 class Reason(models.TextChoices):
@@ -164,7 +165,7 @@ class Case(models.Model):
         return f"{self.reason} #{self.pk}"
 
     def get_absolute_url(self) -> str:
-        return reverse("case", args=[self.pk])
+        return row_path("case", self.pk)
 
     @property
     def is_open(self) -> bool:

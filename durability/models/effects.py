@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from django.db import models
 from django.db.models import Q
-from django.urls import reverse
 from django.utils import timezone
 
 from durability.models.projects import Project
+from durability.site import row_path
 
 
 class State(models.TextChoices):
@@ -179,7 +179,7 @@ class Effect(models.Model):
         return self.key
 
     def get_absolute_url(self) -> str:
-        return reverse("effect", args=[self.pk])
+        return row_path("effect", self.pk)
 
     def case_names(self) -> dict[str, str]:
         """What a case of this effect copies from it (see Case.kind)."""
