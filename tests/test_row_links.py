@@ -1,4 +1,4 @@
-"""The links to a row (`durability.site.row_path`): what `reverse` would build, under any
+"""The links to a row (`durability.models.links.row_path`): what `reverse` would build, under any
 script prefix, though the route is resolved once."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from django.test import SimpleTestCase
 from django.urls import reverse, set_script_prefix
 
-from durability.site import row_path
+from durability.models.links import row_path
 
 
 class RowPathTests(SimpleTestCase):

@@ -14,8 +14,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from durability.models.effects import Effect
+from durability.models.links import row_path
 from durability.models.projects import Project
-from durability.site import row_path
 
 
 class Grant(models.Model):

@@ -12,8 +12,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from durability.models.effects import Effect, Receipt
+from durability.models.links import row_path
 from durability.models.projects import Project
-from durability.site import row_path
 
 
 class Reason(models.TextChoices):

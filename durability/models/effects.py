@@ -7,8 +7,8 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from durability.models.links import row_path
 from durability.models.projects import Project
-from durability.site import row_path
 
 
 class State(models.TextChoices):
