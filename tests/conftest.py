@@ -85,7 +85,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 _POSTGRES = "django.db.backends.postgresql"
-# The process that builds the run's templates while its xdist workers start (tests/isolation.py).
+# The process that builds this code's templates while its xdist workers start (tests/isolation.py).
 _template_builder: subprocess.Popen[bytes] | None = None
 
 
@@ -147,10 +147,10 @@ def django_db_setup(
     django_db_blocker: Any,
     django_db_modify_db_settings: None,
 ) -> Iterator[None]:
-    """pytest-django's, each PostgreSQL test database a copy of the run's template, migrated
-    once for all its processes (tests/isolation.py), not migrated by each. Every database is
-    set up, and pytest-django's --reuse-db and --no-migrations have no say: each run has
-    databases of its own, migrated."""
+    """pytest-django's, each PostgreSQL test database a copy of this code's template,
+    migrated once for all the processes of its runs (tests/isolation.py), not migrated by
+    each. Every database is set up, and pytest-django's --reuse-db and --no-migrations have
+    no say: each run has databases of its own, migrated."""
     from django.test.utils import setup_databases, teardown_databases
 
     verbosity = request.config.option.verbose

@@ -136,7 +136,7 @@ def _lock_key(template: str) -> int:
 def template_lock(
     database: Mapping[str, Any], template: str
 ) -> Iterator[psycopg.Connection[tuple[Any, ...]]]:
-    """Hold the lock on the run's template `template` on the server of `database` (a Django
+    """Hold the lock on the template `template` on the server of `database` (a Django
     DATABASES entry); the admin connection that holds it. One process at a time builds the
     template, copies it or reads it (CREATE DATABASE ... TEMPLATE fails while another
     session is connected to the template). A session-level advisory lock: PostgreSQL
@@ -203,8 +203,8 @@ def _build_template(
 def create_from_template(
     connection: Any, create_test_db: Callable[..., str], verbosity: int = 1, **_: Any
 ) -> str:
-    """`connection`'s test database, a copy of this run's template, which this builds first
-    if no process of the run has; the database's name. In place of
+    """`connection`'s test database, a copy of this code's template, which this builds first
+    if no process of any run has; the database's name. In place of
     `connection.creation.create_test_db`, which Django's setup_databases calls: like it, it
     drops a test database of the same name first, and leaves `connection` and the settings
     on the test database."""
@@ -230,7 +230,7 @@ def create_from_template(
 
 
 def build_templates() -> None:
-    """Build this run's templates, unless a process of the run has: what its controller
+    """Build this code's templates, unless a process of a run has: what its controller
     starts in a process of its own (`python -c`) as the run starts, while its xdist workers
     start and collect the tests, which then find them built (or wait for them)."""
     import django
@@ -249,7 +249,7 @@ def build_templates() -> None:
 @contextlib.contextmanager
 def from_templates() -> Iterator[None]:
     """Within it, Django's setup_databases creates each PostgreSQL test database as a copy
-    of this run's template (`create_from_template`); SQLite's as Django does."""
+    of this code's template (`create_from_template`); SQLite's as Django does."""
     from django.db import connections
 
     with contextlib.ExitStack() as patched:
@@ -261,13 +261,11 @@ def from_templates() -> Iterator[None]:
         yield
 
 
-def drop_unused_templates(
-    database: Mapping[str, Any], keep: str = SCHEMA, now: float | None = None
-) -> list[str]:
+def drop_unused_templates(database: Mapping[str, Any], keep: str = SCHEMA) -> list[str]:
     """Drop the templates on the server of `database` of schemas other than `keep` (this
     code's) that no run copied for UNUSED_FOR_S, or whose build never finished and that no
     process builds now; their names."""
-    now = time.time() if now is None else now
+    now = time.time()
     with admin(database) as server:
         rows = server.execute(
             "SELECT datname, shobj_description(oid, 'pg_database') FROM pg_database"

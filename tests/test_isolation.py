@@ -84,7 +84,7 @@ def test_a_run_drops_the_templates_of_other_code_unused_for_an_hour_and_nothing_
     database = create(f"test_iso_{other}_gw0")
 
     with isolation.template_lock(settings.DATABASES["default"], building):
-        dropped = isolation.drop_unused_templates(settings.DATABASES["default"], now=now)
+        dropped = isolation.drop_unused_templates(settings.DATABASES["default"])
 
     # (Real templates of other code that no run used for an hour may go too: not this test's.)
     assert sorted(name for name in dropped if name.startswith("test_iso_")) == sorted([stale, died])

@@ -69,8 +69,8 @@ def _replay(standby: Postgres, *, paused: bool) -> None:
 
 
 def _migrate(primary: Postgres) -> None:
-    """Migrate the primary's database: a copy of the test run's template, migrated once for
-    the run (tests/isolation.py), pg_dump'ed (in a fraction of a second, where migrating
+    """Migrate the primary's database: a copy of this code's test template, migrated once
+    for its runs (tests/isolation.py), pg_dump'ed (in a fraction of a second, where migrating
     takes 10 s)."""
     database = connections["default"].settings_dict
     template = isolation.COPIED_FROM["default"]
